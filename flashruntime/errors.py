@@ -1,0 +1,87 @@
+"""The exception family of flashruntime.
+
+Every exception this project defines derives from ``FlashRuntimeError``. Each
+class is defined here once and re-exported (the same object) from the module
+users import it from; classes that callers already catch as a built-in keep
+that built-in as a second base::
+
+    FlashRuntimeError(Exception)
+    ├── LeaseError                       refused lease operation
+    ├── CheckpointError                  commit refused, unknown manifest
+    ├── LaunchError                      launch failed before anything started
+    ├── CompileError                     a plan cannot be compiled
+    ├── WeightShapeMismatch(ValueError)  blobs describe different parameter sets
+    ├── NonFiniteWeights(ValueError)     NaN/Inf/non-numeric weight
+    ├── QuorumNotMet(RuntimeError)       FedAvg round below quorum
+    ├── CoordinatorUnavailable(RuntimeError)  coordinator unreachable after retries
+    ├── ArtifactNotFound(LookupError)    artifact GET returned 404
+    ├── ExpansionError(ValueError)       job cannot be expanded into tasks
+    └── AuthConfigError(ValueError)      invalid token configuration
+
+Standard library only: agents and task modules import it without extras.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArtifactNotFound",
+    "AuthConfigError",
+    "CheckpointError",
+    "CompileError",
+    "CoordinatorUnavailable",
+    "ExpansionError",
+    "FlashRuntimeError",
+    "LaunchError",
+    "LeaseError",
+    "NonFiniteWeights",
+    "QuorumNotMet",
+    "WeightShapeMismatch",
+]
+
+
+class FlashRuntimeError(Exception):
+    """Root of every exception flashruntime defines."""
+
+
+class LeaseError(FlashRuntimeError):
+    """A lease operation was refused: unknown lease id, dead lease, unknown task."""
+
+
+class CheckpointError(FlashRuntimeError):
+    """A checkpoint commit was refused, or a manifest id is unknown."""
+
+
+class LaunchError(FlashRuntimeError):
+    """A launch failed before anything started (empty argv, missing workdir, spawn error)."""
+
+
+class CompileError(FlashRuntimeError):
+    """A plan cannot be compiled into a launch specification."""
+
+
+class WeightShapeMismatch(FlashRuntimeError, ValueError):
+    """Weight blobs describe different parameter sets or shapes."""
+
+
+class NonFiniteWeights(FlashRuntimeError, ValueError):
+    """A weight is NaN, infinite or not a number."""
+
+
+class QuorumNotMet(FlashRuntimeError, RuntimeError):
+    """A federated round failed, was cancelled or timed out below quorum."""
+
+
+class CoordinatorUnavailable(FlashRuntimeError, RuntimeError):
+    """The coordinator stayed unreachable after every retry."""
+
+
+class ArtifactNotFound(FlashRuntimeError, LookupError):
+    """An artifact GET returned 404."""
+
+
+class ExpansionError(FlashRuntimeError, ValueError):
+    """A job cannot be expanded into tasks (the service answers 422)."""
+
+
+class AuthConfigError(FlashRuntimeError, ValueError):
+    """The token configuration is invalid."""

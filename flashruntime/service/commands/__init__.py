@@ -1,0 +1,8 @@
+"""One module per ``flashruntime`` subcommand, each with ``register(subparsers)``.
+
+``register`` adds the subparser and sets ``handler``; the handler imports what it
+needs, so building the parser stays cheap.
+"""
+
+# Order = order in ``flashruntime --help``.
+COMMAND_MODULES: tuple[str, ...] = ()

@@ -1,0 +1,34 @@
+"""Suite-wide rules: tiers are directories, markers say what a test needs.
+
+Under ``CI=true`` a skip is a failure (CI must not go green by skipping), except a
+``gpu`` test skipping for lack of CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))  # the benchmarks package lives beside the library
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
+    outcome = yield
+    report = outcome.get_result()
+    if not _in_ci() or not report.skipped:
+        return
+    if item.get_closest_marker("gpu") is not None:
+        return  # the one skip CI accepts: no CUDA here
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = f"skipped under CI=true, which counts as a failure: {reason}"
