@@ -1,0 +1,59 @@
+"""Shared test helpers: a subprocess prelude that makes every non-core import fail.
+
+"Core only" claims are checked in a subprocess whose ``sys.meta_path`` refuses every
+third-party module except pydantic's own stack, so an accidental optional import
+surfaces as ModuleNotFoundError instead of passing because it happens to be installed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# pydantic and what it needs at runtime; everything else third-party is refused.
+CORE_ALLOWED = (
+    "flashruntime", "flashml_workloads", "pydantic", "pydantic_core", "typing_extensions",
+    "annotated_types", "typing_inspection",
+)
+
+
+def blocking_prelude(allowed: Iterable[str] = CORE_ALLOWED, refuse: Iterable[str] = ()) -> str:
+    """Python source to run first in a subprocess: refuses every import outside the
+    standard library and ``allowed``, plus every name in ``refuse``."""
+    return f"""
+import sys
+class _CoreOnly:
+    allowed = set({sorted(set(allowed))!r})
+    refuse = set({sorted(set(refuse))!r})
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        private = top.startswith("_")  # interpreter internals such as _sysconfigdata_*
+        if top in self.refuse or not (private or top in sys.stdlib_module_names or top in self.allowed):
+            raise ModuleNotFoundError(f"No module named {{name!r}} (refused: core-only test)", name=name)
+        return None
+sys.meta_path.insert(0, _CoreOnly())
+sys.path.insert(0, {str(REPO_ROOT)!r})
+"""
+
+
+def run_core_only(
+    code: str,
+    *,
+    allowed: Iterable[str] = CORE_ALLOWED,
+    refuse: Iterable[str] = (),
+    cwd: str | Path | None = None,
+    env: dict[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` after the blocking prelude in a fresh interpreter."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, *extra_args, "-c", blocking_prelude(allowed, refuse) + code],
+        capture_output=True, text=True, cwd=cwd, env=full_env, timeout=timeout, check=False,
+    )

@@ -1,0 +1,50 @@
+"""``python -m benchmarks`` end to end: run a scenario, write bench_v1, render it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests._support import REPO_ROOT
+
+pytestmark = pytest.mark.bench_smoke
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def test_import_time_smoke_writes_a_result_file(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    run = _bench("run", "--scenario", "import_time", "--smoke", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out.read_text())
+    assert result["schema"] == "bench_v1" and result["smoke"] is True
+    assert set(result["host"]) >= {"os", "cpu", "cores", "ram_gb", "python", "torch", "numpy", "gpu",
+                                   "flashruntime", "fs"}
+    rows = {row["metric"]: row for row in result["rows"]}
+    import_row = rows["import_ms"]
+    assert import_row["status"] == "measured" and import_row["comparator"]["name"] == "import pydantic"
+    assert import_row["target"] == {"op": "<=", "value": 1.5, "unit": "x", "source": "issue 2"}
+    assert import_row["ratio"] == pytest.approx(import_row["median"] / import_row["comparator"]["median"])
+    assert rows["forbidden_modules_loaded"]["median"] == 0
+    assert "smoke run — not representative" in run.stdout
+
+    report = _bench("report", str(out))
+    assert report.returncode == 0 and "| import_time | import_ms |" in report.stdout
+
+
+def test_unknown_scenario_is_refused(tmp_path: Path) -> None:
+    run = _bench("run", "--scenario", "no_such_scenario", "--smoke", "--out", str(tmp_path / "x.json"))
+    assert run.returncode == 2 and "unknown scenario" in run.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_list_names_the_registered_scenarios() -> None:
+    listing = _bench("list")
+    assert listing.returncode == 0 and "import_time" in listing.stdout

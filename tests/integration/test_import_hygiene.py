@@ -1,0 +1,58 @@
+"""SPEC §0.3: ``import flashruntime`` loads only pydantic and the stdlib, writes nothing,
+and the core works with nothing else installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests._support import REPO_ROOT, run_core_only
+
+FORBIDDEN = ["torch", "numpy", "sklearn", "transformers", "fastapi", "uvicorn", "httpx", "psutil", "yaml"]
+
+
+def _tree_snapshot(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if "__pycache__" not in p.parts}
+
+
+def test_import_loads_no_forbidden_module_and_writes_nothing(tmp_path: Path) -> None:
+    cwd, home = tmp_path / "cwd", tmp_path / "home"
+    cwd.mkdir()
+    home.mkdir()
+    package_before = _tree_snapshot(REPO_ROOT / "flashruntime")
+    code = (
+        "import sys, json; sys.path.insert(0, %r); import flashruntime, flashruntime.protocol, flashruntime.errors; "
+        "print(json.dumps(sorted(m for m in %r if m in sys.modules)))" % (str(REPO_ROOT), FORBIDDEN)
+    )
+    env = {**os.environ, "HOME": str(home), "TMPDIR": str(home)}
+    out = subprocess.run([sys.executable, "-B", "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert json.loads(out.stdout) == []
+    assert list(cwd.iterdir()) == [] and list(home.iterdir()) == []
+    assert _tree_snapshot(REPO_ROOT / "flashruntime") == package_before
+
+
+def test_core_only_import_with_every_optional_dependency_refused() -> None:
+    result = run_core_only(
+        "import flashruntime as flash, flashruntime.protocol, flashruntime.errors, flashruntime.service.cli\n"
+        "flash.PlanRequest, flash.Resources\n"
+        "print('ok')\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_the_blocker_really_blocks() -> None:
+    result = run_core_only("import yaml\n")
+    assert result.returncode != 0 and "refused: core-only test" in result.stderr
+
+
+def test_cli_help_works_with_only_the_core() -> None:
+    result = run_core_only("from flashruntime.service.cli import main\nraise SystemExit(main(['--help']))\n")
+    assert result.returncode == 0, result.stderr
+    assert "usage: flashruntime" in result.stdout
+    version = run_core_only("from flashruntime.service.cli import main\nmain(['--version'])\n")
+    assert "flashruntime 0.5.0" in version.stdout

@@ -1,0 +1,65 @@
+"""The benchmark row arithmetic and report honesty rules (SPEC §14)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.report import SMOKE_LABEL, render_markdown
+from benchmarks.rows import Target, judge, measured_row, quantile, skipped_row, summarize
+
+HOST = {"hostname": "h", "cpu": "cpu", "cores": 2, "ram_gb": 24.0, "os": "Linux", "python": "3.11",
+        "torch": None, "numpy": None, "gpu": None, "flashruntime": "0.5.0", "fs": "ext4"}
+
+
+def test_summary_statistics() -> None:
+    stats = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert stats == {"min": 1.0, "median": 3.0, "max": 5.0, "p10": pytest.approx(1.4), "p90": pytest.approx(4.6)}
+    assert quantile([7.0], 0.9) == 7.0
+    with pytest.raises(ValueError, match="at least one sample"):
+        summarize([])
+
+
+def test_ratio_is_median_over_comparator_median_unless_given() -> None:
+    row = measured_row("s", "performance", "m", "ms", [2.0, 4.0, 6.0], comparator=("c", [1.0, 2.0, 3.0]))
+    assert row["ratio"] == 2.0 and row["comparator"] == {"name": "c", "min": 1.0, "median": 2.0, "max": 3.0}
+    explicit = measured_row("s", "performance", "m", "ms", [2.0], comparator=("c", [1.0]), ratio=0.5)
+    assert explicit["ratio"] == 0.5
+    assert measured_row("s", "performance", "m", "ms", [1.0])["ratio"] is None
+
+
+@pytest.mark.parametrize("op, value, unit, met", [
+    ("<=", 2.0, "x", True), ("<=", 1.9, "x", False),      # ratio targets
+    (">=", 4.0, "ms", True), (">=", 4.1, "ms", False),    # absolute targets apply to the median
+    ("==", 4.0, "ms", True),
+])
+def test_judge_applies_targets_on_the_reference_host(op: str, value: float, unit: str, met: bool) -> None:
+    row = measured_row("s", "performance", "m", "ms", [3.0, 4.0, 5.0], comparator=("c", [2.0]),
+                       target=Target(op, value, unit, "issue 2"))  # type: ignore[arg-type]
+    assert judge(dict(row), on_reference_host=True)["met"] is met
+    assert judge(dict(row), on_reference_host=False)["met"] is None
+
+
+def test_skipped_rows_carry_a_reason_and_no_figures() -> None:
+    row = judge(skipped_row("s", "performance", "m", "ms", "torch not installed",
+                            target=Target("<=", 1.0, "x", "issue 5")), on_reference_host=True)
+    assert row["status"] == "skipped" and row["skip_reason"] == "torch not installed"
+    assert row["median"] is None and row["met"] is None and row["ratio"] is None
+
+
+def _result(rows: list[dict], smoke: bool) -> dict:
+    return {"schema": "bench_v1", "smoke": smoke, "created_at": "2026-01-01T00:00:00Z", "host": HOST, "rows": rows}
+
+
+def test_report_refuses_thin_rows_outside_a_smoke_run() -> None:
+    thin = measured_row("s", "performance", "m", "ms", [1.0, 2.0])
+    with pytest.raises(ValueError, match="fewer than 3 repeats"):
+        render_markdown(_result([thin], smoke=False))
+    text = render_markdown(_result([thin], smoke=True))
+    assert SMOKE_LABEL in text
+
+
+def test_report_has_no_empty_section_and_shows_the_host() -> None:
+    row = measured_row("s", "resilience", "faults_routed", "faults", [5.0, 5.0, 5.0])
+    text = render_markdown(_result([row], smoke=False))
+    assert "### Resilience" in text and "### Performance" not in text
+    assert "filesystem ext4" in text and SMOKE_LABEL not in text
