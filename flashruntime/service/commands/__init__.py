@@ -5,4 +5,8 @@ needs, so building the parser stays cheap.
 """
 
 # Order = order in ``flashruntime --help``.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = (
+    "flashruntime.service.commands.submit",
+    "flashruntime.service.commands.runs",
+    "flashruntime.service.commands.demo",
+)

@@ -1,0 +1,171 @@
+"""Launch on this machine: one process group per attempt, the environment contract,
+and a sweep that leaves no rank alive after its attempt ends or is cancelled.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import threading
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+
+from flashruntime.launchers import LaunchError, LaunchHandle, Launcher, LaunchState
+from flashruntime.launchers._sweep import attempt_processes, sweep
+from flashruntime.strategies import LaunchSpec
+
+__all__ = ["LocalLaunchHandle", "LocalProcessLauncher"]
+
+LOG_NAME = "launcher.log"
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 1024 * 1024))
+            data = f.read()
+    except OSError:
+        return ""
+    text = data.decode(errors="replace").splitlines()
+    return "\n".join(text[-lines:]) if lines > 0 else ""
+
+
+class LocalLaunchHandle(LaunchHandle):
+    """A running attempt. ``exit_code`` is the raw return code (negative = signal)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], output_dir: Path, term_grace_s: float) -> None:
+        self._process = process
+        self.output_dir = output_dir
+        self._term_grace_s = term_grace_s
+        self._marker = f"FLASHML_OUTPUT_DIR={output_dir}".encode()
+        self._lock = threading.Lock()
+        self._cancel_requested = False
+        self._state: LaunchState | None = None
+        self.exit_code: int | None = None
+        # Fallback where /proc is missing: pids seen by the resource sampler.
+        self.extra_pids: Callable[[], set[int]] = set
+
+    @property
+    def execution_id(self) -> str:
+        return str(self._process.pid)
+
+    def _find(self) -> dict[int, int]:
+        return attempt_processes(self._marker, [self._process.pid], self.extra_pids())
+
+    def _settle(self, returncode: int) -> LaunchState:
+        """Called once the leader has exited: sweep the rest, then cache the result."""
+        with self._lock:
+            if self._state is not None:
+                return self._state
+            sweep(self._find, self._term_grace_s)
+            self.exit_code = returncode
+            if self._cancel_requested:
+                self._state = LaunchState.CANCELLED
+            elif returncode == 0:
+                self._state = LaunchState.SUCCEEDED
+            else:
+                self._state = LaunchState.FAILED
+            return self._state
+
+    def poll(self) -> LaunchState:
+        if self._state is not None:
+            return self._state
+        returncode = self._process.poll()
+        if returncode is None:
+            return LaunchState.RUNNING
+        return self._settle(returncode)
+
+    def wait(self, timeout_seconds: float | None = None) -> LaunchState:
+        if self._state is not None:
+            return self._state
+        try:
+            returncode = self._process.wait(timeout=timeout_seconds)
+        except subprocess.TimeoutExpired:
+            return LaunchState.RUNNING
+        return self._settle(returncode)
+
+    def cancel(self) -> None:
+        if self._state is not None:
+            return
+        self._cancel_requested = True
+        sweep(self._find, self._term_grace_s)
+        try:
+            returncode = self._process.wait(timeout=self._term_grace_s + 30)
+        except subprocess.TimeoutExpired:
+            return
+        self._settle(returncode)
+
+    def logs(self, tail_lines: int = 200) -> str:
+        return _tail(self.output_dir / LOG_NAME, tail_lines)
+
+
+def _safe_relative(name: str) -> PurePosixPath:
+    path = PurePosixPath(name)
+    if path.is_absolute() or ".." in path.parts or not path.parts:
+        raise LaunchError(f"LaunchSpec.files name {name!r} must be a relative path inside the attempt directory")
+    return path
+
+
+class LocalProcessLauncher(Launcher):
+    name = "local"
+
+    def __init__(
+        self, output_root: str | Path, *, term_grace_s: float = 10.0, checkpoint_dir: str | Path | None = None
+    ) -> None:
+        self.output_root = Path(os.path.expanduser(str(output_root))).resolve()
+        self.term_grace_s = term_grace_s
+        self.checkpoint_dir = (
+            None if checkpoint_dir is None else Path(os.path.expanduser(str(checkpoint_dir))).resolve()
+        )
+
+    def checkpoint_root(self, job_id: str) -> Path:
+        """The FLASHML_CKPT_DIR every attempt of ``job_id`` gets."""
+        return self.checkpoint_dir or self.output_root / job_id / "ckpt"
+
+    def attempt_dir(self, job_id: str, attempt_id: str) -> Path:
+        return self.output_root / job_id / attempt_id
+
+    def launch(self, spec: LaunchSpec, job_id: str, attempt_id: str) -> LocalLaunchHandle:
+        if not spec.argv:
+            raise LaunchError("cannot launch an empty command: give argv, e.g. ['python', 'train.py']")
+        workdir = Path(os.path.expanduser(spec.workdir_hint or "."))
+        if not workdir.is_dir():
+            raise LaunchError(f"working directory {str(workdir)!r} does not exist; set Source(path=...) to your project")
+        files = {_safe_relative(name): text for name, text in spec.files.items()}
+        attempt_dir = self.attempt_dir(job_id, attempt_id)
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        for relative, text in files.items():
+            target = attempt_dir / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+        env = {
+            **os.environ,
+            **spec.env,
+            "FLASHML_OUTPUT_DIR": str(attempt_dir),
+            "FLASHML_CKPT_DIR": str(self.checkpoint_root(job_id)),
+            "FLASHML_JOB_ID": job_id,
+            "FLASHML_ATTEMPT_ID": attempt_id,
+        }
+        posix = os.name == "posix"
+        log = open(attempt_dir / LOG_NAME, "ab")
+        try:
+            process = subprocess.Popen(
+                spec.argv,
+                cwd=workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=posix,
+                creationflags=0 if posix else subprocess.CREATE_NEW_PROCESS_GROUP,  # type: ignore[attr-defined]
+            )
+        except OSError as exc:
+            raise LaunchError(f"could not start {spec.argv[0]!r}: {exc}") from exc
+        finally:
+            log.close()
+        return LocalLaunchHandle(process, attempt_dir, self.term_grace_s)
+
+

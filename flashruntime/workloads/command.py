@@ -1,0 +1,110 @@
+"""The user's own command as a workload: what to run, where its source lives, what
+to collect, and how to fan it out over parameter sets. Never run through a shell.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from flashruntime.protocol.plan_v1alpha1 import CheckpointPolicy
+from flashruntime.protocol.v1alpha1 import (
+    ExecutionSpec,
+    ImageSpec,
+    IsolationSpec,
+    JobMetadata,
+    JobSpec,
+    JobSpecInner,
+    WorkloadSpec,
+)
+from flashruntime.providers import Requirements
+
+__all__ = ["CommandWorkload", "OutputSpec", "Source", "to_jobspec"]
+
+_LAUNCHERS_OF_COORDINATED_JOBS = ("torchrun", "accelerate")
+
+
+class Source(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
+    path: str = "."  # "~" is expanded at launch, not here
+    git_revision: str | None = None  # reserved
+
+
+class OutputSpec(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
+    prefix: str = "artifact://jobs/{job_id}/"
+    collect: list[str] = Field(default_factory=lambda: ["metrics.json"])
+    primary_metric: str | None = None
+    maximize: bool = True
+
+
+class CommandWorkload(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
+    command: str | list[str]
+    source: Source = Field(default_factory=Source)
+    image: ImageSpec | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    inputs: dict[str, str] = Field(default_factory=dict)
+    outputs: OutputSpec = Field(default_factory=OutputSpec)
+    resources: Requirements = Field(default_factory=Requirements)
+    isolation: IsolationSpec = Field(default_factory=IsolationSpec)
+    mode: Literal["auto", "local", "independent_tasks", "coordinated"] = "auto"
+    checkpoint: CheckpointPolicy | None = None
+    task_params: list[dict[str, Any]] | None = None
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs_are_artifacts(cls, inputs: dict[str, str]) -> dict[str, str]:
+        for name, uri in inputs.items():
+            if not uri.startswith("artifact://"):
+                raise ValueError(
+                    f"input {name!r} is {uri!r}; inputs must be artifact:// URIs (e.g. 'artifact://datasets/x.csv')"
+                )
+        return inputs
+
+    def argv(self, params: dict[str, Any] | None = None) -> list[str]:
+        """The argument vector; with ``params`` every token is ``str.format``-ed (a missing
+        placeholder raises KeyError unchanged)."""
+        tokens = shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
+        if params is None:
+            return tokens
+        return [token.format(**params) for token in tokens]
+
+    def resolved_mode(self) -> str:
+        if self.mode != "auto":
+            return self.mode
+        if self.task_params:
+            return "independent_tasks"
+        tokens = self.argv()
+        if tokens and tokens[0] in _LAUNCHERS_OF_COORDINATED_JOBS:
+            return "coordinated"
+        return "local"
+
+
+def to_jobspec(workload: CommandWorkload, name: str, image: ImageSpec | None = None) -> JobSpec:
+    """The coordinator JobSpec for ``workload`` (placeholders left intact for expansion)."""
+    chosen = image or workload.image
+    if chosen is None:
+        raise ValueError(
+            "to_jobspec needs a container image: pass image=ImageSpec(repository=..., tag=...) "
+            "or set CommandWorkload.image"
+        )
+    parameters: dict[str, Any] = {"command": workload.argv(), "env": dict(workload.env), "inputs": dict(workload.inputs)}
+    if workload.task_params is not None:
+        parameters["task_params"] = [dict(p) for p in workload.task_params]
+    if workload.checkpoint is not None:
+        parameters["checkpoint"] = workload.checkpoint.model_dump()
+    return JobSpec(
+        metadata=JobMetadata(name=name),
+        spec=JobSpecInner(
+            execution=ExecutionSpec(backend="leases"),
+            image=chosen,
+            workload=WorkloadSpec(type="command", parameters=parameters),
+            isolation=workload.isolation.model_copy(deep=True),
+        ),
+    )

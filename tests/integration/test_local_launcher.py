@@ -1,0 +1,136 @@
+"""LocalProcessLauncher with real processes: environment contract, process groups,
+and no survivor after cancel or after the leader dies (SPEC §5.7)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flashruntime.errors import FlashRuntimeError
+from flashruntime.launchers import LaunchError, LaunchState
+from flashruntime.launchers.local import LocalProcessLauncher
+from flashruntime.strategies import LaunchSpec
+
+# A child in its own session (as torchrun starts ranks) that ignores SIGTERM and records its pid.
+STUBBORN_CHILD = """
+import os, signal, subprocess, sys, time
+code = "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+open(os.path.join(os.environ["FLASHML_OUTPUT_DIR"], "child.pid"), "w").write(str(child.pid))
+print("ready", flush=True)
+{tail}
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _wait_for(path: Path, timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text():
+            return path.read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not appear")
+
+
+def test_environment_contract_and_log(tmp_path: Path) -> None:
+    launcher = LocalProcessLauncher(tmp_path / "out")
+    code = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in "
+            "['FLASHML_OUTPUT_DIR', 'FLASHML_CKPT_DIR', 'FLASHML_JOB_ID', 'FLASHML_ATTEMPT_ID', 'MINE']}))")
+    spec = LaunchSpec(argv=[sys.executable, "-c", code], workdir_hint=str(tmp_path),
+                      env={"MINE": "1", "FLASHML_JOB_ID": "spoofed"}, files={"cfg/a.txt": "hello"})
+    handle = launcher.launch(spec, "local", "task-000")
+    assert handle.wait() is LaunchState.SUCCEEDED and handle.exit_code == 0
+    env = json.loads(handle.logs().strip().splitlines()[-1])
+    attempt_dir = (tmp_path / "out" / "local" / "task-000").resolve()
+    assert env == {"FLASHML_OUTPUT_DIR": str(attempt_dir), "FLASHML_CKPT_DIR": str(attempt_dir.parent / "ckpt"),
+                   "FLASHML_JOB_ID": "local", "FLASHML_ATTEMPT_ID": "task-000", "MINE": "1"}
+    assert (attempt_dir / "cfg" / "a.txt").read_text() == "hello"
+    assert (attempt_dir / "launcher.log").exists() and handle.output_dir == attempt_dir
+    assert handle.execution_id.isdigit()
+
+
+def test_checkpoint_dir_override(tmp_path: Path) -> None:
+    launcher = LocalProcessLauncher(tmp_path / "out", checkpoint_dir=tmp_path / "shared-ckpt")
+    handle = launcher.launch(LaunchSpec(argv=[sys.executable, "-c", "import os; print(os.environ['FLASHML_CKPT_DIR'])"]),
+                             "local", "task-000")
+    handle.wait()
+    assert handle.logs().strip() == str((tmp_path / "shared-ckpt").resolve())
+
+
+def test_states_and_exit_codes(tmp_path: Path) -> None:
+    launcher = LocalProcessLauncher(tmp_path)
+    failed = launcher.launch(LaunchSpec(argv=[sys.executable, "-c", "raise SystemExit(3)"]), "j", "a1")
+    assert failed.wait() is LaunchState.FAILED and failed.exit_code == 3
+    assert failed.poll() is LaunchState.FAILED  # cached, idempotent
+    killed = launcher.launch(LaunchSpec(argv=[sys.executable, "-c", "import os, signal; os.kill(os.getpid(), 9)"]),
+                             "j", "a2")
+    assert killed.wait() is LaunchState.FAILED and killed.exit_code == -signal.SIGKILL
+    running = launcher.launch(LaunchSpec(argv=[sys.executable, "-c", "import time; time.sleep(30)"]), "j", "a3")
+    assert running.poll() is LaunchState.RUNNING and running.exit_code is None
+    assert running.wait(timeout_seconds=0.1) is LaunchState.RUNNING
+    running.cancel()
+    assert running.poll() is LaunchState.CANCELLED
+    running.cancel()  # idempotent
+
+
+def test_child_runs_in_its_own_process_group(tmp_path: Path) -> None:
+    handle = LocalProcessLauncher(tmp_path).launch(
+        LaunchSpec(argv=[sys.executable, "-c", "import os; print(os.getpgrp() == os.getpid(), os.getsid(0) == os.getpid())"]),
+        "j", "a")
+    handle.wait()
+    assert handle.logs().strip() == "True True"
+
+
+@pytest.mark.parametrize("spec, message", [
+    (LaunchSpec(argv=[]), "cannot launch an empty command"),
+    (LaunchSpec(argv=["python"], workdir_hint="/no/such/dir"), "does not exist"),
+    (LaunchSpec(argv=["/no/such/binary-xyz"]), "could not start"),
+    (LaunchSpec(argv=["python"], files={"../escape.txt": "x"}), "must be a relative path"),
+])
+def test_launch_errors(tmp_path: Path, spec: LaunchSpec, message: str) -> None:
+    with pytest.raises(LaunchError, match=message) as info:
+        LocalProcessLauncher(tmp_path).launch(spec, "j", "a")
+    assert isinstance(info.value, FlashRuntimeError)
+    assert not (tmp_path.parent / "escape.txt").exists()
+
+
+def test_cancel_kills_a_child_in_another_session_that_ignores_sigterm(tmp_path: Path) -> None:
+    launcher = LocalProcessLauncher(tmp_path, term_grace_s=0.5)
+    handle = launcher.launch(
+        LaunchSpec(argv=[sys.executable, "-c", STUBBORN_CHILD.format(tail="time.sleep(300)")]), "j", "a")
+    child = int(_wait_for(handle.output_dir / "child.pid"))
+    assert _alive(child) and os.getpgid(child) != int(handle.execution_id)  # out of reach of a group kill
+    handle.cancel()
+    assert handle.poll() is LaunchState.CANCELLED
+    assert not _alive(child) and not _alive(int(handle.execution_id))
+
+
+def test_leader_death_sweeps_the_survivors_before_reporting(tmp_path: Path) -> None:
+    launcher = LocalProcessLauncher(tmp_path, term_grace_s=0.5)
+    tail = "import time; time.sleep(0.3); os.kill(os.getpid(), signal.SIGKILL)"
+    handle = launcher.launch(LaunchSpec(argv=[sys.executable, "-c", STUBBORN_CHILD.format(tail=tail)]), "j", "a")
+    child = int(_wait_for(handle.output_dir / "child.pid"))
+    assert handle.wait() is LaunchState.FAILED and handle.exit_code == -signal.SIGKILL
+    assert not _alive(child)
+
+
+def test_sweep_leaves_other_attempts_alone(tmp_path: Path) -> None:
+    launcher = LocalProcessLauncher(tmp_path, term_grace_s=0.5)
+    other = launcher.launch(LaunchSpec(argv=[sys.executable, "-c", "import time; time.sleep(60)"]), "j", "other")
+    done = launcher.launch(LaunchSpec(argv=[sys.executable, "-c", "pass"]), "j", "done")
+    assert done.wait() is LaunchState.SUCCEEDED
+    assert other.poll() is LaunchState.RUNNING
+    other.cancel()
