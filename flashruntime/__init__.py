@@ -20,6 +20,10 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "IndependentTasks": ("flashruntime.protocol.plan_v1alpha1", "IndependentTasks"),
     "Resources": ("flashruntime.protocol.plan_v1alpha1", "Resources"),
     "Objective": ("flashruntime.protocol.plan_v1alpha1", "Objective"),
+    "submit": ("flashruntime.sdk", "submit"),
+    "CommandWorkload": ("flashruntime.workloads.command", "CommandWorkload"),
+    "OutputSpec": ("flashruntime.workloads.command", "OutputSpec"),
+    "Source": ("flashruntime.workloads.command", "Source"),
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -22,6 +22,10 @@ EXPECTED_ALL = [
     "IndependentTasks",
     "Resources",
     "Objective",
+    "submit",
+    "CommandWorkload",
+    "OutputSpec",
+    "Source",
 ]
 
 

@@ -58,7 +58,8 @@ def handle(args: argparse.Namespace) -> int:
         print(json.dumps({"ok": ok, "state": str(run.state), "events": events, "trial": trial,
                           "output_dir": str(run.output_dir)}, default=str))
         return 0 if ok else 1
-    print("flashruntime demo: a training run that crashes" + (" after its first checkpoint" if crash else " (no crash)"))
+    print(f"flashruntime demo: a training run checkpointing every {CHECKPOINT_EVERY} steps"
+          + (f", killed at step {CRASH_AT}" if crash else " (no crash injected)"))
     for event in events:
         print(f"  {event['type']:<25} {event['message']}")
     if trial:

@@ -1,0 +1,88 @@
+"""``flashruntime submit`` and ``flashruntime runs`` as a user types them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests._support import REPO_ROOT
+
+PY = sys.executable
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "flashruntime.service.cli", *args], capture_output=True, text=True,
+                          cwd=cwd or REPO_ROOT, timeout=120, check=False)
+
+
+def test_submit_success_prints_summary(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "t.py").write_text("import json; json.dump({'acc': 0.9}, open('metrics.json', 'w'))")
+    out = tmp_path / "out"
+    result = _cli("submit", f"{PY} t.py", "--source", str(src), "--output-dir", str(out), "--no-watch")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["state: SUCCEEDED", "trials: 1", f"output: {out}"]
+
+
+def test_submit_json_and_failure_exit_code(tmp_path: Path) -> None:
+    result = _cli("submit", f"{PY} -c 'raise SystemExit(4)'", "--output-dir", str(tmp_path), "--json", "--no-watch")
+    assert result.returncode == 1
+    summary = json.loads(result.stdout)
+    assert summary == {"state": "FAILED", "trials": 0, "best": None, "output_dir": str(tmp_path), "viewer_url": None}
+
+
+def test_submit_fan_out_with_task_params(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "t.py").write_text("import json, sys; json.dump({'v': float(sys.argv[1])}, open('metrics.json', 'w'))")
+    result = _cli("submit", f"{PY} t.py {{v}}", "--source", str(src), "--task-params", '[{"v": 1}, {"v": 2}]',
+                  "--output-dir", str(tmp_path / "out"), "--json", "--no-watch")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["trials"] == 2
+
+
+def test_submit_invalid_task_params_exit_2(tmp_path: Path) -> None:
+    for bad in ("{not json", '{"a": 1}', "[1, 2]"):
+        result = _cli("submit", "python t.py", "--task-params", bad, "--output-dir", str(tmp_path))
+        assert result.returncode == 2 and "invalid --task-params" in result.stderr
+
+
+def test_submit_launch_error_exit_1(tmp_path: Path) -> None:
+    result = _cli("submit", "python t.py", "--source", str(tmp_path / "nope"), "--output-dir", str(tmp_path / "o"))
+    assert result.returncode == 1 and "does not exist" in result.stderr
+
+
+def test_runs_lists_newest_first_and_marks_unreadable(tmp_path: Path) -> None:
+    for name, started in (("old", 1000.0), ("new", 2000.0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({
+            "contract": "viewer_v1", "workload": {"command": ["x"], "mode": "local", "source": "."},
+            "state": "SUCCEEDED", "started_at": started, "finished_at": started + 12.5, "attempts": [{}, {}],
+            "events": [], "trials": [], "max_restarts": 0, "checkpoint_dir": None,
+        }))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "run.json").write_text("{truncated")
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "run.json").write_text(json.dumps({"contract": "something_else"}))
+    (tmp_path / "empty").mkdir()
+    result = _cli("runs", "--root", str(tmp_path), "--json")
+    assert result.returncode == 0
+    rows = json.loads(result.stdout)
+    by_name = {Path(r["path"]).name: r for r in rows}
+    assert set(by_name) == {"old", "new", "broken"}
+    assert by_name["broken"]["state"] == "?"
+    ordered = [Path(r["path"]).name for r in rows if r["state"] != "?"]
+    assert ordered == ["new", "old"]
+    assert by_name["new"] == {"path": str(tmp_path / "new"), "state": "SUCCEEDED", "mode": "local", "attempts": 2,
+                              "started": "1970-01-01T00:33:20Z", "duration_s": 12.5}
+    table = _cli("runs", "--root", str(tmp_path))
+    assert table.stdout.splitlines()[0].split() == ["path", "state", "mode", "attempts", "started", "duration"]
+
+
+def test_runs_on_a_missing_root_exit_2(tmp_path: Path) -> None:
+    result = _cli("runs", "--root", str(tmp_path / "nope"))
+    assert result.returncode == 2 and "is not a directory" in result.stderr
+    assert _cli("runs", "--root", str(tmp_path)).stdout.startswith("no runs under")

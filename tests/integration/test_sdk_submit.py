@@ -1,0 +1,188 @@
+"""flash.submit through real processes: collection, run.json, recovery decisions,
+fan-out sweeps, cancel and launch errors (SPEC §5.3–§5.6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import flashruntime as flash
+from flashruntime.errors import LaunchError
+from flashruntime.launchers import LaunchState
+from flashruntime.sdk import Run, submit
+from flashruntime.workloads.command import CommandWorkload, OutputSpec, Source
+
+PY = sys.executable
+
+WRITE_METRICS = """
+import json, os, sys
+value = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
+json.dump({"score": value * 2}, open("metrics.json", "w"))
+print("wrote", value)
+"""
+
+IMPORT_ERROR = "import flashruntime_no_such_module_xyz\n"
+
+# Kills itself with SIGKILL on the first attempt only; writes a metric on the restart.
+CRASH_ONCE = """
+import json, os, signal
+if not os.environ["FLASHML_ATTEMPT_ID"].endswith("-r1"):
+    os.kill(os.getpid(), signal.SIGKILL)
+json.dump({"ok": 1}, open(os.path.join(os.environ["FLASHML_OUTPUT_DIR"], "metrics.json"), "w"))
+"""
+
+
+def _script(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / "src" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _types(run: Run) -> list[str]:
+    return [e["type"] for e in run.events]
+
+
+def test_success_collects_metrics_and_writes_run_json(tmp_path: Path) -> None:
+    script = _script(tmp_path, "train.py", WRITE_METRICS)
+    run = submit(CommandWorkload(command=[PY, str(script), "3"], source=Source(path=str(script.parent))),
+                 output_dir=tmp_path / "out", watch=False)
+    assert run.state is LaunchState.SUCCEEDED and run.finished_at is not None
+    assert run.trials == [{"score": 6.0}]
+    attempt_dir = tmp_path / "out" / "local" / "task-000"
+    assert run.artifacts == [attempt_dir / "metrics.json"]
+    doc = json.loads(run.run_json_path.read_text())
+    assert doc["contract"] == "viewer_v1" and doc["state"] == "SUCCEEDED" and doc["checkpoint_dir"] is None
+    assert doc["workload"] == {"command": [PY, str(script), "3"], "mode": "local", "source": str(script.parent)}
+    assert [a["attempt_id"] for a in doc["attempts"]] == ["task-000"]
+    assert doc["attempts"][0]["state"] == "SUCCEEDED" and doc["attempts"][0]["exit_code"] == 0
+    assert doc["attempts"][0]["job_id"] == "local" and doc["attempts"][0]["output_dir"] == str(attempt_dir)
+    assert _types(run) == ["LAUNCH_STARTED", "ATTEMPT_FINISHED"]
+    assert run.events[1]["message"] == "task-000 finished SUCCEEDED (exit 0)"
+    assert "wrote 3.0" in run.logs()
+    assert not list((tmp_path / "out").glob(".run.json.*.tmp"))
+
+
+def test_stale_outputs_are_never_credited(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    stale = source / "metrics.json"
+    stale.write_text(json.dumps({"score": 99}))
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    run = submit(CommandWorkload(command=[PY, "-c", "print('no metrics written')"], source=Source(path=str(source))),
+                 output_dir=tmp_path / "out", watch=False)
+    assert run.state is LaunchState.SUCCEEDED
+    assert run.trials == [] and run.artifacts == []
+
+
+def test_deterministic_failure_is_not_relaunched(tmp_path: Path) -> None:
+    script = _script(tmp_path, "bad.py", IMPORT_ERROR)
+    run = submit(CommandWorkload(command=[PY, str(script)]), output_dir=tmp_path / "out", max_restarts=2, watch=False)
+    assert run.state is LaunchState.FAILED
+    assert [a["attempt_id"] for a in run.attempts] == ["task-000"]
+    classified = [e for e in run.events if e["type"] == "FAILURE_CLASSIFIED"]
+    action = [e for e in run.events if e["type"] == "RECOVERY_ACTION_SELECTED"]
+    assert len(classified) == 1 and classified[0]["message"].startswith("task-000: application_error (exit 1; ")
+    assert "ModuleNotFoundError" in classified[0]["message"]
+    assert len(action) == 1 and action[0]["message"].startswith("task-000: fail_job — ")
+    doc = json.loads(run.run_json_path.read_text())
+    assert {"FAILURE_CLASSIFIED", "RECOVERY_ACTION_SELECTED"} <= {e["type"] for e in doc["events"]}
+
+
+def test_killed_worker_is_relaunched_and_succeeds(tmp_path: Path) -> None:
+    script = _script(tmp_path, "crash.py", CRASH_ONCE)
+    run = submit(CommandWorkload(command=[PY, str(script)]), output_dir=tmp_path / "out", max_restarts=1, watch=False)
+    assert run.state is LaunchState.SUCCEEDED
+    assert [(a["attempt_id"], a["state"], a["exit_code"]) for a in run.attempts] == [
+        ("task-000", "FAILED", -9), ("task-000-r1", "SUCCEEDED", 0)
+    ]
+    messages = {e["type"]: e["message"] for e in run.events}
+    assert messages["FAILURE_CLASSIFIED"].startswith("task-000: worker_crash (exit -9; ")
+    assert "killed by SIGKILL" in messages["FAILURE_CLASSIFIED"]
+    assert messages["RECOVERY_ACTION_SELECTED"].startswith("task-000: restart_group — ")
+    assert messages["RESUME_SELECTED"] == "task-000-r1 starts at step 0 (no valid checkpoint)"
+    assert run.trials == [{"ok": 1}]
+
+
+def test_restart_budget_is_respected(tmp_path: Path) -> None:
+    run = submit(CommandWorkload(command=[PY, "-c", "import os; os.kill(os.getpid(), 9)"]),
+                 output_dir=tmp_path / "out", max_restarts=2, watch=False)
+    assert run.state is LaunchState.FAILED
+    assert [a["attempt_id"] for a in run.attempts] == ["task-000", "task-000-r1", "task-000-r2"]
+
+
+def test_fan_out_sweep_collects_one_trial_per_param_set(tmp_path: Path) -> None:
+    script = _script(tmp_path, "sweep.py", WRITE_METRICS)
+    workload = CommandWorkload(command=[PY, str(script), "{x}"], source=Source(path=str(script.parent)),
+                               task_params=[{"x": 1}, {"x": 5}, {"x": 2}],
+                               outputs=OutputSpec(primary_metric="score"))
+    run = flash.submit(workload, output_dir=tmp_path / "out", watch=False)
+    assert run.state is LaunchState.SUCCEEDED
+    assert run.trials == [{"score": 2.0, "params": {"x": 1}}, {"score": 10.0, "params": {"x": 5}},
+                          {"score": 4.0, "params": {"x": 2}}]
+    assert run.best_trial() == {"score": 10.0, "params": {"x": 5}}
+    assert run.best_trial(maximize=False) == {"score": 2.0, "params": {"x": 1}}
+    assert run.best_trial(metric="missing") is None
+    assert [a["job_id"] for a in run.attempts] == ["local-000", "local-001", "local-002"]
+    assert (tmp_path / "out" / "local-001" / "task-001" / "metrics.json").exists()
+
+
+def test_best_trial_needs_a_metric(tmp_path: Path) -> None:
+    run = Run(CommandWorkload(command="x"), tmp_path)
+    with pytest.raises(ValueError, match="best_trial needs a metric"):
+        run.best_trial()
+
+
+def test_wait_false_and_cancel_leave_nothing_running(tmp_path: Path) -> None:
+    code = "import os, time; open(os.path.join(os.environ['FLASHML_OUTPUT_DIR'], 'pid'), 'w').write(str(os.getpid())); time.sleep(120)"
+    run = submit(CommandWorkload(command=[PY, "-c", code]), output_dir=tmp_path / "out", wait=False,
+                 max_restarts=3, watch=False)
+    assert run.state in (LaunchState.PENDING, LaunchState.RUNNING)
+    pid_file = tmp_path / "out" / "local" / "task-000" / "pid"
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = int(pid_file.read_text())
+    run.cancel()
+    assert run.wait(timeout=60) is LaunchState.CANCELLED
+    assert [e for e in run.events if e["type"] == "RUN_CANCELLED"][0]["message"] == "run cancelled (task-000 stopped)"
+    assert [a["attempt_id"] for a in run.attempts] == ["task-000"]  # no restart after a cancel
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]
+    run.cancel()  # idempotent once terminal
+    assert run.state is LaunchState.CANCELLED
+
+
+def test_launch_error_is_recorded_and_reraised(tmp_path: Path) -> None:
+    workload = CommandWorkload(command=[PY, "-c", "pass"], source=Source(path=str(tmp_path / "missing")))
+    with pytest.raises(LaunchError, match="does not exist"):
+        submit(workload, output_dir=tmp_path / "out", watch=False)
+    doc = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert doc["state"] == "FAILED" and doc["events"][-1]["type"] == "LAUNCH_FAILED"
+    background = submit(workload, output_dir=tmp_path / "out2", wait=False, watch=False)
+    assert background.wait(timeout=60) is LaunchState.FAILED
+
+
+def test_argument_errors(tmp_path: Path) -> None:
+    fan_out = CommandWorkload(command="python t.py {a}", task_params=[{"a": 1}])
+    with pytest.raises(ValueError, match="checkpoint_dir cannot be combined with a fan-out"):
+        submit(fan_out, output_dir=tmp_path, checkpoint_dir=tmp_path / "ck", watch=False)
+    with pytest.raises(ValueError, match="max_restarts must be an integer >= 0"):
+        submit(CommandWorkload(command="x"), output_dir=tmp_path, max_restarts=-1, watch=False)
+    with pytest.raises(TypeError, match="takes a CommandWorkload"):
+        submit("python t.py", output_dir=tmp_path)  # type: ignore[arg-type]
+
+
+def test_default_output_dir_is_a_fresh_temp_dir() -> None:
+    run = submit(CommandWorkload(command=[PY, "-c", "pass"]), watch=False)
+    try:
+        assert run.output_dir.name.startswith("flashruntime-run-") and run.run_json_path.exists()
+    finally:
+        import shutil
+
+        shutil.rmtree(run.output_dir, ignore_errors=True)
