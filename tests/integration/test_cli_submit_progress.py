@@ -1,0 +1,52 @@
+"""On a terminal, ``flashruntime submit`` redraws one progress line: attempt, state,
+elapsed time, and the last step/loss from metrics.jsonl."""
+
+from __future__ import annotations
+
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+
+from tests._support import REPO_ROOT
+
+TRAINER = """
+import json, os, time
+out = os.environ["FLASHML_OUTPUT_DIR"]
+with open(os.path.join(out, "metrics.jsonl"), "a") as f:
+    for step in range(1, 16):
+        f.write(json.dumps({"step": step, "loss": 1.0 / step}) + "\\n")
+        f.flush()
+        time.sleep(0.1)
+"""
+
+
+def test_progress_line_on_a_tty(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TRAINER)
+    primary, secondary = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "flashruntime.service.cli", "submit", f"{sys.executable} {script}",
+         "--output-dir", str(tmp_path / "out"), "--no-watch"],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=secondary, env=env,
+    )
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            data = os.read(primary, 4096)
+        except OSError:  # EIO once the child side is closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    stdout, _ = process.communicate(timeout=120)
+    os.close(primary)
+    screen = b"".join(chunks).decode(errors="replace")
+    assert process.returncode == 0
+    assert "\r[task-000] RUNNING" in screen
+    assert "step 15  loss 0.06667" in screen  # the last line logged, shown at the end
+    assert "[task-000] SUCCEEDED" in screen
+    assert stdout.decode().splitlines()[0] == "state: SUCCEEDED"
