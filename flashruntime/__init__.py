@@ -11,6 +11,9 @@ __version__ = "0.5.0"
 
 # public name -> (defining module, attribute); attribute None = the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
+    "plan": ("flashruntime.planner", "plan"),
+    "render": ("flashruntime.planner", "render"),
+    "PLANNER_VERSION": ("flashruntime.planner", "PLANNER_VERSION"),
     "PlanRequest": ("flashruntime.protocol.plan_v1alpha1", "PlanRequest"),
     "PlanReport": ("flashruntime.protocol.plan_v1alpha1", "PlanReport"),
     "StrategyPlan": ("flashruntime.protocol.plan_v1alpha1", "StrategyPlan"),

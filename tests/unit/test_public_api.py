@@ -13,6 +13,9 @@ import flashruntime
 # Grows as capabilities land; every name here must resolve to a real object.
 EXPECTED_ALL = [
     "__version__",
+    "plan",
+    "render",
+    "PLANNER_VERSION",
     "PlanRequest",
     "PlanReport",
     "StrategyPlan",

@@ -9,4 +9,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flashruntime.service.commands.submit",
     "flashruntime.service.commands.runs",
     "flashruntime.service.commands.demo",
+    "flashruntime.service.commands.plan",
 )

@@ -1,0 +1,110 @@
+"""The planner's working record of one candidate strategy, before it becomes a
+``CandidateVerdict`` (and, for the winner, a ``StrategyPlan``).
+
+Plain dataclasses: the menus fill them, ranking orders them, minting converts them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Order of statuses in the rendered candidate list (SPEC §7.6).
+STATUS_ORDER = ("selected", "feasible", "rejected_policy", "rejected_dominated", "infeasible")
+
+
+@dataclass
+class Memory:
+    """Per-GPU memory in GiB (the fields of ``MemoryBreakdown``); totals are computed once."""
+
+    weights_gb: float = 0.0
+    gradients_gb: float = 0.0
+    optimizer_gb: float = 0.0
+    activations_gb: float = 0.0
+    transient_gb: float = 0.0
+    overhead_gb: float = 0.0
+    cpu_offload_gb: float = 0.0
+    tensors_gb: float = field(init=False)
+    total_gb: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tensors_gb = (
+            self.weights_gb + self.gradients_gb + self.optimizer_gb + self.activations_gb + self.transient_gb
+        )
+        self.total_gb = self.tensors_gb + self.overhead_gb
+
+
+@dataclass
+class Knobs:
+    """Training knobs a plan carries (SPEC §7.5)."""
+
+    precision: str | None = None
+    quantization: str | None = None
+    peft: str | None = None
+    micro_batch_per_gpu: int | None = None
+    grad_accum: int | None = None
+    activation_checkpointing: bool | None = None
+    offload: str = "none"
+
+
+@dataclass
+class Miss:
+    """How far a rejected candidate is from valid (ratio ≥ 1; smaller = nearer) and what would fix it."""
+
+    ratio: float
+    fix: str
+    reason: str = ""  # the rejecting reason, filled by Candidate.reject
+
+
+@dataclass
+class Candidate:
+    name: str
+    family: str
+    workers: int
+    launcher: str
+    workload_mode: str
+    gpus_per_worker: int = 0
+    colocated: bool = True
+    status: str = "feasible"
+    memory: Memory | None = None
+    vram_gb: float | None = None
+    time_min: float | None = None
+    time_note: str = ""
+    cost_usd: float | None = None
+    cost_note: str = ""
+    efficiency: float | None = None
+    profiling_required: bool = False
+    knobs: Knobs = field(default_factory=Knobs)
+    libraries: tuple[tuple[str, str, str], ...] = ()
+    reasons: list[str] = field(default_factory=list)
+    miss: Miss | None = None
+
+    def set_time(self, minutes: float, arithmetic: str) -> None:
+        self.time_min, self.time_note = minutes, arithmetic
+        self.reasons.append(arithmetic)
+
+    def set_cost(self, usd: float, arithmetic: str) -> None:
+        self.cost_usd, self.cost_note = usd, arithmetic
+        self.reasons.append(arithmetic)
+
+    @property
+    def feasible(self) -> bool:
+        return self.status in ("feasible", "selected")
+
+    def reject(self, status: str, reason: str, miss: Miss | None = None) -> None:
+        """Mark the candidate ``infeasible`` / ``rejected_*``; infeasibility outranks a policy rejection.
+
+        The recorded miss is the binding one: an infeasibility over a policy miss, else the larger ratio.
+        """
+        self.reasons.append(reason)
+        was_infeasible = self.status == "infeasible"
+        if not was_infeasible:
+            self.status = status
+        if miss is None:
+            return
+        miss.reason = reason
+        if self.miss is None:
+            self.miss = miss
+        elif status == "infeasible" and not was_infeasible:
+            self.miss = miss
+        elif (status == "infeasible") == was_infeasible and miss.ratio > self.miss.ratio:
+            self.miss = miss

@@ -1,0 +1,12 @@
+"""The one error the planner raises internally: a request it cannot resolve (unknown
+model or GPU without the missing figure, no GPUs for a GPU workload). ``plan`` turns it
+into a report whose ``no_valid_strategy_hint`` is the message (SPEC §7.1 step 2).
+"""
+
+from __future__ import annotations
+
+from flashruntime.errors import FlashRuntimeError
+
+
+class UnplannableRequest(FlashRuntimeError, ValueError):
+    """The request lacks a figure the planner needs; the message says which and how to supply it."""

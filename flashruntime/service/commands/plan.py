@@ -1,0 +1,88 @@
+"""``flashruntime plan REQUEST [--json]``: read a PlanRequest (JSON, or YAML via pyyaml),
+plan it, print the rendered report or the report as JSON (SPEC §10).
+
+Exit codes: 0 a plan was selected; 3 no valid strategy; 1 invalid or unreadable
+request; 2 pyyaml missing for a YAML file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_SELECTED = 0
+EXIT_INVALID = 1
+EXIT_NO_YAML = 2
+EXIT_NO_STRATEGY = 3
+
+YAML_HINT = (
+    "reading a YAML request needs pyyaml: pip install 'flashruntime[service]' (or pip install pyyaml), "
+    "or write the request as JSON"
+)
+
+
+class _RequestError(Exception):
+    """The request file cannot be read or parsed; carries the exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="plan a run: strategy, memory per GPU, time and cost, and why the alternatives lost",
+        description="Plan a training or task run from a PlanRequest file (.json, or .yaml/.yml with pyyaml).",
+    )
+    parser.add_argument("request_file", help="PlanRequest as JSON, or YAML (.yaml/.yml)")
+    parser.add_argument("--json", action="store_true", help="print the PlanReport as JSON instead of text")
+    parser.set_defaults(handler=handle)
+
+
+def _load(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise _RequestError(f"cannot read request file {str(path)!r}: {exc.strerror or exc}", EXIT_INVALID) from None
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml  # optional: the `service` extra
+        except ImportError:
+            raise _RequestError(YAML_HINT, EXIT_NO_YAML) from None
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise _RequestError(f"{path}: not valid YAML: {exc}", EXIT_INVALID) from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise _RequestError(f"{path}: not valid JSON: {exc}", EXIT_INVALID) from None
+
+
+def handle(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from flashruntime.planner import plan, render
+    from flashruntime.protocol.plan_v1alpha1 import PlanRequest
+
+    path = Path(args.request_file)
+    try:
+        data = _load(path)
+    except _RequestError as exc:
+        print(f"flashruntime plan: {exc}", file=sys.stderr)
+        return exc.code
+    try:
+        request = PlanRequest.model_validate(data)
+    except ValidationError as exc:
+        print(f"flashruntime plan: {path} is not a valid PlanRequest:\n{exc}", file=sys.stderr)
+        return EXIT_INVALID
+    report = plan(request)
+    if args.json:
+        print(report.model_dump_json(indent=2, exclude_none=True))
+    else:
+        print(render(report), end="")
+    return EXIT_SELECTED if report.selected is not None else EXIT_NO_STRATEGY

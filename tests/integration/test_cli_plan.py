@@ -1,0 +1,102 @@
+"""``flashruntime plan`` through the real console entry in a subprocess (SPEC §10):
+exit 0 with a plan, 3 with no valid strategy, 1 for an invalid or unreadable request,
+2 for YAML without pyyaml (simulated by a meta-path finder that refuses ``yaml``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests._support import REPO_ROOT, blocking_prelude
+
+EXAMPLE_JSON = REPO_ROOT / "examples" / "plan-qwen7b-lora.json"
+EXAMPLE_YAML = REPO_ROOT / "examples" / "plan-qwen7b-lora.yaml"
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "flashruntime.service.cli", "plan", *args], capture_output=True,
+                          text=True, cwd=cwd or REPO_ROOT, timeout=120, check=False)
+
+
+def test_example_plans_with_exit_0_and_the_rendered_report() -> None:
+    result = _cli(str(EXAMPLE_JSON))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("SELECTED PLAN pl_")
+    assert "  strategy    ddp + lora(r=16)" in lines
+    assert "Candidates evaluated (12):" in lines
+
+
+def test_json_output_is_the_report_without_nulls() -> None:
+    result = _cli(str(EXAMPLE_JSON), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["kind"] == "PlanReport" and report["selected"]["strategy_family"] == "ddp"
+    assert "no_valid_strategy_hint" not in report  # exclude_none
+    assert result.stdout.startswith('{\n  "apiVersion"')  # indent 2
+
+
+def test_yaml_twin_gives_the_same_report() -> None:
+    pytest.importorskip("yaml")
+    from_yaml, from_json = _cli(str(EXAMPLE_YAML), "--json"), _cli(str(EXAMPLE_JSON), "--json")
+    assert from_yaml.returncode == 0, from_yaml.stderr
+    assert json.loads(from_yaml.stdout) == json.loads(from_json.stdout)
+
+
+def test_no_valid_strategy_exits_3_with_the_hint(tmp_path: Path) -> None:
+    request = tmp_path / "huge.json"
+    request.write_text(json.dumps({"workload": {"kind": "transformer_finetune", "model": "Llama-3.1-70B",
+                                                "method": "full"},
+                                   "resources": {"gpus": 1, "gpu_type": "t4"}}))
+    result = _cli(str(request))
+    assert result.returncode == 3, result.stderr
+    assert result.stdout.startswith("NO VALID STRATEGY\n  no valid strategy: the nearest miss is single_gpu")
+
+
+def test_unknown_model_exits_3_with_the_precise_hint(tmp_path: Path) -> None:
+    request = tmp_path / "unknown.json"
+    request.write_text(json.dumps({"workload": {"kind": "transformer_finetune", "model": "acme/mystery"},
+                                   "resources": {"gpus": 1, "gpu_type": "h100"}}))
+    result = _cli(str(request), "--json")
+    assert result.returncode == 3
+    hint = json.loads(result.stdout)["no_valid_strategy_hint"]
+    assert hint.startswith("unknown model 'acme/mystery'") and "workload.parameters_b" in hint
+
+
+def test_invalid_request_exits_1_with_the_validation_error(tmp_path: Path) -> None:
+    request = tmp_path / "bad.json"
+    request.write_text(json.dumps({"workload": {"kind": "transformer_finetune", "model": "gpt2", "lora_rank": 0}}))
+    result = _cli(str(request))
+    assert result.returncode == 1
+    assert "is not a valid PlanRequest" in result.stderr and "lora_rank" in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("broken.json", "{not json", "not valid JSON"),
+    ("missing.json", None, "cannot read request file"),
+])
+def test_unreadable_request_exits_1(tmp_path: Path, name: str, content: str | None, message: str) -> None:
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    result = _cli(str(path))
+    assert result.returncode == 1
+    assert message in result.stderr
+
+
+def test_yaml_without_pyyaml_exits_2_with_the_install_hint() -> None:
+    code = blocking_prelude(refuse=("yaml",)) + (
+        "import runpy\n"
+        f"sys.argv = ['flashruntime', 'plan', {str(EXAMPLE_YAML)!r}]\n"
+        "runpy.run_module('flashruntime.service.cli', run_name='__main__')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 2, result.stderr
+    assert "reading a YAML request needs pyyaml: pip install 'flashruntime[service]'" in result.stderr
+    assert result.stdout == ""
