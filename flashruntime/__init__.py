@@ -27,6 +27,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "CommandWorkload": ("flashruntime.workloads.command", "CommandWorkload"),
     "OutputSpec": ("flashruntime.workloads.command", "OutputSpec"),
     "Source": ("flashruntime.workloads.command", "Source"),
+    "integrations": ("flashruntime.integrations", None),
 }
 
 __all__ = ["__version__", *_LAZY]

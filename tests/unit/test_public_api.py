@@ -29,6 +29,7 @@ EXPECTED_ALL = [
     "CommandWorkload",
     "OutputSpec",
     "Source",
+    "integrations",
 ]
 
 

@@ -1,0 +1,84 @@
+"""``evidence_from_telemetry``: ``telemetry.jsonl`` → ``ExecutionEvidence`` (SPEC §13).
+
+Only what was measured becomes a number; anything not measured stays None, never 0
+(SPEC §1.7). Malformed lines are skipped and the function never raises.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from flashruntime.protocol.v1alpha1 import ExecutionEvidence
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _read_ticks(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    ticks: list[dict[str, Any]] = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a torn last line or foreign text
+                if isinstance(record, dict):
+                    ticks.append(record)
+    except (OSError, ValueError):
+        return []
+    return ticks
+
+
+def summarize_ticks(
+    ticks: list[dict[str, Any]], *, exit_code: int | None = None, wall_seconds: float | None = None
+) -> ExecutionEvidence:
+    """Pure core of ``evidence_from_telemetry`` over already-parsed tick records."""
+    stamps = [ts for ts in (_number(t.get("ts")) for t in ticks) if ts is not None]
+    if wall_seconds is None and len(stamps) >= 2:
+        wall_seconds = stamps[-1] - stamps[0]
+    cpu: list[float] = []
+    gpu: list[float] = []
+    for tick in ticks:
+        machine = tick.get("machine")
+        if not isinstance(machine, dict):
+            continue
+        value = _number(machine.get("cpu_percent"))
+        if value is not None:
+            cpu.append(value)
+        gpus = machine.get("gpus")
+        for row in gpus if isinstance(gpus, list) else []:
+            util = _number(row.get("util_percent")) if isinstance(row, dict) else None
+            if util is not None:
+                gpu.append(util)
+    return ExecutionEvidence(
+        wall_seconds=wall_seconds,
+        cpu_percent_mean=_mean(cpu),
+        gpu_util_percent_mean=_mean(gpu),
+        image_digest="",
+        exit_code=exit_code,
+    )
+
+
+def evidence_from_telemetry(
+    path: str | os.PathLike[str], *, exit_code: int | None = None, wall_seconds: float | None = None
+) -> ExecutionEvidence:
+    """Evidence of one attempt from its telemetry file; a missing or unreadable file
+    measures nothing (every measured field None). Never raises."""
+    try:
+        return summarize_ticks(_read_ticks(path), exit_code=exit_code, wall_seconds=wall_seconds)
+    except Exception:
+        try:
+            return ExecutionEvidence(exit_code=exit_code, wall_seconds=wall_seconds)
+        except Exception:
+            return ExecutionEvidence()

@@ -1,0 +1,127 @@
+"""``checkpoint`` and ``log_metrics``: the two calls inside a training loop (SPEC §6).
+
+Rank 0 writes ``step-<step:06d>/`` parts through ``open_part`` (hashed while written)
+and commits them with a manifest written last; every rank then meets at a barrier so
+no rank runs ahead of a checkpoint that is not complete. Metrics go to one JSONL file.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from flashruntime.torch import _heartbeat, _state
+from flashruntime.torch._prepare import unwrap
+
+
+def checkpoint_due(step: int, every: int | None) -> bool:
+    """Pure gate: ``every=None`` is unconditional; else skip ``every <= 0``, step 0 and
+    steps that are not a multiple of ``every``."""
+    if every is None:
+        return True
+    return every > 0 and step != 0 and step % every == 0
+
+
+def _framework_tag(version: str) -> str:
+    return "pytorch-" + version.split("+", 1)[0]
+
+
+def _cpu_state(module: Any) -> dict[str, Any]:
+    return {
+        key: value.detach().cpu() if hasattr(value, "detach") else value
+        for key, value in module.state_dict().items()
+    }
+
+
+def _clear_unverified(step_dir: Path) -> None:
+    """Make ``step_dir`` safe to (re)write: an unverified leftover is removed; a
+    verified one loses its manifest first so it is never a checkpoint while parts change."""
+    from flashruntime.checkpoint.local import MANIFEST_NAME, latest_valid_manifest
+
+    if not step_dir.exists() and not step_dir.is_symlink():
+        return
+    if step_dir.is_dir() and latest_valid_manifest(step_dir.parent, pattern=step_dir.name) is not None:
+        (step_dir / MANIFEST_NAME).unlink()
+        return
+    if step_dir.is_dir() and not step_dir.is_symlink():
+        shutil.rmtree(step_dir)
+    else:
+        step_dir.unlink()
+
+
+def _write_step(model: Any, optimizer: Any, step: int) -> None:
+    import torch
+
+    from flashruntime.checkpoint.local import open_part, write_manifest
+
+    step_dir = _state.checkpoint_root() / f"step-{step:06d}"
+    _clear_unverified(step_dir)
+    step_dir.mkdir(parents=True, exist_ok=True)
+    digests: dict[str, tuple[str, int]] = {}
+    with open_part(step_dir, "model.pt") as part:
+        torch.save(_cpu_state(unwrap(model)), part)
+    digests["model.pt"] = part.digest
+    if optimizer is not None:
+        with open_part(step_dir, "optimizer.pt") as part:
+            torch.save(optimizer.state_dict(), part)
+        digests["optimizer.pt"] = part.digest
+    write_manifest(
+        step_dir,
+        job_id=os.environ.get("FLASHML_JOB_ID") or "local",
+        attempt_id=os.environ.get("FLASHML_ATTEMPT_ID") or "local",
+        step=step,
+        world_size=_state.world_size(),
+        framework=_framework_tag(torch.__version__),
+        digests=digests,
+    )
+
+
+def checkpoint(model: Any, optimizer: Any = None, *, step: int, every: int | None = None) -> None:
+    """Save ``model`` (and ``optimizer``) as checkpoint ``step`` when the gate allows.
+
+    Always refreshes the heartbeat with ``step``. Rank 0 writes; with several ranks
+    everyone then waits at a barrier, so the call is collective: every rank makes it.
+    """
+    due = checkpoint_due(step, every)
+    _heartbeat.beat(step, force=due)  # a written checkpoint is news worth a heartbeat
+    if not due:
+        return
+    if _state.is_main():
+        _write_step(model, optimizer, step)
+    if _state.world_size() > 1:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+
+
+def _jsonable(value: Any) -> Any:
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except Exception:
+            pass
+    return str(value)
+
+
+def log_metrics(metrics: dict[str, Any]) -> None:
+    """Heartbeat with ``metrics["step"]`` when it is an integer; rank 0 appends the
+    metrics as one JSON line to ``<output dir>/metrics.jsonl``. Never raises."""
+    try:
+        step = metrics.get("step") if isinstance(metrics, dict) else None
+        integral = isinstance(step, numbers.Integral) and not isinstance(step, bool)
+        _heartbeat.beat(int(step) if integral else None)
+        if not _state.is_main():
+            return
+        line = json.dumps(metrics, default=_jsonable, allow_nan=True)
+        directory = _state.output_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / "metrics.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+    except Exception:
+        pass

@@ -1,0 +1,67 @@
+"""Per-rank heartbeat files ``<output dir>/ranks/rank-<rank>.json`` (SPEC §6).
+
+Each rank says who it is and the last step it reached, so a viewer or an operator can
+tell a slow rank from a dead one. Writes are atomic (temp file + replace), throttled
+to one per second unless forced, and never raise into the training loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+
+from flashruntime.torch import _state
+
+THROTTLE_SECONDS = 1.0
+
+
+def heartbeat_due(last_beat: float | None, now: float, *, force: bool = False) -> bool:
+    """Pure throttle: write when forced, on the first beat, or a second after the last one."""
+    return force or last_beat is None or now - last_beat >= THROTTLE_SECONDS
+
+
+def heartbeat_record(step: int | None, *, ts: float) -> dict[str, object]:
+    """The heartbeat document of this process."""
+    return {
+        "rank": _state.rank(),
+        "local_rank": _state.local_rank(),
+        "pid": os.getpid(),
+        "device": _state.STATE.device,
+        "backend": _state.STATE.backend,
+        "world_size": _state.world_size(),
+        "step": step,
+        "ts": ts,
+    }
+
+
+def beat(step: int | None = None, *, force: bool = False, now: float | None = None) -> bool:
+    """Remember ``step`` (when given) and write the heartbeat file if due.
+
+    Returns whether a file was written. ``now`` is a monotonic reading (tests pass it).
+    Every exception is swallowed: a heartbeat must never stop training.
+    """
+    try:
+        state = _state.STATE
+        if step is not None:
+            state.last_step = int(step)
+        moment = time.monotonic() if now is None else now
+        if not heartbeat_due(state.last_beat, moment, force=force):
+            return False
+        record = heartbeat_record(state.last_step, ts=time.time())
+        directory = _state.output_dir() / "ranks"
+        directory.mkdir(parents=True, exist_ok=True)
+        target = directory / f"rank-{record['rank']}.json"
+        tmp = directory / f".rank-{record['rank']}.json.{os.getpid()}.tmp"
+        try:
+            tmp.write_text(json.dumps(record) + "\n", encoding="utf-8")
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        state.last_beat = moment
+        return True
+    except Exception:
+        return False

@@ -1,0 +1,165 @@
+"""``prepare``: device placement, process group, DDP wrapping and restore (SPEC §6).
+
+One call at the top of a training script turns a plain model/optimizer/loader into
+their distributed versions when torchrun started several ranks, and restores the
+latest verified checkpoint of the job so a relaunch continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import atexit
+from pathlib import Path
+from typing import Any
+
+from flashruntime.errors import CheckpointError
+from flashruntime.torch import _heartbeat, _state
+
+
+def unwrap(model: Any) -> Any:
+    """The module inside a DistributedDataParallel (or similar ``.module``) wrapper."""
+    inner = getattr(model, "module", None)
+    return inner if inner is not None and hasattr(model, "require_backward_grad_sync") else model
+
+
+def _destroy_group_at_exit() -> None:
+    # No barrier here: a dead peer would make it hang. Scripts end with their own barrier.
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def _rebuild_loader(loader: Any, world_size: int, rank: int) -> Any:
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, seed=0)
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=sampler,
+        collate_fn=loader.collate_fn,
+        num_workers=loader.num_workers,
+        drop_last=loader.drop_last,
+    )
+
+
+def _step_dir_of(root: Path, manifest: Any) -> Path:
+    """Where the verified parts of ``manifest`` are: the directory under this root that
+    holds it (the tree may have moved since it was written), else its ``storage_prefix``."""
+    from flashruntime.protocol.v1alpha1 import CheckpointManifest
+
+    named = root / f"step-{manifest.step:06d}"
+    for candidate in [named, *sorted(root.glob("step-*"))]:
+        try:
+            found = CheckpointManifest.model_validate_json((candidate / "manifest.json").read_bytes())
+        except (OSError, ValueError):
+            continue
+        if found.manifest_id == manifest.manifest_id:
+            return candidate
+    return Path(manifest.storage_prefix)
+
+
+def _select_manifest(root: Path, multi_node: bool, device: str) -> Any:
+    """The manifest every rank restores: its own latest on one node; rank 0's step,
+    broadcast, on several (a rank that does not see it verified raises)."""
+    from flashruntime.checkpoint.local import latest_valid_manifest
+
+    if not multi_node:
+        return latest_valid_manifest(root)
+
+    import torch
+    import torch.distributed as dist
+
+    mine = latest_valid_manifest(root) if _state.rank() == 0 else None
+    chosen = torch.tensor([mine.step if mine is not None else 0], dtype=torch.int64, device=device)
+    dist.broadcast(chosen, src=0)
+    step = int(chosen.item())
+    if step == 0:
+        return None
+    manifest = mine if mine is not None else latest_valid_manifest(root, pattern=f"step-{step:06d}")
+    # Every rank learns whether all of them can restore, so they fail together instead
+    # of the healthy ones hanging in their first collective.
+    ok = torch.tensor([1 if manifest is not None else 0], dtype=torch.int64, device=device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if manifest is None:
+        raise CheckpointError(
+            f"rank {_state.rank()} cannot restore step {step}: rank 0 selected it but {str(root)!r} holds no verified "
+            f"step-{step:06d} here; multi-node resume needs a checkpoint_dir visible to every participant "
+            "(flash.submit(..., checkpoint_dir=<shared path>))"
+        )
+    if int(ok.item()) == 0:
+        raise CheckpointError(
+            f"another rank cannot restore step {step} selected by rank 0; multi-node resume needs a checkpoint_dir "
+            "visible to every participant (flash.submit(..., checkpoint_dir=<shared path>))"
+        )
+    return manifest
+
+
+def _restore(model: Any, optimizer: Any, device: str, multi_node: bool) -> int:
+    import torch
+
+    root = _state.checkpoint_root()
+    manifest = _select_manifest(root, multi_node, device)
+    if manifest is None:
+        return 0
+    step_dir = _step_dir_of(root, manifest)
+    state = torch.load(step_dir / "model.pt", map_location=device)
+    unwrap(model).load_state_dict(state)
+    optimizer_part = step_dir / "optimizer.pt"
+    if optimizer is not None and optimizer_part.is_file():
+        optimizer.load_state_dict(torch.load(optimizer_part, map_location=device))
+    return int(manifest.step)
+
+
+def prepare(model: Any, optimizer: Any = None, dataloader: Any = None) -> tuple[Any, Any, Any]:
+    """Place, wrap and restore: returns ``(model, optimizer, dataloader)``.
+
+    Device from ``LOCAL_RANK`` and CUDA; with ``WORLD_SIZE > 1`` the default process
+    group (nccl on CUDA, else gloo), DistributedDataParallel and a DistributedSampler
+    (seed 0); then the latest verified checkpoint of the job is loaded and
+    ``start_step()`` reports its step. A single CPU process is a pass-through apart
+    from the restore.
+    """
+    import torch
+
+    state = _state.STATE
+    cuda = bool(torch.cuda.is_available())
+    count = torch.cuda.device_count() if cuda else 0
+    world = _state.world_size()
+    device = _state._resolve_device(world, cuda, _state.local_rank(), count)
+    state.device = device
+    if device != "cpu":
+        torch.cuda.set_device(device)
+        model = model.to(device)
+
+    if world > 1:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        if dist.is_initialized():
+            state.backend = str(dist.get_backend())  # the script's own group wins
+        else:
+            state.backend = "nccl" if device != "cpu" else "gloo"
+            dist.init_process_group(backend=state.backend)
+            if not state.atexit_registered:
+                atexit.register(_destroy_group_at_exit)
+                state.atexit_registered = True
+        if device != "cpu":
+            index = torch.device(device).index
+            model = DistributedDataParallel(model, device_ids=[index], output_device=index)
+        else:
+            model = DistributedDataParallel(model)
+        if dataloader is not None:
+            dataloader = _rebuild_loader(dataloader, world, _state.rank())
+    else:
+        state.backend = None
+
+    multi_node = world > _state.local_world_size()
+    state.start_step = _restore(model, optimizer, device, multi_node)
+    state.last_step = state.start_step
+    _heartbeat.beat(state.start_step, force=True)
+    return model, optimizer, dataloader

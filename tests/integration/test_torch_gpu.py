@@ -1,0 +1,49 @@
+"""SPEC §6 on CUDA (nccl): per-rank device placement and kill-and-resume of
+``examples/ddp_train.py`` under torchrun with ``nproc_per_node = min(2, device_count)``.
+Skips cleanly without CUDA. With one GPU the run is a single process (``backend()`` is
+None by SPEC), so multi-GPU placement is exercised only where two GPUs are visible."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.integration._torchrun import final_metrics as _final
+from tests.integration._torchrun import logged_steps as _steps
+from tests.integration._torchrun import single_node as _single_node
+
+pytestmark = [pytest.mark.gpu, pytest.mark.torch, pytest.mark.slow]
+
+
+@pytest.fixture
+def gpus() -> int:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
+        pytest.skip("no CUDA device visible")
+    return min(2, torch.cuda.device_count())
+
+
+def test_ranks_are_placed_on_their_own_gpu_and_resume_after_a_kill(gpus: int, tmp_path: Path) -> None:
+    from flashruntime.checkpoint.local import latest_valid_manifest
+
+    args = ("--steps", "12", "--checkpoint-every", "4")
+    whole = _single_node(tmp_path / "whole", tmp_path / "ckpt-whole", *args, nproc=gpus)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    expected_backend = "nccl" if gpus > 1 else None
+    for rank in range(gpus):
+        beat = json.loads((tmp_path / "whole" / "ranks" / f"rank-{rank}.json").read_text())
+        assert (beat["device"], beat["backend"], beat["world_size"]) == (f"cuda:{rank}", expected_backend, gpus)
+    summary = _final(tmp_path / "whole")
+    assert (summary["device"], summary["backend"]) == ("cuda:0", expected_backend)
+
+    ckpt = tmp_path / "ckpt"
+    crashed = _single_node(tmp_path / "crashed", ckpt, *args, "--crash-at-step", "6", nproc=gpus)
+    assert crashed.returncode != 0
+    assert latest_valid_manifest(ckpt).step == 4  # type: ignore[union-attr]
+    resumed = _single_node(tmp_path / "resumed", ckpt, *args, "--crash-at-step", "6", nproc=gpus)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _final(tmp_path / "resumed")["start_step"] == 4
+    assert _steps(tmp_path / "resumed") == list(range(5, 13))
+    assert abs(_final(tmp_path / "resumed")["final_loss"] - summary["final_loss"]) <= 1e-6
