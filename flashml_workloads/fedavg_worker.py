@@ -1,0 +1,231 @@
+"""FedAvg task module (SPEC §8.3): one shard's local training, written as a weight delta.
+
+``python -m flashml_workloads.fedavg_worker --spec spec.json --out OUTDIR`` trains a small MLP
+(``Linear → ReLU → Linear``) on a strided shard of seeded synthetic data, starting from the
+``weights`` input when given, and writes ``delta.json`` (new − start) and ``metrics.json``.
+torch is imported inside functions, so importing this module needs only the standard library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flashml_workloads.fedavg_weights import decode, encode, require_finite, subtract
+from flashruntime.errors import WeightShapeMismatch
+
+__all__ = [
+    "PARAM_KEYS",
+    "blob_to_state",
+    "build_model",
+    "centralized_loss",
+    "main",
+    "run_worker",
+    "state_to_blob",
+    "union_loss",
+]
+
+# Every parameter the worker reads; the service's FEDAVG_WORKER_PARAM_KEYS + FEDAVG_DRIVER_SUPPLIED_KEYS.
+PARAM_KEYS = (
+    "local_steps", "lr", "batch_size", "seed", "in_dim", "hidden", "out_dim", "dataset_size",
+    "round", "shard", "num_shards",
+)
+_POSITIVE = ("local_steps", "batch_size", "in_dim", "hidden", "dataset_size", "num_shards")
+
+
+def _params(raw: Mapping[str, Any]) -> dict[str, Any]:
+    missing = [key for key in PARAM_KEYS if key not in raw]
+    if missing:
+        raise ValueError(f"fedavg_worker: missing params {missing}; every one of {list(PARAM_KEYS)} is required")
+    params: dict[str, Any] = {}
+    for key in PARAM_KEYS:
+        value = raw[key]
+        if key == "lr":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"fedavg_worker: lr must be a number > 0, got {value!r}")
+            params[key] = float(value)
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"fedavg_worker: {key} must be an int, got {value!r}")
+        if key in _POSITIVE and value < 1:
+            raise ValueError(f"fedavg_worker: {key} must be >= 1, got {value}")
+        params[key] = value
+    if params["out_dim"] < 2:
+        raise ValueError(f"fedavg_worker: out_dim must be >= 2 (labels are 0 and 1), got {params['out_dim']}")
+    if not 0 <= params["shard"] < params["num_shards"]:
+        raise ValueError(
+            f"fedavg_worker: shard must be in [0, num_shards={params['num_shards']}), got {params['shard']}"
+        )
+    return params
+
+
+def build_model(params: Mapping[str, Any]) -> Any:
+    """``Linear(in_dim, hidden) → ReLU → Linear(hidden, out_dim)`` initialised under ``torch.manual_seed(seed)``."""
+    import torch
+
+    torch.manual_seed(int(params["seed"]))
+    return torch.nn.Sequential(
+        torch.nn.Linear(int(params["in_dim"]), int(params["hidden"])),
+        torch.nn.ReLU(),
+        torch.nn.Linear(int(params["hidden"]), int(params["out_dim"])),
+    )
+
+
+def state_to_blob(state: Any, *, compact: bool = False) -> dict[str, Any]:
+    """A module or state dict → blob (float64 values, row-major)."""
+    if hasattr(state, "state_dict"):
+        state = state.state_dict()
+    return encode(
+        {name: (list(t.shape), t.detach().to(dtype=_float64()).reshape(-1).tolist()) for name, t in state.items()},
+        compact=compact,
+    )
+
+
+def _float64() -> Any:
+    import torch
+
+    return torch.float64
+
+
+def blob_to_state(blob: Mapping[str, Any], reference: Any, *, where: str = "weights") -> dict[str, Any]:
+    """Blob → state dict shaped and typed like ``reference`` (a module or state dict).
+
+    The blob is finite-checked and its names and shapes must match the reference's.
+    """
+    import torch
+
+    if hasattr(reference, "state_dict"):
+        reference = reference.state_dict()
+    require_finite(dict(blob), where)
+    decoded = decode(blob)
+    if decoded.keys() != reference.keys():
+        raise WeightShapeMismatch(
+            f"{where}: parameters {sorted(decoded)} do not match the model's {sorted(reference)}; "
+            "the weights must come from the same in_dim/hidden/out_dim"
+        )
+    state = {}
+    for name, ref in reference.items():
+        shape, data = decoded[name]
+        if shape != list(ref.shape):
+            raise WeightShapeMismatch(
+                f"{where}: parameter {name!r} has shape {shape} but the model has {list(ref.shape)}"
+            )
+        values = data if isinstance(data, list) else data.tolist()
+        state[name] = torch.tensor(values, dtype=torch.float64).reshape(ref.shape).to(ref.dtype)
+    return state
+
+
+def _dataset(params: Mapping[str, Any]) -> tuple[Any, Any]:
+    """Seeded Gaussian ``x`` (dataset_size × in_dim); label 1 where ``x · w > 0`` for a seeded ``w``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(int(params["seed"]))
+    w = torch.randn(int(params["in_dim"]), generator=generator)
+    x = torch.randn(int(params["dataset_size"]), int(params["in_dim"]), generator=generator)
+    return x, (x @ w > 0).long()
+
+
+def _sgd(model: Any, x: Any, y: Any, lr: float, steps: int, batch: int) -> list[float]:
+    """``steps`` SGD steps of cross-entropy; batch rows ``(s·batch + j) mod n``."""
+    import torch
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    n = x.shape[0]
+    losses = []
+    for step in range(steps):
+        index = torch.tensor([(step * batch + j) % n for j in range(batch)])
+        loss = torch.nn.functional.cross_entropy(model(x[index]), y[index])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.item()))
+    return losses
+
+
+def _uses_compact(blob: Mapping[str, Any]) -> bool:
+    return any(isinstance(entry, Mapping) and "encoding" in entry for entry in blob.values())
+
+
+def run_worker(spec: Mapping[str, Any], outdir: str | Path) -> dict[str, Any]:
+    """Train one shard and write ``delta.json`` and ``metrics.json`` under ``outdir``; → the metrics."""
+    params = _params(spec.get("params") or {})
+    inputs = spec.get("inputs") or {}
+    model = build_model(params)
+    compact = False
+    if inputs.get("weights"):
+        blob = json.loads(Path(inputs["weights"]).read_text(encoding="utf-8"))
+        model.load_state_dict(blob_to_state(blob, model, where="weights input"))
+        compact = _uses_compact(blob)  # answer in the form the request used
+    x, y = _dataset(params)
+    shard, num_shards = params["shard"], params["num_shards"]
+    xs, ys = x[shard::num_shards], y[shard::num_shards]
+    if xs.shape[0] == 0:
+        raise ValueError(
+            f"fedavg_worker: shard {shard} of {num_shards} is empty (dataset_size={params['dataset_size']}); "
+            "use dataset_size >= num_shards"
+        )
+    start = state_to_blob(model)
+    losses = _sgd(model, xs, ys, params["lr"], params["local_steps"], params["batch_size"])
+    delta = subtract(state_to_blob(model), start)
+    if compact:
+        delta = encode(decode(delta), compact=True)
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "delta.json").write_text(json.dumps(delta), encoding="utf-8")
+    metrics = {
+        "round": params["round"],
+        "shard": shard,
+        "samples": int(xs.shape[0]),
+        "loss": sum(losses) / len(losses),
+        "local_steps": params["local_steps"],
+        "delta_file": "delta.json",
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, sort_keys=True), encoding="utf-8")
+    return metrics
+
+
+def union_loss(params: Mapping[str, Any], weights: Mapping[str, Any] | None = None) -> float:
+    """Mean cross-entropy on the union of all shards of the model with ``weights`` (seeded init when None)."""
+    import torch
+
+    checked = _params(params)
+    model = build_model(checked)
+    if weights:
+        model.load_state_dict(blob_to_state(weights, model))
+    x, y = _dataset(checked)
+    with torch.no_grad():
+        return float(torch.nn.functional.cross_entropy(model(x), y).item())
+
+
+def centralized_loss(params: Mapping[str, Any], rounds: int) -> float:
+    """SPEC §8.3's reference: same model and seed, batches of ``batch_size × num_shards`` over the union,
+    ``rounds × local_steps`` steps; → the union loss of the result."""
+    checked = _params(params)
+    model = build_model(checked)
+    x, y = _dataset(checked)
+    _sgd(model, x, y, checked["lr"], rounds * checked["local_steps"], checked["batch_size"] * checked["num_shards"])
+    return union_loss(checked, state_to_blob(model))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Task-module CLI (SPEC §12): ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure."""
+    parser = argparse.ArgumentParser(prog="python -m flashml_workloads.fedavg_worker")
+    parser.add_argument("--spec", required=True, help="spec.json: {task_id, params, inputs}")
+    parser.add_argument("--out", required=True, help="output directory (metrics.json, delta.json)")
+    args = parser.parse_args(argv)
+    try:
+        spec = json.loads(Path(args.spec).read_text(encoding="utf-8"))
+        metrics = run_worker(spec, args.out)
+    except Exception as exc:  # the CLI's contract is an exit code plus a readable reason
+        print(f"fedavg_worker: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(metrics, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
