@@ -1,0 +1,154 @@
+"""A SQLite file holding committed manifests and the registry of uploaded parts
+(SPEC §3.4), so a coordinator restart keeps both.
+
+WAL, ``synchronous=FULL``, a busy timeout, ``BEGIN IMMEDIATE`` around every write and
+bound parameters only; several processes may share one file. State lives in SQLite:
+the constructor only creates the parent directory and the schema.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from flashruntime.protocol.v1alpha1 import CheckpointManifest, CheckpointPart
+
+__all__ = ["SqliteManifestStore"]
+
+SCHEMA_VERSION = "1"
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS checkpoint_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS checkpoint_manifests ("
+    " manifest_id TEXT PRIMARY KEY,"
+    " scope TEXT NOT NULL,"
+    " seq INTEGER NOT NULL UNIQUE,"
+    " manifest_json TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS checkpoint_manifests_scope_seq ON checkpoint_manifests (scope, seq)",
+    "CREATE TABLE IF NOT EXISTS checkpoint_parts ("
+    " job_id TEXT NOT NULL,"
+    " attempt_id TEXT NOT NULL,"
+    " step INTEGER NOT NULL,"
+    " key TEXT NOT NULL,"
+    " sha256 TEXT NOT NULL,"
+    " size_bytes INTEGER NOT NULL,"
+    " PRIMARY KEY (job_id, attempt_id, step, key))",
+)
+
+
+class SqliteManifestStore:
+    """``ManifestStore`` plus the part registry, in the SQLite file at ``path``.
+
+    ``":memory:"`` gives a private in-memory database (useful in tests).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_ms: int = 5000) -> None:
+        self.path = os.fspath(path)
+        if self.path != ":memory:":
+            parent = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(parent, exist_ok=True)
+        self._lock = threading.RLock()
+        self._conn = sqlite3.connect(
+            self.path, timeout=busy_timeout_ms / 1000.0, isolation_level=None, check_same_thread=False
+        )
+        self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        self._conn.execute("PRAGMA journal_mode = WAL")
+        self._conn.execute("PRAGMA synchronous = FULL")
+        with self._write() as cur:
+            for statement in _SCHEMA:
+                cur.execute(statement)
+            cur.execute(
+                "INSERT OR IGNORE INTO checkpoint_meta (key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
+            )
+
+    # --- plumbing -------------------------------------------------------------
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Cursor]:
+        with self._lock:
+            cur = self._conn.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            else:
+                cur.execute("COMMIT")
+            finally:
+                cur.close()
+
+    def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> SqliteManifestStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- ManifestStore -----------------------------------------------------------
+
+    def add(self, manifest: CheckpointManifest) -> None:
+        payload = manifest.model_dump_json()
+        with self._write() as cur:
+            if cur.execute(
+                "SELECT 1 FROM checkpoint_manifests WHERE manifest_id = ?", (manifest.manifest_id,)
+            ).fetchone():
+                raise ValueError(f"manifest {manifest.manifest_id!r} is already stored; use save() to update it")
+            cur.execute(
+                "INSERT INTO checkpoint_manifests (manifest_id, scope, seq, manifest_json) "
+                "VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM checkpoint_manifests), ?)",
+                (manifest.manifest_id, manifest.job_id, payload),
+            )
+
+    def save(self, manifest: CheckpointManifest) -> None:
+        payload = manifest.model_dump_json()
+        with self._write() as cur:
+            cur.execute(
+                "UPDATE checkpoint_manifests SET scope = ?, manifest_json = ? WHERE manifest_id = ?",
+                (manifest.job_id, payload, manifest.manifest_id),
+            )
+            if cur.rowcount == 0:
+                cur.execute(
+                    "INSERT INTO checkpoint_manifests (manifest_id, scope, seq, manifest_json) "
+                    "VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM checkpoint_manifests), ?)",
+                    (manifest.manifest_id, manifest.job_id, payload),
+                )
+
+    def get(self, manifest_id: str) -> CheckpointManifest | None:
+        rows = self._query("SELECT manifest_json FROM checkpoint_manifests WHERE manifest_id = ?", (manifest_id,))
+        return CheckpointManifest.model_validate_json(rows[0][0]) if rows else None  # type: ignore[arg-type]
+
+    def all(self, scope: str | None = None) -> list[CheckpointManifest]:
+        if scope is None:
+            rows = self._query("SELECT manifest_json FROM checkpoint_manifests ORDER BY seq")
+        else:
+            rows = self._query("SELECT manifest_json FROM checkpoint_manifests WHERE scope = ? ORDER BY seq", (scope,))
+        return [CheckpointManifest.model_validate_json(row[0]) for row in rows]  # type: ignore[arg-type]
+
+    # --- part registry -----------------------------------------------------------
+
+    def put_part(self, job_id: str, attempt_id: str, step: int, part: CheckpointPart) -> None:
+        with self._write() as cur:
+            cur.execute(
+                "INSERT OR REPLACE INTO checkpoint_parts (job_id, attempt_id, step, key, sha256, size_bytes) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (job_id, attempt_id, int(step), part.key, part.sha256, int(part.size_bytes)),
+            )
+
+    def parts(self, job_id: str, attempt_id: str, step: int) -> dict[str, tuple[str, int]]:
+        rows = self._query(
+            "SELECT key, sha256, size_bytes FROM checkpoint_parts "
+            "WHERE job_id = ? AND attempt_id = ? AND step = ? ORDER BY key",
+            (job_id, attempt_id, int(step)),
+        )
+        return {str(key): (str(sha), int(size)) for key, sha, size in rows}  # type: ignore[call-overload]

@@ -1,0 +1,19 @@
+"""Deterministic failure classification and recovery (SPEC §4): signals → class →
+decision, with a one-line ``explain`` and a byte-stable ``replay``.
+"""
+
+from flashruntime.recovery.policy import decide, explain, replay
+from flashruntime.recovery.signals import describe_launch, from_local_launch
+from flashruntime.recovery.taxonomy import CORRELATED_THRESHOLD, POLICY_VERSION, FailureSignals, classify
+
+__all__ = [
+    "POLICY_VERSION",
+    "CORRELATED_THRESHOLD",
+    "FailureSignals",
+    "classify",
+    "decide",
+    "explain",
+    "replay",
+    "from_local_launch",
+    "describe_launch",
+]

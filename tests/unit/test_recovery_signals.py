@@ -1,0 +1,52 @@
+"""``from_local_launch`` and ``describe_launch`` (SPEC §4.6) against golden cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flashruntime.protocol.v1alpha1 import FailureClass
+from flashruntime.recovery import FailureSignals, classify, describe_launch, from_local_launch
+
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "recovery_local_launch.json").read_text())
+
+
+@pytest.mark.parametrize("case", GOLDEN["cases"], ids=[case["name"] for case in GOLDEN["cases"]])
+def test_golden_local_launch(case: dict) -> None:
+    signals = from_local_launch(case["exit_code"], case["log_tail"])
+    assert signals == FailureSignals(exit_code=case["exit_code"], exit_deterministic=case["exit_deterministic"])
+    assert describe_launch(case["exit_code"], case["log_tail"]) == case["describe"]
+    assert classify(signals) == FailureClass(case["failure_class"])
+
+
+def test_spec_examples_of_describe_launch() -> None:
+    assert describe_launch(1, "ModuleNotFoundError: No module named 'x'") == "ModuleNotFoundError at line start"
+    assert (
+        describe_launch(1, "Traceback (most recent call last):\nKeyError: 'x'") == "traceback without ChildFailedError"
+    )
+    assert describe_launch(-9, "") == "killed by SIGKILL"
+    assert describe_launch(1, "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:") == (
+        "torchrun ChildFailedError"
+    )
+
+
+@pytest.mark.parametrize("exit_code", [None, 0, 1, -9, 137])
+def test_only_exit_fields_are_set(exit_code: int | None) -> None:
+    log = "NCCL error\nS3 SlowDown\nheartbeat lost\nXID 79\nTraceback (most recent call last):\nImportError: x\n"
+    signals = from_local_launch(exit_code, log)
+    assert signals.message == ""
+    assert signals == FailureSignals(exit_code=exit_code, exit_deterministic=signals.exit_deterministic)
+
+
+def test_none_log_tail_is_empty() -> None:
+    assert from_local_launch(1, None) == FailureSignals(exit_code=1)  # type: ignore[arg-type]
+
+
+def test_large_log_tail_is_scanned_quickly() -> None:
+    # 1 MiB of noise (the drive loop passes launcher.log's last 1 MiB), real error at the end.
+    noise = ("step 12 loss 0.123 lr 1e-4 " * 40 + "\n") * 1000
+    log = noise[: 1 << 20] + "\n[rank3]: ImportError: cannot import name 'foo'\n"
+    assert from_local_launch(1, log).exit_deterministic is True
+    assert from_local_launch(1, noise[: 1 << 20]).exit_deterministic is False
