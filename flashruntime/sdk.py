@@ -16,9 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from flashruntime._run import Run
+from flashruntime.checkpoint.local import latest_valid_manifest
 from flashruntime.errors import LaunchError
 from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LOG_NAME, LocalLaunchHandle, LocalProcessLauncher
+from flashruntime.recovery import classify, decide, describe_launch, from_local_launch
+from flashruntime.strategies.command import compile_workload
 from flashruntime.workloads.command import CommandWorkload
 
 __all__ = ["Run", "submit"]
@@ -113,8 +116,6 @@ def _drive(run: Run, launcher: LocalProcessLauncher, fan_out: bool, *, reraise: 
 
 
 def _drive_all(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> None:
-    from flashruntime.strategies.command import compile_workload
-
     run._set_state(LaunchState.RUNNING)
     workload = run.workload
     source_dir = Path(os.path.expanduser(workload.source.path))
@@ -150,9 +151,6 @@ def _run_param_set(
     params: dict[str, Any] | None,
     fan_out: bool,
 ) -> tuple[LaunchState, dict[str, Any] | None]:
-    from flashruntime.checkpoint.local import latest_valid_manifest
-    from flashruntime.recovery import classify, decide, describe_launch, from_local_launch
-
     metrics: dict[str, Any] | None = None
     state = LaunchState.FAILED
     for restart in range(run.max_restarts + 1):
