@@ -1,0 +1,664 @@
+"""``LeaseManager``: the lease state machine of SPEC §2.1-§2.2.
+
+Pull a task (``claim``), prove liveness (``heartbeat``), lose it when silent
+(``sweep``), commit exactly once (``complete``). Pure: no threads, no I/O of its
+own, time passed in as ``now``. Each transition runs inside one store
+transaction; events are emitted after it commits, and none are built when
+``on_event`` is None.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from flashruntime.errors import LeaseError
+from flashruntime.leases._models import (
+    _DELTAS,
+    UTC,
+    LeaseIds,
+    coerce_instant,
+    coerce_now,
+    make_event,
+    make_lease,
+    renewed,
+    seconds,
+)
+from flashruntime.leases._adapter import StoreAdapter
+from flashruntime.leases.store import InMemoryLeaseStore, LeaseStore, TaskRecord
+from flashruntime.protocol.v1alpha1 import Event, EventType, Lease, TaskSpec, TaskState
+
+__all__ = ["MAX_LEASE_SECONDS", "LeaseError", "LeaseManager", "bounded_lease_seconds"]
+
+MAX_LEASE_SECONDS = 3600
+
+_REQUIRED = ("add", "save", "get", "next_pending", "leased", "all")
+PAGE_SIZE = 256  # pending specs offered to a first-eligible policy per call (SPEC §2.8)
+
+_PENDING = TaskState.PENDING
+_LEASED = TaskState.LEASED
+_COMPLETED = TaskState.COMPLETED
+_FAILED = TaskState.FAILED
+_CANCELLED = TaskState.CANCELLED
+_TERMINAL = frozenset((_COMPLETED, _FAILED, _CANCELLED))
+_datetime = datetime
+
+
+def bounded_lease_seconds(raw: object, default: float) -> float:
+    """A lease length from untrusted input: ``None`` -> ``default``; otherwise a finite
+    number > 0 (numeric strings accepted), capped at ``MAX_LEASE_SECONDS``."""
+    if raw is None:
+        return default
+    if isinstance(raw, bool):
+        raise ValueError(f"lease_seconds must be a number of seconds, got the bool {raw!r}")
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"lease_seconds must be a number of seconds, got {raw!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"lease_seconds must be finite and > 0, got {raw!r}")
+    return float(min(value, MAX_LEASE_SECONDS))
+
+
+class LeaseManager:
+    """The lease protocol over a ``LeaseStore`` (default: ``InMemoryLeaseStore()``).
+
+    Thread-safe: every transition runs inside ``store.transaction()`` when the
+    store has one, else under a manager-level re-entrant lock. Transactions are
+    re-entrant, so a caller may group transitions (``with store.transaction():``
+    around many ``add_task`` calls commits once); events are then emitted as each
+    transition returns, before the caller's outer transaction commits.
+    """
+
+    def __init__(
+        self,
+        store: LeaseStore | None = None,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> None:
+        if store is None:
+            store = InMemoryLeaseStore()
+        missing = [name for name in _REQUIRED if not callable(getattr(store, name, None))]
+        if missing:
+            raise TypeError(
+                f"store {type(store).__name__} is not a LeaseStore: it lacks "
+                + ", ".join(f"{name}()" for name in missing)
+            )
+        self._store = store
+        self.on_event = on_event
+        self._lock = threading.RLock()
+        self._ids = LeaseIds()
+        self._save = store.save
+        self._get = store.get
+        self._next_pending = store.next_pending
+
+        adapted = StoreAdapter(store)
+        self._tx: Any = adapted.transaction if adapted.transaction is not None else self._lock
+        self._find: Callable[[str], TaskRecord | None] = adapted.find_lease
+        self._check_ids = adapted.has_find_lease
+        self._expired: Callable[[datetime], list[TaskRecord]] = adapted.expired
+        self._pending_page: Callable[[str | None, int, int], list[TaskRecord]] = adapted.pending_page
+        self._leased_by_node: Callable[[str], list[TaskRecord]] = adapted.leased_by_node
+        self._counts: Callable[[str], dict[str, int]] = adapted.counts
+        self._put_cordon = adapted.put_cordon
+        self._remove_cordon = adapted.remove_cordon
+        self._cordons = adapted.cordons
+        self._cordon_for = adapted.cordon_for
+
+    @property
+    def store(self) -> LeaseStore:
+        return self._store
+
+    # --- transitions --------------------------------------------------------
+
+    def add_task(self, spec: TaskSpec, now: datetime | None = None) -> None:
+        """Queue a task (PENDING). A duplicate ``(job_id, task_id)`` raises ``ValueError``."""
+        if not isinstance(spec, TaskSpec):
+            raise TypeError(f"add_task takes a TaskSpec, got {type(spec).__name__}")
+        _check_spec(spec)
+        now = coerce_now(now)
+        record = TaskRecord(spec)
+        with self._tx:
+            self._store.add(record)
+        on_event = self.on_event
+        if on_event is not None:
+            on_event(
+                make_event(
+                    EventType.TASK_CREATED,
+                    spec.job_id,
+                    now,
+                    f"task {spec.task_id} created (max_attempts={spec.max_attempts}, "
+                    f"max_expiries={spec.max_expiries}, lease_seconds={spec.lease_seconds:g})",
+                    {"task_id": spec.task_id},
+                )
+            )
+
+    def cancel_task(self, job_id: str, task_id: str, now: datetime | None = None) -> None:
+        """PENDING or LEASED -> CANCELLED (the active lease stops being live); terminal: no-op."""
+        now = coerce_now(now)
+        on_event = self.on_event
+        event = None
+        with self._tx:
+            record = self._get(job_id, task_id) if _is_str(job_id) and _is_str(task_id) else None
+            if record is None:
+                raise LeaseError(f"unknown task {task_id!r} of job {job_id!r}")
+            if record.state in _TERMINAL:
+                return
+            lease = record.active_lease
+            record.state = _CANCELLED
+            record.active_lease = None
+            self._save(record)
+            if on_event is not None:
+                data: dict[str, Any] = {"task_id": task_id}
+                if lease is not None:
+                    data["node_id"] = lease.node_id
+                    data["lease_id"] = lease.lease_id
+                event = make_event(EventType.TASK_CANCELLED, job_id, now, f"task {task_id} cancelled", data)
+        if event is not None:
+            on_event(event)  # type: ignore[misc]
+
+    def claim(
+        self,
+        node_id: str,
+        job_id: str | None = None,
+        now: datetime | None = None,
+        policy: Any = None,
+        node: dict[str, Any] | None = None,
+    ) -> Lease | None:
+        """Sweep, then lease the first PENDING task of the scope (all jobs, or ``job_id``)
+        to ``node_id``; ``None`` when the node is cordoned or nothing is eligible."""
+        if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
+            now = coerce_now(now)
+        if node_id.__class__ is not str or not node_id:
+            _check_id("node_id", node_id)
+        if job_id is not None and job_id.__class__ is not str:
+            _check_id("job_id", job_id)
+        on_event = self.on_event
+        events: list[Event] | None = [] if on_event is not None else None
+        lease = None
+        with self._tx:
+            expired = self._expired(now)
+            if expired:
+                self._release_expired(expired, now, events)
+            cordon = self._cordon_for(node_id)
+            if cordon is not None and (cordon[0] is None or cordon[0] > now):
+                record = None
+            elif policy is None:
+                record = self._next_pending(job_id)
+            else:
+                record = self._select(policy, node_id, node, job_id)
+            if record is not None:
+                spec = record.spec
+                values = spec.__dict__  # plain reads of the validated fields
+                attempt = record.attempts_used + 1
+                record.attempts_used = attempt
+                lease_id = self._ids()
+                if self._check_ids:
+                    while self._find(lease_id) is not None:  # 48 random bits: practically never
+                        lease_id = self._ids()
+                lease_seconds = values["lease_seconds"]
+                lease = make_lease(
+                    lease_id,
+                    values["task_id"],
+                    values["job_id"],
+                    node_id,
+                    attempt,
+                    now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds)),
+                    values["payload"],  # shared, as model_construct would: leases are views of their task
+                    lease_seconds,
+                )
+                record.state = _LEASED
+                record.active_lease = lease
+                record.lease_history[lease_id] = lease
+                self._save(record)
+                if events is not None:
+                    deadline = lease.deadline.isoformat()
+                    events.append(
+                        make_event(
+                            EventType.LEASE_CLAIMED,
+                            spec.job_id,
+                            now,
+                            f"attempt {attempt} of task {spec.task_id} leased to {node_id} until {deadline}",
+                            {
+                                "task_id": spec.task_id,
+                                "node_id": node_id,
+                                "lease_id": lease_id,
+                                "attempt_number": attempt,
+                                "deadline": deadline,
+                            },
+                        )
+                    )
+        if events:
+            _emit(on_event, events)  # type: ignore[arg-type]
+        return lease
+
+    def heartbeat(self, lease_id: str, now: datetime | None = None) -> Lease:
+        """Renew a live lease: a copy with ``deadline = now + lease_seconds`` becomes the active lease."""
+        if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
+            now = coerce_now(now)
+        on_event = self.on_event
+        renewal = None
+        with self._tx:
+            record = self._find(lease_id) if lease_id.__class__ is str or _is_str(lease_id) else None
+            if record is None:
+                raise LeaseError(f"unknown lease id {lease_id!r}")
+            active = record.active_lease
+            if record.state is _LEASED and active is not None and active.lease_id == lease_id and active.deadline > now:
+                lease_seconds = record.spec.lease_seconds
+                renewal = renewed(active, now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds)))
+                record.active_lease = renewal
+                self._save(record)
+            else:
+                why = _why_not_live(record, lease_id, now)
+        spec = record.spec
+        if renewal is None:
+            if on_event is not None:
+                on_event(
+                    make_event(
+                        EventType.LEASE_RENEWAL_REFUSED,
+                        spec.job_id,
+                        now,
+                        f"renewal of lease {lease_id} refused: {why}",
+                        {
+                            "task_id": spec.task_id,
+                            "node_id": _node_of(record, lease_id),
+                            "lease_id": lease_id,
+                            "reason": why,
+                        },
+                    )
+                )
+            raise LeaseError(f"lease {lease_id} of task {spec.task_id} (job {spec.job_id}) is no longer live: {why}")
+        if on_event is not None:
+            deadline = renewal.deadline.isoformat()
+            on_event(
+                make_event(
+                    EventType.LEASE_RENEWED,
+                    spec.job_id,
+                    now,
+                    f"lease {lease_id} renewed until {deadline}",
+                    {"task_id": spec.task_id, "node_id": renewal.node_id, "lease_id": lease_id, "deadline": deadline},
+                )
+            )
+        return renewal
+
+    def complete(self, lease_id: str, output_sha256: str, now: datetime | None = None) -> bool:
+        """Commit the task's output under a live lease; the first valid commit wins.
+
+        The winner's retry returns True again (no event); any other commit is
+        rejected (False, TASK_COMMIT_REJECTED). The hash is recorded, never inspected.
+        """
+        if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
+            now = coerce_now(now)
+        if output_sha256.__class__ is not str:
+            raise TypeError(f"output_sha256 must be a str, got {type(output_sha256).__name__}")
+        on_event = self.on_event
+        with self._tx:
+            record = self._find(lease_id) if lease_id.__class__ is str or _is_str(lease_id) else None
+            if record is None:
+                raise LeaseError(f"unknown lease id {lease_id!r}")
+            state = record.state
+            if state is _COMPLETED and record.accepted_attempt_id == lease_id:
+                return True  # the winner retrying: idempotent, no event
+            active = record.active_lease
+            if state is _LEASED and active is not None and active.lease_id == lease_id and active.deadline > now:
+                record.state = _COMPLETED
+                record.accepted_attempt_id = lease_id
+                record.accepted_output_sha256 = output_sha256
+                record.active_lease = None
+                self._save(record)
+                accepted = True
+            else:
+                accepted = False
+                if on_event is not None:
+                    why = _why_not_live(record, lease_id, now)
+        if on_event is not None:
+            spec = record.spec
+            data = {"task_id": spec.task_id, "node_id": _node_of(record, lease_id), "lease_id": lease_id}
+            if accepted:
+                data["output_sha256"] = output_sha256
+                on_event(
+                    make_event(
+                        EventType.TASK_COMMIT_ACCEPTED,
+                        spec.job_id,
+                        now,
+                        f"output {output_sha256[:12]} of task {spec.task_id} accepted from lease {lease_id}",
+                        data,
+                    )
+                )
+            else:
+                data["reason"] = why
+                on_event(
+                    make_event(
+                        EventType.TASK_COMMIT_REJECTED,
+                        spec.job_id,
+                        now,
+                        f"commit of task {spec.task_id} from lease {lease_id} rejected: {why}",
+                        data,
+                    )
+                )
+        return accepted
+
+    def fail(self, lease_id: str, reason: str, now: datetime | None = None) -> None:
+        """A worker-reported failure: spends one of ``max_attempts``, then requeue or exhaust."""
+        now = coerce_now(now)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {type(reason).__name__}")
+        on_event = self.on_event
+        events: list[Event] | None = [] if on_event is not None else None
+        with self._tx:
+            record = self._find(lease_id) if _is_str(lease_id) else None
+            if record is None:
+                raise LeaseError(f"unknown lease id {lease_id!r}")
+            active = record.active_lease
+            if not (
+                record.state is _LEASED and active is not None and active.lease_id == lease_id and active.deadline > now
+            ):
+                why = _why_not_live(record, lease_id, now)
+                spec = record.spec
+                raise LeaseError(
+                    f"lease {lease_id} of task {spec.task_id} (job {spec.job_id}) is no longer live: {why}"
+                )
+            record.failures_seen += 1
+            if events is not None:
+                spec = record.spec
+                events.append(
+                    make_event(
+                        EventType.TASK_ATTEMPT_FAILED,
+                        spec.job_id,
+                        now,
+                        reason,
+                        {
+                            "task_id": spec.task_id,
+                            "node_id": active.node_id,
+                            "lease_id": lease_id,
+                            "attempt_number": active.attempt_number,
+                            "reason": reason,
+                        },
+                    )
+                )
+            self._release(record, active, False, now, events)
+        if events:
+            _emit(on_event, events)  # type: ignore[arg-type]
+
+    def sweep(self, now: datetime | None = None) -> int:
+        """Expire every LEASED record whose deadline is at or before ``now``, in
+        ``(deadline, seq)`` order; each spends one of ``max_expiries``. Returns the count."""
+        now = coerce_now(now)
+        on_event = self.on_event
+        events: list[Event] | None = [] if on_event is not None else None
+        with self._tx:
+            expired = self._expired(now)
+            count = self._release_expired(expired, now, events) if expired else 0
+        if events:
+            _emit(on_event, events)  # type: ignore[arg-type]
+        return count
+
+    # --- cordons ------------------------------------------------------------
+
+    def cordon(self, node_id: str, until: datetime | None = None, reason: str = "", now: datetime | None = None) -> None:
+        """Stop leasing to ``node_id`` until ``until`` (None = until ``uncordon``); replaces any
+        previous cordon of the node. Leases the node already holds are unaffected."""
+        now = coerce_now(now)
+        _check_id("node_id", node_id)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {type(reason).__name__}")
+        if until is not None:
+            until = coerce_instant(until, "until")
+            if until <= now:
+                raise ValueError(
+                    f"cordon of {node_id} until {until.isoformat()} is not after now ({now.isoformat()}); "
+                    "pass a later time, or until=None for an indefinite cordon"
+                )
+        with self._tx:
+            self._put_cordon(node_id, until, reason)
+        on_event = self.on_event
+        if on_event is not None:
+            until_text = until.isoformat() if until is not None else None
+            on_event(
+                make_event(
+                    EventType.NODE_CORDONED,
+                    "",
+                    now,
+                    f"node {node_id} cordoned " + (f"until {until_text}" if until_text else "until uncordoned")
+                    + (f": {reason}" if reason else ""),
+                    {"node_id": node_id, "until": until_text, "reason": reason},
+                )
+            )
+
+    def uncordon(self, node_id: str) -> bool:
+        """Remove the node's cordon; True if one was in effect."""
+        if not _is_str(node_id):
+            return False
+        with self._tx:
+            return bool(self._remove_cordon(node_id))
+
+    def cordoned(self, now: datetime | None = None) -> dict[str, tuple[datetime | None, str]]:
+        """Cordons in effect at ``now`` (node id -> (until, reason)); lapsed ones are dropped."""
+        now = coerce_now(now)
+        with self._tx:
+            active: dict[str, tuple[datetime | None, str]] = {}
+            for node_id, (until, reason) in self._cordons().items():
+                if until is None or until > now:
+                    active[node_id] = (until, reason)
+                else:
+                    self._remove_cordon(node_id)
+            return active
+
+    # --- queries ------------------------------------------------------------
+
+    def lease_is_live(self, lease_id: str, now: datetime | None = None) -> bool:
+        """LEASED, this is the active lease, and its deadline is strictly after ``now``."""
+        now = coerce_now(now)
+        record = self._find(lease_id) if _is_str(lease_id) else None
+        if record is None:
+            return False
+        active = record.active_lease
+        return record.state is _LEASED and active is not None and active.lease_id == lease_id and active.deadline > now
+
+    def job_state(self, job_id: str) -> dict[str, int]:
+        """Counts of the job's records by ``TaskState`` value; zero counts omitted."""
+        counts = self._counts(job_id)
+        return {state.value: counts[state.value] for state in TaskState if counts.get(state.value)}
+
+    def records(self, job_id: str | None = None) -> list[TaskRecord]:
+        """All records (of one job) in insertion order."""
+        return self._store.all(job_id)
+
+    def lease_info(self, lease_id: str) -> Lease | None:
+        """Any lease ever issued, as first issued."""
+        record = self._find(lease_id) if _is_str(lease_id) else None
+        return None if record is None else record.lease_history.get(lease_id)
+
+    def live_leases_for_node(self, node_id: str, now: datetime | None = None) -> set[tuple[str, str]]:
+        """``(job_id, task_id)`` of the tasks whose live active lease belongs to ``node_id``."""
+        now = coerce_now(now)
+        if not _is_str(node_id):
+            return set()
+        out: set[tuple[str, str]] = set()
+        for record in self._leased_by_node(node_id):
+            active = record.active_lease
+            if record.state is _LEASED and active is not None and active.node_id == node_id and active.deadline > now:
+                out.add((record.spec.job_id, record.spec.task_id))
+        return out
+
+    # --- internals ----------------------------------------------------------
+
+    def _release(
+        self,
+        record: TaskRecord,
+        lease: Lease,
+        expiry: bool,
+        now: datetime,
+        events: list[Event] | None,
+    ) -> None:
+        """The release rule shared by ``fail`` and ``sweep``: clear the lease, then
+        FAILED if the cause's budget is spent, else PENDING."""
+        spec = record.spec
+        if expiry:
+            used, budget, name, cause = record.expiries_seen, spec.max_expiries, "max_expiries", "expiries"
+        else:
+            used, budget, name, cause = record.failures_seen, spec.max_attempts, "max_attempts", "failures"
+        exhausted = used >= budget
+        record.active_lease = None
+        record.state = _FAILED if exhausted else _PENDING
+        self._save(record)
+        if events is not None:
+            data = {"task_id": spec.task_id, "node_id": lease.node_id, "lease_id": lease.lease_id, "budget": name}
+            if exhausted:
+                events.append(
+                    make_event(EventType.TASK_EXHAUSTED, spec.job_id, now, f"all {budget} {cause} used ({name})", data)
+                )
+            else:
+                data["used"] = used
+                data["limit"] = budget
+                events.append(
+                    make_event(
+                        EventType.TASK_REQUEUED,
+                        spec.job_id,
+                        now,
+                        f"task {spec.task_id} requeued after {'an expiry' if expiry else 'a failure'} "
+                        f"({used} of {budget} {cause} used, {name})",
+                        data,
+                    )
+                )
+
+    def _release_expired(self, expired: list[TaskRecord], now: datetime, events: list[Event] | None) -> int:
+        count = 0
+        for record in expired:
+            lease = record.active_lease
+            if record.state is not _LEASED or lease is None or lease.deadline > now:
+                continue  # a store may be conservative; the manager decides
+            record.expiries_seen += 1
+            if events is not None:
+                spec = record.spec
+                events.append(
+                    make_event(
+                        EventType.LEASE_EXPIRED,
+                        spec.job_id,
+                        now,
+                        f"lease {lease.lease_id} (attempt {lease.attempt_number}) of task {spec.task_id} "
+                        f"on {lease.node_id} expired at {lease.deadline.isoformat()}",
+                        {
+                            "task_id": spec.task_id,
+                            "node_id": lease.node_id,
+                            "lease_id": lease.lease_id,
+                            "attempt_number": lease.attempt_number,
+                            "deadline": lease.deadline.isoformat(),
+                        },
+                    )
+                )
+            self._release(record, lease, True, now, events)
+            count += 1
+        return count
+
+    def _select(self, policy: Any, node_id: str, node: dict[str, Any] | None, job_id: str | None) -> TaskRecord | None:
+        """SPEC §2.8: offer pending specs to the policy, then re-locate its choice."""
+        choose = getattr(policy, "choose", None)
+        if not callable(choose):
+            raise TypeError(f"policy {type(policy).__name__} has no choose(pending, node) method")
+        view = node if node is not None else {"node_id": node_id}
+        chosen = None
+        if _policy_ranks(policy):
+            specs = []
+            after = -1
+            while True:
+                page = self._pending_page(job_id, after, PAGE_SIZE)
+                specs.extend(record.spec for record in page)
+                if len(page) < PAGE_SIZE:
+                    break
+                after = page[-1].seq  # type: ignore[assignment]
+            if specs:
+                chosen = choose(specs, view)
+        else:
+            after = -1
+            while True:
+                page = self._pending_page(job_id, after, PAGE_SIZE)
+                if not page:
+                    break
+                chosen = choose([record.spec for record in page], view)
+                if chosen is not None or len(page) < PAGE_SIZE:
+                    break
+                after = page[-1].seq  # type: ignore[assignment]
+        if chosen is None:
+            return None
+        chosen_job = getattr(chosen, "job_id", None)
+        chosen_task = getattr(chosen, "task_id", None)
+        if not _is_str(chosen_job) or not _is_str(chosen_task):
+            return None
+        if job_id is not None and chosen_job != job_id:
+            return None
+        record = self._get(chosen_job, chosen_task)
+        if record is None or record.state is not _PENDING:
+            return None  # a foreign or stale spec
+        return record
+
+
+# --- helpers -------------------------------------------------------------------
+
+
+def _emit(on_event: Callable[[Event], None], events: Sequence[Event]) -> None:
+    for event in events:
+        on_event(event)
+
+
+def _is_str(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _check_id(name: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{name} must be a non-empty str")
+
+
+def _check_spec(spec: TaskSpec) -> None:
+    """Re-check what TaskSpec validates, for specs built with ``model_construct``."""
+    lease_seconds = spec.lease_seconds
+    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, (int, float)):
+        raise ValueError(f"lease_seconds must be a number, got {lease_seconds!r}")
+    if not math.isfinite(lease_seconds) or lease_seconds <= 0:
+        raise ValueError(f"lease_seconds must be finite and > 0, got {lease_seconds!r}")
+    for name in ("max_attempts", "max_expiries"):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    for name in ("job_id", "task_id", "commit_key"):
+        if not isinstance(getattr(spec, name), str):
+            raise ValueError(f"{name} must be a str, got {getattr(spec, name)!r}")
+    if not isinstance(spec.payload, dict):
+        raise ValueError(f"payload must be a dict, got {type(spec.payload).__name__}")
+
+
+def _why_not_live(record: TaskRecord, lease_id: str, now: datetime) -> str:
+    state = record.state
+    if state is _COMPLETED:
+        return f"the task was already committed by lease {record.accepted_attempt_id}"
+    if state is _CANCELLED:
+        return "the task was cancelled"
+    if state is _FAILED:
+        return "the task failed (budget exhausted)"
+    active = record.active_lease
+    if active is None or active.lease_id != lease_id:
+        return "the lease was released (failed or expired) and the task requeued"
+    return f"it expired at {active.deadline.isoformat()} (now {now.isoformat()})"
+
+
+def _node_of(record: TaskRecord, lease_id: str) -> str | None:
+    lease = record.lease_history.get(lease_id)
+    return lease.node_id if lease is not None else None
+
+
+_RANKING_BASE: list[Callable[..., Any]] = []
+
+
+def _policy_ranks(policy: object) -> bool:
+    """True when the policy's class overrides ``PlacementPolicy.score`` (it ranks the whole scope)."""
+    if not _RANKING_BASE:
+        from flashruntime.scheduler.policy import PlacementPolicy  # lazy: scheduler is optional here
+
+        _RANKING_BASE.append(PlacementPolicy.score)
+    score = getattr(type(policy), "score", None)
+    return score is not None and score is not _RANKING_BASE[0]

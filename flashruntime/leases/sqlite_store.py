@@ -1,0 +1,421 @@
+"""``SqliteLeaseStore``: lease state in one SQLite file that survives ``kill -9``
+(SPEC §2.6).
+
+State lives in SQLite, not in a Python cache: each call reads the rows it
+touches through an index and returns fresh ``TaskRecord`` objects. WAL with
+``synchronous=FULL``, and ``BEGIN IMMEDIATE`` per transaction, so every
+committed transition is durable and several processes may share the file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from flashruntime.leases import _sqlite_sql as sql
+from flashruntime.leases._models import (
+    coerce_now,
+    epoch,
+    from_epoch,
+    lease_from_json,
+    lease_to_json,
+    spec_from_json,
+    spec_to_json,
+)
+from flashruntime.leases._sqlite_migrate import migrate_single_document, single_document_layout
+from flashruntime.leases.store import TaskRecord
+from flashruntime.protocol.v1alpha1 import Lease, TaskState
+
+__all__ = ["SqliteLeaseStore"]
+
+_STATES = {state.value: state for state in TaskState}
+_ALL_COLUMNS = tuple(range(len(sql.MUTABLE)))
+_ACTIVE_JSON = sql.MUTABLE.index("active_lease_json")
+_ROW_WIDTH = 4 + len(sql.MUTABLE)
+_LEASED = TaskState.LEASED
+_record_new = TaskRecord.__new__
+
+
+class _History(dict):  # type: ignore[type-arg]
+    """A record's ``lease_history`` as loaded, carrying what ``save`` needs to write
+    only what changed: the lease ids already stored, and the stored column values
+    (``sql.MUTABLE``) with the active lease they were read as."""
+
+    __slots__ = ("persisted", "stored", "stored_lease")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.persisted: set[str] = set()
+        self.stored: tuple[Any, ...] | None = None
+        self.stored_lease: Lease | None = None
+
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on an exception); re-entrant per store."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: SqliteLeaseStore) -> None:
+        self._store = store
+
+    def __enter__(self) -> _Transaction:
+        store = self._store
+        store._lock.acquire()
+        if store._depth == 0:
+            try:
+                store._conn.execute("BEGIN IMMEDIATE")
+            except BaseException:
+                store._lock.release()
+                raise
+        store._depth += 1
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        store = self._store
+        try:
+            store._depth -= 1
+            if store._depth == 0:
+                conn = store._conn
+                if exc_type is None:
+                    try:
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        _rollback(conn)
+                        raise
+                else:
+                    _rollback(conn)
+        finally:
+            store._lock.release()
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass  # no transaction left to roll back (SQLite rolled it back itself)
+
+
+class SqliteLeaseStore:
+    """A ``LeaseStore`` in one SQLite file; implements every optional accelerator.
+
+    The constructor creates the parent directory and the schema, or migrates the
+    single-document layout; nothing else is read until a call asks for it.
+    """
+
+    def __init__(self, path: str | Path, *, busy_timeout_ms: int = 5000) -> None:
+        if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0:
+            raise ValueError(f"busy_timeout_ms must be an int >= 0, got {busy_timeout_ms!r}")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._txn = _Transaction(self)
+        self._conn = sqlite3.connect(
+            str(self.path),
+            timeout=busy_timeout_ms / 1000.0,
+            isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE ... COMMIT
+            check_same_thread=False,
+        )
+        try:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("PRAGMA synchronous = FULL")
+            self._ensure_schema()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> SqliteLeaseStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SqliteLeaseStore({str(self.path)!r})"
+
+    def _ensure_schema(self) -> None:
+        conn = self._conn
+        if self._version() == sql.SCHEMA_VERSION:
+            return
+        with self._txn:
+            version = self._version()
+            if version == sql.SCHEMA_VERSION:
+                return
+            if version is not None:
+                raise RuntimeError(
+                    f"{self.path}: lease schema version {version!r} is not one this flashruntime reads "
+                    f"(it reads {sql.SCHEMA_VERSION!r}); open it with the version that wrote it"
+                )
+            if single_document_layout(conn):
+                migrate_single_document(conn)
+            for statement in sql.SCHEMA:
+                conn.execute(statement)
+            conn.execute(sql.PUT_VERSION, (sql.SCHEMA_VERSION,))
+
+    def _version(self) -> str | None:
+        try:
+            row = self._conn.execute(sql.GET_VERSION).fetchone()
+        except sqlite3.OperationalError:  # no lease_meta table yet
+            return None
+        return None if row is None else str(row[0])
+
+    # --- transactions -------------------------------------------------------
+
+    def transaction(self) -> _Transaction:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` around a read-modify-write; re-entrant."""
+        return self._txn
+
+    # --- required methods ---------------------------------------------------
+
+    def add(self, record: TaskRecord) -> None:
+        spec = record.spec
+        with self._txn:
+            conn = self._conn
+            if conn.execute(sql.EXISTS, (spec.job_id, spec.task_id)).fetchone() is not None:
+                raise ValueError(
+                    f"duplicate task: job {spec.job_id!r} already has task {spec.task_id!r}; "
+                    "task ids must be unique within a job"
+                )
+            seq = conn.execute(sql.NEXT_SEQ).fetchone()[0]
+            lease = record.active_lease
+            leased = record.state is _LEASED and lease is not None
+            conn.execute(
+                sql.INSERT,
+                (
+                    spec.job_id,
+                    spec.task_id,
+                    seq,
+                    spec_to_json(spec),
+                    record.state.value,
+                    record.attempts_used,
+                    record.failures_seen,
+                    record.expiries_seen,
+                    lease.lease_id if lease is not None else None,
+                    lease.node_id if lease is not None else None,
+                    epoch(lease.deadline) if leased else None,  # type: ignore[union-attr]
+                    lease_to_json(lease) if lease is not None else None,
+                    record.accepted_attempt_id,
+                    record.accepted_output_sha256,
+                ),
+            )
+            self._insert_history(record, record.lease_history.items())
+            record.seq = seq
+
+    def save(self, record: TaskRecord) -> None:
+        spec = record.spec
+        state = record.state
+        lease = record.active_lease
+        history = record.lease_history
+        loaded = history if history.__class__ is _History else None
+        stored = None if loaded is None else loaded.stored
+        if lease is None:
+            lease_id = node_id = deadline = lease_json = None
+        else:
+            lease_id = lease.lease_id
+            node_id = lease.node_id
+            deadline = epoch(lease.deadline) if state is _LEASED else None
+            stored_lease = None if stored is None else loaded.stored_lease  # type: ignore[union-attr]
+            if stored_lease is not None and (lease is stored_lease or lease.__dict__ == stored_lease.__dict__):
+                lease_json = stored[_ACTIVE_JSON]  # unchanged since it was read: no need to encode it
+            else:
+                lease_json = lease_to_json(lease)
+        values = (
+            state.value,
+            record.attempts_used,
+            record.failures_seen,
+            record.expiries_seen,
+            lease_id,
+            node_id,
+            deadline,
+            lease_json,
+            record.accepted_attempt_id,
+            record.accepted_output_sha256,
+        )
+        if stored is None:
+            changed: tuple[int, ...] | None = None
+        else:
+            changed = tuple(i for i in _ALL_COLUMNS if values[i] != stored[i])
+        with self._txn:
+            conn = self._conn
+            if changed is None:
+                cursor = conn.execute(sql.UPDATE, (*values, spec.job_id, spec.task_id))
+                if cursor.rowcount != 1:
+                    raise ValueError(
+                        f"task {spec.task_id!r} of job {spec.job_id!r} is not in this store; add() it first"
+                    )
+            elif changed:
+                conn.execute(sql.update(changed), (*[values[i] for i in changed], spec.job_id, spec.task_id))
+            if loaded is None:
+                self._insert_history(record, history.items(), lease, lease_json)
+            else:
+                persisted = loaded.persisted
+                fresh = [(key, value) for key, value in history.items() if key not in persisted]
+                if fresh:
+                    self._insert_history(record, fresh, lease, lease_json)
+                    persisted.update(key for key, _ in fresh)
+                loaded.stored = values
+                loaded.stored_lease = lease
+
+    def get(self, job_id: str, task_id: str) -> TaskRecord | None:
+        with self._lock:
+            row = self._conn.execute(sql.GET, (job_id, task_id)).fetchone()
+            return None if row is None else self._record(row)
+
+    def next_pending(self, job_id: str | None = None) -> TaskRecord | None:
+        with self._lock:
+            if job_id is None:
+                row = self._conn.execute(sql.NEXT_PENDING).fetchone()
+            else:
+                row = self._conn.execute(sql.NEXT_PENDING_JOB, (job_id,)).fetchone()
+            return None if row is None else self._record(row)
+
+    def leased(self) -> list[TaskRecord]:
+        with self._lock:
+            return [self._record(row) for row in self._conn.execute(sql.LEASED).fetchall()]
+
+    def all(self, job_id: str | None = None) -> list[TaskRecord]:
+        with self._lock:
+            conn = self._conn
+            if job_id is None:
+                rows = conn.execute(sql.ALL).fetchall()
+                history_rows = conn.execute(sql.ALL_HISTORY).fetchall()
+            else:
+                rows = conn.execute(sql.ALL_JOB, (job_id,)).fetchall()
+                history_rows = conn.execute(sql.ALL_HISTORY_JOB, (job_id,)).fetchall()
+        histories: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        for hist_job, hist_task, lease_id, lease_json in history_rows:
+            histories.setdefault((hist_job, hist_task), []).append((lease_id, lease_json))
+        return [self._record(row, histories.get((row[0], row[1]), ())) for row in rows]
+
+    records = all
+
+    # --- optional accelerators ----------------------------------------------
+
+    def pending_page(self, job_id: str | None, after_seq: int, limit: int) -> list[TaskRecord]:
+        if limit <= 0:
+            return []
+        with self._lock:
+            if job_id is None:
+                rows = self._conn.execute(sql.PENDING_PAGE, (after_seq, limit)).fetchall()
+            else:
+                rows = self._conn.execute(sql.PENDING_PAGE_JOB, (job_id, after_seq, limit)).fetchall()
+            return [self._record(row) for row in rows]
+
+    def expired(self, now: datetime) -> list[TaskRecord]:
+        """LEASED records whose deadline is at or before ``now``, in ``(deadline, seq)`` order."""
+        with self._lock:
+            rows = self._conn.execute(sql.EXPIRED, (epoch(coerce_now(now)),)).fetchall()
+            return [self._record(row) for row in rows] if rows else []
+
+    def find_lease(self, lease_id: str) -> TaskRecord | None:
+        with self._lock:
+            rows = self._conn.execute(sql.FIND_LEASE, (lease_id,)).fetchall()
+        if not rows:
+            return None
+        # one row per lease of the task's history (the lease asked for is one of them)
+        return self._record(rows[0], [(row[_ROW_WIDTH], row[_ROW_WIDTH + 1]) for row in rows])
+
+    def leased_by_node(self, node_id: str) -> list[TaskRecord]:
+        with self._lock:
+            return [self._record(row) for row in self._conn.execute(sql.LEASED_BY_NODE, (node_id,)).fetchall()]
+
+    def counts(self, job_id: str | None = None) -> dict[str, int]:
+        with self._lock:
+            if job_id is None:
+                rows = self._conn.execute(sql.COUNTS_ALL).fetchall()
+            else:
+                rows = self._conn.execute(sql.COUNTS_JOB, (job_id,)).fetchall()
+        return {str(state): int(n) for state, n in rows if n}
+
+    def put_cordon(self, node_id: str, until: datetime | None, reason: str) -> None:
+        with self._txn:
+            self._conn.execute(sql.PUT_CORDON, (node_id, None if until is None else epoch(coerce_now(until)), reason))
+
+    def remove_cordon(self, node_id: str) -> bool:
+        with self._txn:
+            return self._conn.execute(sql.REMOVE_CORDON, (node_id,)).rowcount > 0
+
+    def cordons(self) -> dict[str, tuple[datetime | None, str]]:
+        with self._lock:
+            rows = self._conn.execute(sql.CORDONS).fetchall()
+        return {node_id: (None if until is None else from_epoch(until), reason) for node_id, until, reason in rows}
+
+    def cordon_for(self, node_id: str) -> tuple[datetime | None, str] | None:
+        with self._lock:
+            row = self._conn.execute(sql.CORDON_FOR, (node_id,)).fetchone()
+        if row is None:
+            return None
+        until, reason = row
+        return (None if until is None else from_epoch(until), reason)
+
+    # --- rows <-> records ---------------------------------------------------
+
+    def _record(self, row: tuple[Any, ...], history_rows: Iterable[tuple[str, str]] | None = None) -> TaskRecord:
+        """A fresh record from a row of ``sql.COLUMNS`` and its lease history.
+
+        ``history_rows`` None = read them now; a record never claimed has none.
+        """
+        job_id, task_id, seq, spec_json, state, attempts_used, failures_seen, expiries_seen = row[:8]
+        row = row[:_ROW_WIDTH]
+        spec = spec_from_json(spec_json)
+        payload = spec.payload
+        record = _record_new(TaskRecord)
+        record.spec = spec
+        record.state = _STATES[state]
+        record.attempts_used = attempts_used
+        record.failures_seen = failures_seen
+        record.expiries_seen = expiries_seen
+        active_json = row[11]
+        active = None if active_json is None else lease_from_json(active_json, payload)
+        record.active_lease = active
+        record.accepted_attempt_id = row[12]
+        record.accepted_output_sha256 = row[13]
+        record.seq = seq
+        history = _History()
+        history.stored = row[4:]
+        history.stored_lease = active
+        if history_rows is None and (attempts_used or active_json is not None):
+            history_rows = self._conn.execute(sql.HISTORY, (job_id, task_id)).fetchall()
+        if history_rows:
+            for lease_id, lease_json in history_rows:
+                history[lease_id] = lease_from_json(lease_json, payload)
+            history.persisted.update(history)
+        record.lease_history = history
+        return record
+
+    def _insert_history(
+        self,
+        record: TaskRecord,
+        items: Iterable[tuple[str, Lease]],
+        active: Lease | None = None,
+        active_json: str | None = None,
+    ) -> None:
+        spec = record.spec
+        conn = self._conn
+        for lease_id, lease in items:
+            lease_json = active_json if lease is active and active_json is not None else lease_to_json(lease)
+            cursor = conn.execute(sql.INSERT_HISTORY, (lease_id, spec.job_id, spec.task_id, lease_json))
+            if cursor.rowcount == 0:
+                owner = conn.execute(sql.HISTORY_OWNER, (lease_id,)).fetchone()
+                if owner is not None and tuple(owner) != (spec.job_id, spec.task_id):
+                    raise ValueError(
+                        f"lease id {lease_id!r} already belongs to task {owner[1]!r} of job {owner[0]!r}; "
+                        "lease ids must be unique"
+                    )

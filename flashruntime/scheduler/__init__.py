@@ -1,0 +1,12 @@
+"""Placement: which pending task a node may take (SPEC §2.7).
+
+``PlacementPolicy`` decides eligibility and rank; ``FifoPlacement`` takes the
+queue as it is; ``IsolationAwarePlacement`` applies the seven gates. Policies
+are pure and know nothing of leases: ``LeaseManager.claim`` uses any object with
+``choose(pending, node)``.
+"""
+
+from flashruntime.scheduler.gates import IsolationAwarePlacement
+from flashruntime.scheduler.policy import FifoPlacement, NodeView, PlacementPolicy
+
+__all__ = ["NodeView", "PlacementPolicy", "FifoPlacement", "IsolationAwarePlacement"]

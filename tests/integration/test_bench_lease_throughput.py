@@ -1,0 +1,88 @@
+"""The ``lease_throughput`` scenario runs and writes well-formed rows. Tests never
+assert on timings (DESIGN.md): only on shape, targets and honesty."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from benchmarks.registry import SCENARIOS
+from benchmarks.rows import judge
+from benchmarks.scenarios import lease_throughput
+
+pytestmark = pytest.mark.bench_smoke
+
+WORK = lease_throughput.WORK_DIR
+
+
+def _by_metric(rows: list[dict]) -> dict[str, dict]:
+    return {row["metric"]: row for row in rows}
+
+
+def test_scenario_is_registered() -> None:
+    scenario = SCENARIOS["lease_throughput"]
+    assert scenario is lease_throughput.SCENARIO
+    assert scenario.section == "performance" and "1.5k" in scenario.hypothesis
+
+
+def test_smoke_run_rows() -> None:
+    before = set(WORK.glob("lease_throughput-*")) if WORK.exists() else set()
+    rows = lease_throughput.SCENARIO.run(1, True)
+    by_metric = _by_metric(rows)
+    assert {row["scenario"] for row in rows} == {"lease_throughput"}
+
+    memory = by_metric["cycles_per_s_memory_n1000"]
+    assert memory["status"] == "measured" and memory["median"] > 0 and memory["comparator"] is None
+    assert memory["target"] == {"op": ">=", "value": 100_000, "unit": "cycles/s", "source": "issue 3"}
+
+    sqlite = by_metric["cycles_per_s_sqlite_n1000"]
+    assert sqlite["status"] == "measured" and sqlite["median"] > 0
+    assert sqlite["comparator"]["name"] == "sqlite_floor" and sqlite["comparator"]["median"] > 0
+    assert sqlite["ratio"] == pytest.approx(sqlite["median"] / sqlite["comparator"]["median"])
+    assert sqlite["target"] == {"op": ">=", "value": 1_500, "unit": "cycles/s", "source": "issue 3"}
+    assert any("on " in note for note in sqlite["notes"])  # where the SQLite file lived
+
+    for kind in ("memory", "sqlite"):
+        median = by_metric[f"per_cycle_median_us_{kind}_n1000"]
+        assert median["unit"] == "us" and median["median"] > 0 and median["target"] is None
+        flatness = by_metric[f"per_cycle_median_flatness_{kind}"]
+        assert flatness["status"] == "skipped" and flatness["skip_reason"]
+        assert flatness["target"] == {"op": "<=", "value": 1.3, "unit": "x", "source": "issue 3"}
+        for variant in ("gc_enabled", "on_event_append"):
+            info = by_metric[f"cycles_per_s_{kind}_n1000_{variant}"]
+            assert info["status"] == "measured" and info["target"] is None
+
+    for row in rows:  # a smoke run is one sample per row, and judging works on every row
+        assert row["repeats"] in (0, 1)
+        judged = judge(dict(row), on_reference_host=True)
+        assert judged["met"] is None or isinstance(judged["met"], bool)
+    after = set(WORK.glob("lease_throughput-*")) if WORK.exists() else set()
+    assert after == before, "the scenario left its scratch files behind"
+
+
+def test_flatness_row_is_the_ratio_of_medians(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full run's flatness row: per-cycle median at N=100k over the one at N=1k
+    (here with the drains shrunk to 200 tasks, so the test stays fast)."""
+    make_specs = lease_throughput._specs
+    monkeypatch.setattr(lease_throughput, "_specs", lambda n: make_specs(min(n, 200)))
+    rows = _by_metric(lease_throughput.run(2, False))
+    for kind in ("memory", "sqlite"):
+        flatness = rows[f"per_cycle_median_flatness_{kind}"]
+        assert flatness["status"] == "measured" and flatness["repeats"] == 2
+        assert flatness["median"] == rows[f"per_cycle_median_us_{kind}_n100000"]["median"]
+        assert flatness["comparator"]["median"] == rows[f"per_cycle_median_us_{kind}_n1000"]["median"]
+        assert flatness["ratio"] == pytest.approx(flatness["median"] / flatness["comparator"]["median"])
+        assert flatness["target"] == {"op": "<=", "value": 1.3, "unit": "x", "source": "issue 3"}
+        assert rows[f"cycles_per_s_{kind}_n10000_gc_enabled"]["repeats"] == 2
+
+
+@pytest.mark.bench_stress
+def test_full_run_measures_every_row() -> None:
+    """The full scale (N up to 100k on both stores, 3 repeats): every row is measured."""
+    rows = lease_throughput.SCENARIO.run(3, False)
+    by_metric = _by_metric(rows)
+    for kind in ("memory", "sqlite"):
+        for n in (1_000, 10_000, 100_000):
+            assert by_metric[f"cycles_per_s_{kind}_n{n}"]["repeats"] == 3
+        assert by_metric[f"per_cycle_median_flatness_{kind}"]["status"] == "measured"
+    assert all(row["status"] == "measured" for row in rows)
