@@ -28,6 +28,8 @@ from flashruntime.leases._models import (
     seconds,
 )
 from flashruntime.leases._adapter import StoreAdapter
+from flashruntime.leases._checks import _check_id, _check_spec, _is_str, _node_of, _why_not_live
+from flashruntime.leases._offer import PAGE_SIZE, offer_pending  # noqa: F401  (PAGE_SIZE: re-exported)
 from flashruntime.leases.store import InMemoryLeaseStore, LeaseStore, TaskRecord
 from flashruntime.protocol.v1alpha1 import Event, EventType, Lease, TaskSpec, TaskState
 
@@ -36,7 +38,6 @@ __all__ = ["MAX_LEASE_SECONDS", "LeaseError", "LeaseManager", "bounded_lease_sec
 MAX_LEASE_SECONDS = 3600
 
 _REQUIRED = ("add", "save", "get", "next_pending", "leased", "all")
-PAGE_SIZE = 256  # pending specs offered to a first-eligible policy per call (SPEC §2.8)
 
 _PENDING = TaskState.PENDING
 _LEASED = TaskState.LEASED
@@ -555,32 +556,8 @@ class LeaseManager:
 
     def _select(self, policy: Any, node_id: str, node: dict[str, Any] | None, job_id: str | None) -> TaskRecord | None:
         """SPEC §2.8: offer pending specs to the policy, then re-locate its choice."""
-        choose = getattr(policy, "choose", None)
-        if not callable(choose):
-            raise TypeError(f"policy {type(policy).__name__} has no choose(pending, node) method")
         view = node if node is not None else {"node_id": node_id}
-        chosen = None
-        if _policy_ranks(policy):
-            specs = []
-            after = -1
-            while True:
-                page = self._pending_page(job_id, after, PAGE_SIZE)
-                specs.extend(record.spec for record in page)
-                if len(page) < PAGE_SIZE:
-                    break
-                after = page[-1].seq  # type: ignore[assignment]
-            if specs:
-                chosen = choose(specs, view)
-        else:
-            after = -1
-            while True:
-                page = self._pending_page(job_id, after, PAGE_SIZE)
-                if not page:
-                    break
-                chosen = choose([record.spec for record in page], view)
-                if chosen is not None or len(page) < PAGE_SIZE:
-                    break
-                after = page[-1].seq  # type: ignore[assignment]
+        chosen = offer_pending(policy, view, lambda after, limit: self._pending_page(job_id, after, limit))
         if chosen is None:
             return None
         chosen_job = getattr(chosen, "job_id", None)
@@ -601,64 +578,3 @@ class LeaseManager:
 def _emit(on_event: Callable[[Event], None], events: Sequence[Event]) -> None:
     for event in events:
         on_event(event)
-
-
-def _is_str(value: object) -> bool:
-    return isinstance(value, str)
-
-
-def _check_id(name: str, value: object) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
-    if not value:
-        raise ValueError(f"{name} must be a non-empty str")
-
-
-def _check_spec(spec: TaskSpec) -> None:
-    """Re-check what TaskSpec validates, for specs built with ``model_construct``."""
-    lease_seconds = spec.lease_seconds
-    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, (int, float)):
-        raise ValueError(f"lease_seconds must be a number, got {lease_seconds!r}")
-    if not math.isfinite(lease_seconds) or lease_seconds <= 0:
-        raise ValueError(f"lease_seconds must be finite and > 0, got {lease_seconds!r}")
-    for name in ("max_attempts", "max_expiries"):
-        value = getattr(spec, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    for name in ("job_id", "task_id", "commit_key"):
-        if not isinstance(getattr(spec, name), str):
-            raise ValueError(f"{name} must be a str, got {getattr(spec, name)!r}")
-    if not isinstance(spec.payload, dict):
-        raise ValueError(f"payload must be a dict, got {type(spec.payload).__name__}")
-
-
-def _why_not_live(record: TaskRecord, lease_id: str, now: datetime) -> str:
-    state = record.state
-    if state is _COMPLETED:
-        return f"the task was already committed by lease {record.accepted_attempt_id}"
-    if state is _CANCELLED:
-        return "the task was cancelled"
-    if state is _FAILED:
-        return "the task failed (budget exhausted)"
-    active = record.active_lease
-    if active is None or active.lease_id != lease_id:
-        return "the lease was released (failed or expired) and the task requeued"
-    return f"it expired at {active.deadline.isoformat()} (now {now.isoformat()})"
-
-
-def _node_of(record: TaskRecord, lease_id: str) -> str | None:
-    lease = record.lease_history.get(lease_id)
-    return lease.node_id if lease is not None else None
-
-
-_RANKING_BASE: list[Callable[..., Any]] = []
-
-
-def _policy_ranks(policy: object) -> bool:
-    """True when the policy's class overrides ``PlacementPolicy.score`` (it ranks the whole scope)."""
-    if not _RANKING_BASE:
-        from flashruntime.scheduler.policy import PlacementPolicy  # lazy: scheduler is optional here
-
-        _RANKING_BASE.append(PlacementPolicy.score)
-    score = getattr(type(policy), "score", None)
-    return score is not None and score is not _RANKING_BASE[0]

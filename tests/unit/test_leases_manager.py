@@ -13,6 +13,7 @@ import pytest
 
 import flashruntime.leases as leases
 from flashruntime import errors
+from flashruntime.leases import _offer as offer_module
 from flashruntime.leases import manager as manager_module
 from flashruntime.leases import sqlite_store, store
 from flashruntime.leases._models import LeaseIds, lease_from_json, lease_to_json, spec_from_json, spec_to_json
@@ -133,10 +134,10 @@ def test_policy_ranking_detection_is_by_class() -> None:
         def choose(self, pending: Any, node: Any) -> None:
             return None
 
-    assert not manager_module._policy_ranks(FifoPlacement())
-    assert not manager_module._policy_ranks(IsolationAwarePlacement())
-    assert not manager_module._policy_ranks(Duck())
-    assert manager_module._policy_ranks(Ranked())
+    assert not offer_module._policy_ranks(FifoPlacement())
+    assert not offer_module._policy_ranks(IsolationAwarePlacement())
+    assert not offer_module._policy_ranks(Duck())
+    assert offer_module._policy_ranks(Ranked())
 
 
 def test_lease_json_round_trip_keeps_every_field() -> None:
