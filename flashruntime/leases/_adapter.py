@@ -55,6 +55,10 @@ def _reusable(transaction: Callable[[], Any]) -> Any:
     return first if first is transaction() else _PerCall(transaction)
 
 
+def _found_by(find_lease: Callable[[str], Any]) -> Callable[[str], bool]:
+    return lambda lease_id: find_lease(lease_id) is not None
+
+
 class StoreAdapter:
     """Bound callables for every operation the manager uses, accelerated or derived."""
 
@@ -63,8 +67,14 @@ class StoreAdapter:
         transaction = _method(store, "transaction")
         self.transaction: Any = None if transaction is None else _reusable(transaction)
         find_lease = _method(store, "find_lease")
-        self.has_find_lease = find_lease is not None
         self.find_lease: Callable[[str], TaskRecord | None] = find_lease or self._find_by_scan
+        # Whether a fresh lease id is already taken: the store's own cheap test, else its
+        # find_lease; None (no check) when only a scan could tell (48 random bits make
+        # a clash practically impossible, and the scan would make every claim O(n)).
+        has_lease = _method(store, "has_lease")
+        if has_lease is None and find_lease is not None:
+            has_lease = _found_by(find_lease)
+        self.has_lease: Callable[[str], bool] | None = has_lease
         self.expired: Callable[[datetime], list[TaskRecord]] = _method(store, "expired") or self._expired_by_scan
         self.pending_page: Callable[[str | None, int, int], list[TaskRecord]] = (
             _method(store, "pending_page") or self._pending_page_by_scan

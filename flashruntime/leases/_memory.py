@@ -147,6 +147,9 @@ class InMemoryLeaseStore:
         # Per-job pending queues exist once a per-job query has asked for them.
         self._job_pending: dict[str, _SeqSet] = {}
         self._by_lease: dict[str, TaskRecord] = {}
+        # ``has_lease(lease_id) -> bool`` (the optional test the manager runs on each fresh
+        # lease id): the lease index's own C-level membership test, no Python frame per claim.
+        self.has_lease = self._by_lease.__contains__
         self._by_node: dict[str, dict[int, TaskRecord]] = {}
         self._expiry: list[tuple[datetime, int, str]] = []
         self._compact_at = _COMPACT_SLACK
@@ -183,12 +186,7 @@ class InMemoryLeaseStore:
             for lease_id in record.lease_history:
                 self._by_lease[lease_id] = record
             self._entries[seq] = _Entry(record)
-            self._index(record, seq)
-
-    def save(self, record: TaskRecord) -> None:
-        """Call inside ``transaction()``, as the manager does (the records are live objects:
-        mutating them outside it races anyway)."""
-        self._index(record, record.seq)  # type: ignore[arg-type]
+            self.save(record)
 
     def get(self, job_id: str, task_id: str) -> TaskRecord | None:
         return self._records.get((job_id, task_id))
@@ -308,9 +306,11 @@ class InMemoryLeaseStore:
                     self._job_pending[job_id] = queue
         return queue
 
-    def _index(self, record: TaskRecord, seq: int) -> None:
-        """Bring every index up to date with ``record`` (what ``save`` does)."""
-        entry = self._entries.get(seq)
+    def save(self, record: TaskRecord) -> None:
+        """Bring every index up to date with ``record``. Call inside ``transaction()``, as
+        the manager does (the records are live objects: mutating them outside it races anyway)."""
+        seq = record.seq
+        entry = self._entries.get(seq)  # type: ignore[arg-type]
         if entry is None or entry.record is not record:
             raise ValueError(f"record {record.spec.job_id!r}/{record.spec.task_id!r} was not obtained from this store")
         state = record.state
@@ -342,7 +342,7 @@ class InMemoryLeaseStore:
             node_id = values["node_id"]
             if entry.node_id != node_id:
                 if entry.node_id is not None:
-                    self._unindex_node(entry.node_id, seq)
+                    self._unindex_node(entry.node_id, seq)  # type: ignore[arg-type]
                 held = self._by_node.get(node_id)
                 if held is None:
                     held = self._by_node[node_id] = {}
@@ -353,13 +353,17 @@ class InMemoryLeaseStore:
             if entry.deadline != deadline or entry.lease_id != lease_id:
                 self._by_lease[lease_id] = record
                 heap = self._expiry
-                heappush(heap, (deadline, seq, lease_id))
+                heappush(heap, (deadline, seq, lease_id))  # type: ignore[misc]
                 entry.lease_id = lease_id
                 entry.deadline = deadline
                 if len(heap) > self._compact_at:
                     self._compact_expiry()
         elif entry.node_id is not None:
-            self._unindex_node(entry.node_id, seq)
+            held = self._by_node.get(entry.node_id)  # _unindex_node, inlined: every commit comes here
+            if held is not None:
+                held.pop(seq, None)
+                if not held:
+                    del self._by_node[entry.node_id]
             entry.node_id = entry.lease_id = entry.deadline = None
         elif entry.lease_id is not None:
             entry.lease_id = entry.deadline = None

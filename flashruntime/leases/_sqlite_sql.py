@@ -102,6 +102,7 @@ LEASED_BY_NODE = (
 )
 HISTORY = "SELECT lease_id, lease_json FROM lease_history WHERE job_id = ? AND task_id = ? ORDER BY rowid"
 HISTORY_OWNER = "SELECT job_id, task_id FROM lease_history WHERE lease_id = ?"
+HAS_LEASE = "SELECT 1 FROM lease_history WHERE lease_id = ?"
 COUNTS_JOB = "SELECT state, COUNT(*) FROM lease_tasks WHERE job_id = ? GROUP BY state"
 
 # Listing calls: they read every row they return, and only those.

@@ -39,6 +39,7 @@ _ACTIVE_JSON = sql.MUTABLE.index("active_lease_json")
 _ROW_WIDTH = 4 + len(sql.MUTABLE)
 _LEASED = TaskState.LEASED
 _record_new = TaskRecord.__new__
+_PAGE_SIZE = 2048
 
 
 class _History(dict):  # type: ignore[type-arg]
@@ -128,6 +129,12 @@ class SqliteLeaseStore:
         )
         try:
             self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            # A new file gets 2 KiB pages (an existing one keeps its own: SQLite ignores this
+            # once the file has content, and WAL fixes it). A transition rewrites a handful
+            # of b-tree leaves (the row, four to five index entries, a history row), each a
+            # whole page in the WAL, so smaller pages mean fewer bytes per commit and fsync;
+            # 2 KiB still holds a typical task row without overflow pages.
+            self._conn.execute(f"PRAGMA page_size = {_PAGE_SIZE}")
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute("PRAGMA synchronous = FULL")
             self._ensure_schema()
@@ -250,8 +257,10 @@ class SqliteLeaseStore:
         )
         if stored is None:
             changed: tuple[int, ...] | None = None
+        elif values == stored:
+            changed = ()
         else:
-            changed = tuple(i for i in _ALL_COLUMNS if values[i] != stored[i])
+            changed = tuple([i for i in _ALL_COLUMNS if values[i] != stored[i]])
         with self._txn:
             conn = self._conn
             if changed is None:
@@ -332,6 +341,12 @@ class SqliteLeaseStore:
         # one row per lease of the task's history (the lease asked for is one of them)
         return self._record(rows[0], [(row[_ROW_WIDTH], row[_ROW_WIDTH + 1]) for row in rows])
 
+    def has_lease(self, lease_id: str) -> bool:
+        """Whether a lease with this id was ever issued here (a primary-key probe of
+        ``lease_history``; the manager asks it for every fresh lease id)."""
+        with self._lock:
+            return self._conn.execute(sql.HAS_LEASE, (lease_id,)).fetchone() is not None
+
     def leased_by_node(self, node_id: str) -> list[TaskRecord]:
         with self._lock:
             return [self._record(row) for row in self._conn.execute(sql.LEASED_BY_NODE, (node_id,)).fetchall()]
@@ -395,7 +410,14 @@ class SqliteLeaseStore:
             history_rows = self._conn.execute(sql.HISTORY, (job_id, task_id)).fetchall()
         if history_rows:
             for lease_id, lease_json in history_rows:
-                history[lease_id] = lease_from_json(lease_json, payload)
+                # The active lease as first issued (never renewed, or renewed to the same
+                # deadline) is stored twice with the same text: decode it once. Leases are
+                # never mutated in place, so history and active may share the object, as
+                # they do in memory.
+                if lease_json == active_json and active is not None:
+                    history[lease_id] = active
+                else:
+                    history[lease_id] = lease_from_json(lease_json, payload)
             history.persisted.update(history)
         record.lease_history = history
         return record
