@@ -1,7 +1,8 @@
 """The planner's working record of one candidate strategy, before it becomes a
 ``CandidateVerdict`` (and, for the winner, a ``StrategyPlan``).
 
-Plain dataclasses: the menus fill them, ranking orders them, minting converts them.
+Plain slotted dataclasses (cheap to build and read on the planner's hot path): the menus
+fill them, ranking orders them, minting converts them.
 """
 
 from __future__ import annotations
@@ -12,28 +13,43 @@ from dataclasses import dataclass, field
 STATUS_ORDER = ("selected", "feasible", "rejected_policy", "rejected_dominated", "infeasible")
 
 
-@dataclass
+@dataclass(slots=True, init=False)
 class Memory:
     """Per-GPU memory in GiB (the fields of ``MemoryBreakdown``); totals are computed once."""
 
-    weights_gb: float = 0.0
-    gradients_gb: float = 0.0
-    optimizer_gb: float = 0.0
-    activations_gb: float = 0.0
-    transient_gb: float = 0.0
-    overhead_gb: float = 0.0
-    cpu_offload_gb: float = 0.0
-    tensors_gb: float = field(init=False)
-    total_gb: float = field(init=False)
+    weights_gb: float
+    gradients_gb: float
+    optimizer_gb: float
+    activations_gb: float
+    transient_gb: float
+    overhead_gb: float
+    cpu_offload_gb: float
+    tensors_gb: float
+    total_gb: float
 
-    def __post_init__(self) -> None:
-        self.tensors_gb = (
-            self.weights_gb + self.gradients_gb + self.optimizer_gb + self.activations_gb + self.transient_gb
-        )
-        self.total_gb = self.tensors_gb + self.overhead_gb
+    # Hand-written rather than __post_init__: one call per Memory on the planner's hot path.
+    def __init__(
+        self,
+        weights_gb: float = 0.0,
+        gradients_gb: float = 0.0,
+        optimizer_gb: float = 0.0,
+        activations_gb: float = 0.0,
+        transient_gb: float = 0.0,
+        overhead_gb: float = 0.0,
+        cpu_offload_gb: float = 0.0,
+    ) -> None:
+        self.weights_gb = weights_gb
+        self.gradients_gb = gradients_gb
+        self.optimizer_gb = optimizer_gb
+        self.activations_gb = activations_gb
+        self.transient_gb = transient_gb
+        self.overhead_gb = overhead_gb
+        self.cpu_offload_gb = cpu_offload_gb
+        self.tensors_gb = tensors = weights_gb + gradients_gb + optimizer_gb + activations_gb + transient_gb
+        self.total_gb = tensors + overhead_gb
 
 
-@dataclass
+@dataclass(slots=True)
 class Knobs:
     """Training knobs a plan carries (SPEC §7.5)."""
 
@@ -46,7 +62,7 @@ class Knobs:
     offload: str = "none"
 
 
-@dataclass
+@dataclass(slots=True)
 class Miss:
     """How far a rejected candidate is from valid (ratio ≥ 1; smaller = nearer) and what would fix it."""
 
@@ -55,7 +71,7 @@ class Miss:
     reason: str = ""  # the rejecting reason, filled by Candidate.reject
 
 
-@dataclass
+@dataclass(slots=True)
 class Candidate:
     name: str
     family: str

@@ -11,41 +11,66 @@ from flashruntime.planner import constants as K
 from flashruntime.planner.candidate import Candidate, Memory, Miss
 from flashruntime.protocol.plan_v1alpha1 import Objective
 
+# %-formatting renders floats exactly as the f-string specs do (``:.0%`` is ``%.0f`` of 100 x the
+# value, then "%"), in one C call: these sentences are built for every candidate.
+_MEMORY_TEXT = (
+    "memory %.1f GB/GPU = weights %.1f + gradients %.1f + optimizer %.1f + activations %.1f + transient %.1f + "
+    "overhead %.1f%s"
+)
+_MEMORY_SHARE_TEXT = _MEMORY_TEXT + " = %.0f%% of %s GB"
+_OF_HOST_RAM = f" ({K.HOST_RAM_USABLE_FRACTION:.0%} of host RAM)"
+_PROFILE_BAND = (
+    f": inside the {K.BAND_PROFILE_ABOVE:.0%}-{K.BAND_INFEASIBLE_ABOVE:.0%} band, "
+    "profile a few steps before the full run"
+)
 
-def memory_text(mem: Memory) -> str:
-    parts = (
-        f"weights {mem.weights_gb:.1f} + gradients {mem.gradients_gb:.1f} + optimizer {mem.optimizer_gb:.1f} + "
-        f"activations {mem.activations_gb:.1f} + transient {mem.transient_gb:.1f} + overhead {mem.overhead_gb:.1f}"
-    )
-    return f"memory {mem.total_gb:.1f} GB/GPU = {parts}"
 
+class MemoryBand:
+    """The safety bands of one GPU size, with the VRAM-only parts of their sentences built once
+    per request rather than once per candidate. A memory estimate fits when its total is at or
+    under ``usable_gb`` (0.95 x VRAM)."""
 
-def fits(mem: Memory, vram_gb: float) -> bool:
-    return mem.total_gb <= K.BAND_INFEASIBLE_ABOVE * vram_gb
+    __slots__ = ("_over", "_vram_text", "usable_gb", "vram_gb")
+
+    def __init__(self, vram_gb: float) -> None:
+        self.vram_gb = vram_gb
+        self.usable_gb = usable = K.BAND_INFEASIBLE_ABOVE * vram_gb
+        self._over = f" > {K.BAND_INFEASIBLE_ABOVE:.2f} x {vram_gb:g} GB = {usable:.1f} GB usable"
+        self._vram_text = f"{vram_gb:g}"
+
+    def apply(self, c: Candidate, mem: Memory, note: str = "") -> None:
+        """Infeasible above 0.95 x VRAM; profiling required between 0.80 and 0.95; plain below."""
+        vram_gb = self.vram_gb
+        c.memory = mem
+        c.vram_gb = vram_gb
+        share = mem.total_gb / vram_gb
+        figures = (
+            mem.total_gb,
+            mem.weights_gb,
+            mem.gradients_gb,
+            mem.optimizer_gb,
+            mem.activations_gb,
+            mem.transient_gb,
+            mem.overhead_gb,
+            f" ({note})" if note else "",
+        )
+        if share > K.BAND_INFEASIBLE_ABOVE:
+            needed = mem.total_gb / K.BAND_INFEASIBLE_ABOVE
+            c.reject(
+                "infeasible",
+                _MEMORY_TEXT % figures + self._over,
+                Miss(share / K.BAND_INFEASIBLE_ABOVE, f"it needs GPUs with >= {needed:.1f} GB"),
+            )
+        elif share > K.BAND_PROFILE_ABOVE:
+            c.profiling_required = True
+            c.reasons.append(_MEMORY_SHARE_TEXT % (*figures, share * 100, self._vram_text) + _PROFILE_BAND)
+        else:
+            c.reasons.append(_MEMORY_SHARE_TEXT % (*figures, share * 100, self._vram_text))
 
 
 def apply_memory_band(c: Candidate, mem: Memory, vram_gb: float, note: str = "") -> None:
     """Infeasible above 0.95 x VRAM; profiling required between 0.80 and 0.95; plain below."""
-    c.memory = mem
-    c.vram_gb = vram_gb
-    share = mem.total_gb / vram_gb
-    suffix = f" ({note})" if note else ""
-    usable = K.BAND_INFEASIBLE_ABOVE * vram_gb
-    if share > K.BAND_INFEASIBLE_ABOVE:
-        needed = mem.total_gb / K.BAND_INFEASIBLE_ABOVE
-        c.reject(
-            "infeasible",
-            f"{memory_text(mem)}{suffix} > {K.BAND_INFEASIBLE_ABOVE:.2f} x {vram_gb:g} GB = {usable:.1f} GB usable",
-            Miss(share / K.BAND_INFEASIBLE_ABOVE, f"it needs GPUs with >= {needed:.1f} GB"),
-        )
-    elif share > K.BAND_PROFILE_ABOVE:
-        c.profiling_required = True
-        c.reasons.append(
-            f"{memory_text(mem)}{suffix} = {share:.0%} of {vram_gb:g} GB: inside the "
-            f"{K.BAND_PROFILE_ABOVE:.0%}-{K.BAND_INFEASIBLE_ABOVE:.0%} band, profile a few steps before the full run"
-        )
-    else:
-        c.reasons.append(f"{memory_text(mem)}{suffix} = {share:.0%} of {vram_gb:g} GB")
+    MemoryBand(vram_gb).apply(c, mem, note)
 
 
 def apply_host_ram(c: Candidate, host_gb: float, cpu_ram_gb: float, what: str) -> None:
@@ -60,13 +85,13 @@ def apply_host_ram(c: Candidate, host_gb: float, cpu_ram_gb: float, what: str) -
             Miss(host_gb / usable, f"it needs cpu_ram_gb >= {needed:.0f}"),
         )
     else:
-        c.reasons.append(f"{what} {host_gb:.1f} GB <= {usable:.1f} GB ({K.HOST_RAM_USABLE_FRACTION:.0%} of host RAM)")
+        c.reasons.append("%s %.1f GB <= %.1f GB%s" % (what, host_gb, usable, _OF_HOST_RAM))
 
 
-def apply_efficiency(c: Candidate, efficiency: float, comm_text: str) -> None:
-    """Communication-bound below 0.5 (infeasible); a warning below 0.7."""
+def apply_efficiency(c: Candidate, efficiency: float, text: str) -> None:
+    """Communication-bound below 0.5 (infeasible); a warning below 0.7. ``text`` is the sentence
+    ``scaling efficiency <e>: <communication arithmetic>`` (``comms.Link.step``)."""
     c.efficiency = efficiency
-    text = f"scaling efficiency {efficiency:.2f}: {comm_text}"
     if efficiency < K.EFFICIENCY_INFEASIBLE_BELOW:
         c.reject(
             "infeasible",

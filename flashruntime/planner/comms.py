@@ -9,71 +9,85 @@ adds host<->device traffic. A fixed fraction of communication overlaps compute.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from flashruntime.planner import constants as K
 from flashruntime.planner.catalog_links import INTERCONNECTS
 
-
-@dataclass(frozen=True)
-class StepTraffic:
-    """What one optimizer step of one rank communicates."""
-
-    family: str
-    workers: int
-    interconnect: str
-    grad_bytes: float  # trainable gradients, full size
-    param_bytes: float  # all parameters as stored on the GPU, full size (gathered by sharded families)
-    micro_batches: int
-    layers: int
-    host_bytes: float = 0.0  # ZeRO-Offload host<->device bytes of this rank
+# %-formatting renders floats exactly as the f-string specs do, in one call (hot path).
+_TEXT = "scaling efficiency %.2f: %.2f s communication per step (%s), %.2f s exposed vs %.1f s compute"
+_NO_COMMUNICATION = "no inter-GPU communication"
+# " over <link> (<GB/s> GB/s)" per interconnect, derived once from the catalog.
+_LINK_TEXT = {name: f" over {name} ({bandwidth / 1e9:g} GB/s)" for name, (bandwidth, _) in INTERCONNECTS.items()}
 
 
-@dataclass(frozen=True)
-class CommEstimate:
-    seconds: float  # total communication time per step
-    exposed_seconds: float  # the part not hidden behind compute
-    volume_bytes: float  # network bytes per step per rank
-    description: str
+class Link:
+    """One interconnect: its catalog bandwidth and latency, and how the sentences name it."""
+
+    __slots__ = ("bandwidth", "latency", "suffix")
+
+    def __init__(self, interconnect: str) -> None:
+        self.bandwidth, self.latency = INTERCONNECTS[interconnect]
+        self.suffix = _LINK_TEXT[interconnect]
+
+    def step(
+        self,
+        compute_seconds: float,
+        family: str,
+        workers: int,
+        grad_bytes: float,
+        param_bytes: float,
+        micro_batches: int,
+        layers: int,
+        host_bytes: float = 0.0,
+        grad_text: str | None = None,
+    ) -> tuple[float, str]:
+        """Scaling efficiency of one rank whose optimizer step computes for ``compute_seconds``, and the
+        sentence with its arithmetic: seconds of communication per step, how much of it is exposed, over
+        which link.
+
+        ``grad_bytes``: trainable gradients, full size; ``param_bytes``: all parameters as stored on the GPU,
+        full size (gathered by sharded families); ``host_bytes``: ZeRO-Offload host<->device bytes of this
+        rank; ``grad_text``: ``mb_text(grad_bytes)`` when the caller already has it.
+        """
+        w = workers
+        if w <= 1:
+            efficiency = scaling_efficiency(compute_seconds, 0.0)
+            return efficiency, _TEXT % (efficiency, 0.0, _NO_COMMUNICATION, 0.0, compute_seconds)
+        latency = self.latency
+        share = (w - 1) / w
+        if grad_text is None:
+            grad_text = mb_text(grad_bytes)
+        if family == "ddp":
+            volume = K.ALLREDUCE_FACTOR * share * grad_bytes
+            buckets = max(1, math.ceil(grad_bytes / K.DDP_BUCKET_BYTES))
+            lat = buckets * K.ALLREDUCE_FACTOR * (w - 1) * latency
+            what = f"ring all-reduce of {grad_text} gradients"
+        else:
+            per_micro = 2 * share * param_bytes + share * grad_bytes
+            volume = per_micro * micro_batches
+            lat = micro_batches * K.FSDP_COLLECTIVES_PER_LAYER * layers * (w - 1) * latency
+            what = (
+                f"all-gather {mb_text(param_bytes)} parameters twice + reduce-scatter {grad_text} gradients "
+                f"x {micro_batches} micro-batches"
+            )
+        seconds = volume / self.bandwidth + lat
+        if host_bytes:
+            seconds += host_bytes / K.PCIE4_X16_BYTES_PER_S
+            what += f" + {mb_text(host_bytes)} host<->GPU over PCIe 4.0"
+        exposed = seconds * (1 - K.COMM_OVERLAP_FRACTION)
+        efficiency = scaling_efficiency(compute_seconds, exposed)
+        return efficiency, _TEXT % (efficiency, seconds, what + self.suffix, exposed, compute_seconds)
 
 
-def step_communication(traffic: StepTraffic) -> CommEstimate:
-    """Seconds of communication per optimizer step for one rank, and how much of it is exposed."""
-    w = traffic.workers
-    if w <= 1:
-        return CommEstimate(0.0, 0.0, 0.0, "no inter-GPU communication")
-    bandwidth, latency = INTERCONNECTS[traffic.interconnect]
-    share = (w - 1) / w
-    if traffic.family == "ddp":
-        volume = K.ALLREDUCE_FACTOR * share * traffic.grad_bytes
-        buckets = max(1, math.ceil(traffic.grad_bytes / K.DDP_BUCKET_BYTES))
-        lat = buckets * K.ALLREDUCE_FACTOR * (w - 1) * latency
-        what = f"ring all-reduce of {_mb(traffic.grad_bytes)} gradients"
-    else:
-        per_micro = 2 * share * traffic.param_bytes + share * traffic.grad_bytes
-        volume = per_micro * traffic.micro_batches
-        lat = traffic.micro_batches * K.FSDP_COLLECTIVES_PER_LAYER * traffic.layers * (w - 1) * latency
-        what = (
-            f"all-gather {_mb(traffic.param_bytes)} parameters twice + reduce-scatter {_mb(traffic.grad_bytes)} "
-            f"gradients x {traffic.micro_batches} micro-batches"
-        )
-    seconds = volume / bandwidth + lat
-    if traffic.host_bytes:
-        seconds += traffic.host_bytes / K.PCIE4_X16_BYTES_PER_S
-        what += f" + {_mb(traffic.host_bytes)} host<->GPU over PCIe 4.0"
-    exposed = seconds * (1 - K.COMM_OVERLAP_FRACTION)
-    description = f"{what} over {traffic.interconnect} ({bandwidth / 1e9:g} GB/s)"
-    return CommEstimate(seconds, exposed, volume, description)
-
-
-def scaling_efficiency(compute_seconds: float, comm: CommEstimate) -> float:
+def scaling_efficiency(compute_seconds: float, exposed_seconds: float) -> float:
     """compute / (compute + exposed communication), 1.0 with nothing exposed."""
     if compute_seconds <= 0:
         return 1.0
-    return compute_seconds / (compute_seconds + comm.exposed_seconds)
+    return compute_seconds / (compute_seconds + exposed_seconds)
 
 
-def _mb(n: float) -> str:
+def mb_text(n: float) -> str:
+    """A byte count as the communication sentences show it (GB from 1e9, else MB)."""
     if n >= 1e9:
         return f"{n / 1e9:.1f} GB"
     return f"{n / 1e6:.0f} MB"

@@ -18,14 +18,24 @@ STATUS_LABELS = {
 _LABEL_WIDTH = max(len(label) for label in STATUS_LABELS.values())
 
 
+_MEMORY_LINE = (
+    "%.1f GB/GPU = weights %.1f + gradients %.1f + optimizer %.1f + activations %.1f + transient %.1f + overhead %.1f"
+)
+
+
 def _memory_line(mem: MemoryBreakdown) -> str:
-    text = (
-        f"{mem.total_gb:.1f} GB/GPU = weights {mem.weights_gb:.1f} + gradients {mem.gradients_gb:.1f} + "
-        f"optimizer {mem.optimizer_gb:.1f} + activations {mem.activations_gb:.1f} + transient "
-        f"{mem.transient_gb:.1f} + overhead {mem.overhead_gb:.1f}"
+    # %-formatting renders floats exactly as the ``:.1f`` spec does, in one call.
+    text = _MEMORY_LINE % (
+        mem.total_gb,
+        mem.weights_gb,
+        mem.gradients_gb,
+        mem.optimizer_gb,
+        mem.activations_gb,
+        mem.transient_gb,
+        mem.overhead_gb,
     )
     if mem.cpu_offload_gb:
-        text += f"; {mem.cpu_offload_gb:.1f} GB/GPU offloaded to host RAM"
+        text += "; %.1f GB/GPU offloaded to host RAM" % mem.cpu_offload_gb
     return f"{text} ({mem.basis})"
 
 
@@ -80,32 +90,46 @@ def _selected_block(p: StrategyPlan) -> list[str]:
         )
     if p.libraries:
         lines.append("  libraries")
-        lines.extend(f"    - {lib.name} ({lib.role}){': ' + lib.purpose if lib.purpose else ''}" for lib in p.libraries)
+        lines.extend(
+            [f"    - {lib.name} ({lib.role}): {lib.purpose}" if lib.purpose else f"    - {lib.name} ({lib.role})"
+             for lib in p.libraries]
+        )
     if p.selected_because:
         lines.append("  because")
-        lines.extend(f"    - {line}" for line in p.selected_because)
+        lines.extend(["    - " + line for line in p.selected_because])
     return lines
 
 
-def _candidate_lines(c: CandidateVerdict) -> list[str]:
-    label = STATUS_LABELS.get(c.status, c.status)
+# Labels padded to a common width, and each status's place in the list (unknown statuses last).
+_PADDED_LABELS = {status: f"{label:<{_LABEL_WIDTH}}" for status, label in STATUS_LABELS.items()}
+_STATUS_RANK = {status: rank for rank, status in enumerate(STATUS_ORDER)}
+_REASON_BREAK = "\n      "
+
+
+def _candidate_lines(c: CandidateVerdict) -> str:
+    """The candidate's head line and its indented reasons, as one block of lines."""
+    label = _PADDED_LABELS.get(c.status)
+    if label is None:
+        label = f"{STATUS_LABELS.get(c.status, c.status):<{_LABEL_WIDTH}}"
     figures = []
     if c.memory is not None:
-        figures.append(f"{c.memory.total_gb:.1f} GB/GPU")
+        figures.append("%.1f GB/GPU" % c.memory.total_gb)
     if c.est_time_min is not None:
-        figures.append(f"{c.est_time_min.value:.0f} min")
+        figures.append("%.0f min" % c.est_time_min.value)
     if c.est_cost_usd is not None:
-        figures.append(f"${c.est_cost_usd.value:.2f}")
+        figures.append("$%.2f" % c.est_cost_usd.value)
     if c.profiling_required:
         figures.append("profile first")
-    summary = f" - {', '.join(figures)}" if figures else ""
-    head = f"  {label:<{_LABEL_WIDTH}}  {c.name} [{c.strategy_family}, {c.workers} worker(s)]{summary}"
-    return [head, *(f"      {reason}" for reason in c.reasons)]
+    head = "  %s  %s [%s, %s worker(s)]%s" % (
+        label, c.name, c.strategy_family, c.workers, " - " + ", ".join(figures) if figures else ""
+    )
+    if not c.reasons:
+        return head
+    return head + _REASON_BREAK + _REASON_BREAK.join(c.reasons)
 
 
 def _order(c: CandidateVerdict) -> tuple[int, int, str]:
-    rank = STATUS_ORDER.index(c.status) if c.status in STATUS_ORDER else len(STATUS_ORDER)
-    return (rank, c.workers, c.name)
+    return (_STATUS_RANK.get(c.status, len(STATUS_ORDER)), c.workers, c.name)
 
 
 def render_report(report: PlanReport) -> str:
@@ -118,12 +142,11 @@ def render_report(report: PlanReport) -> str:
         lines.append(f"  {report.no_valid_strategy_hint or 'no candidate fits the request'}")
     lines.append("")
     lines.append(f"Candidates evaluated ({len(report.candidates)}):")
-    for c in sorted(report.candidates, key=_order):
-        lines.extend(_candidate_lines(c))
+    lines.extend([_candidate_lines(c) for c in sorted(report.candidates, key=_order)])
     if report.warnings:
         lines.append("")
         lines.append("Notes")
-        lines.extend(f"  - {w}" for w in report.warnings)
+        lines.extend(["  - " + w for w in report.warnings])
     lines.append("")
     lines.append(f"planner {report.planner_version} · request {report.request_digest}")
     return "\n".join(lines) + "\n"

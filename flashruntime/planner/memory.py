@@ -82,6 +82,78 @@ def _finish(weights: float, grads: float, optim: float, acts: float, transient: 
     )
 
 
+class FineTuneBytes:
+    """The byte counts of a fine-tune that do not depend on the family or world size: full-size
+    weights, gradients, optimizer states, host-offloaded states and transient buffers.
+
+    Built once per method by the menu, so each candidate only divides by its shard count; results
+    are remembered for this object's lifetime (one plan() call), as DDP replicas hold the same
+    memory at every world size.
+    """
+
+    __slots__ = ("_seen", "cpu", "ddp_transient", "grads", "optim", "sharded_transient", "weights")
+
+    def __init__(self, ft: FineTune) -> None:
+        shape = ft.shape
+        wbytes = K.WEIGHT_BYTES[ft.precision]
+        trainable = ft.trainable_params
+        if ft.method == "qlora":
+            quantized = max(0.0, shape.params - shape.embedding_params)
+            base = quantized * K.NF4_BYTES_PER_PARAM + shape.embedding_params * wbytes
+        else:
+            base = shape.params * wbytes
+        adapters = 0.0 if ft.method == "full" else trainable * wbytes
+        optimizer = optimizer_bytes(ft.optimizer, ft.precision)
+        self.weights = base + adapters
+        self.grads = trainable * K.GRAD_BYTES[ft.precision]
+        self.optim = trainable * optimizer
+        # DDP copies every gradient into its all-reduce buckets (PyTorch DDP docs, gradient_as_bucket_view).
+        self.ddp_transient = self.grads
+        # Two blocks' unsharded parameters in flight (FSDP limit_all_gathers).
+        block_bytes = shape.block_params * (K.NF4_BYTES_PER_PARAM if ft.method == "qlora" else wbytes)
+        self.sharded_transient = K.FSDP_BLOCKS_IN_FLIGHT * block_bytes
+        # ZeRO-3 offload: optimizer states and fp32 gradients live on the host.
+        self.cpu = trainable * (optimizer + K.OFFLOAD_FP32_GRAD_BYTES)
+        self._seen: dict[tuple[str, int, float], Memory] = {}
+
+    def memory(self, family: str, workers: int, activations: float) -> Memory:
+        """Per-GPU memory under ``family`` on ``workers`` GPUs with ``activations`` bytes of activations.
+
+        ``_finish``'s arithmetic in one call: this runs once or twice per candidate.
+        """
+        if family in SHARDED_FAMILIES:
+            shard = workers
+            transient = self.sharded_transient
+        else:
+            shard = 1
+            transient = self.ddp_transient if family == "ddp" else 0.0
+        key = (family, shard, activations)
+        seen = self._seen.get(key)
+        if seen is not None:
+            return seen
+        weights = self.weights / shard
+        if family == "zero3_cpu_offload":
+            # The GPU keeps only its parameter shard.
+            grads = optim = 0.0
+            cpu = self.cpu / shard
+        else:
+            grads = self.grads / shard
+            optim = self.optim / shard
+            cpu = 0.0
+        tensors = weights + grads + optim + activations + transient
+        g = K.GIB
+        mem = self._seen[key] = Memory(
+            weights / g,
+            grads / g,
+            optim / g,
+            activations / g,
+            transient / g,
+            overhead_bytes(tensors) / g,
+            cpu / g,
+        )
+        return mem
+
+
 def finetune_memory(
     ft: FineTune, family: str, workers: int, checkpointing: bool, *, activations: float | None = None
 ) -> Memory:
@@ -89,35 +161,8 @@ def finetune_memory(
 
     ``activations`` (bytes) may be passed in when the caller already computed them for ``ft``.
     """
-    shape = ft.shape
-    wbytes = K.WEIGHT_BYTES[ft.precision]
-    trainable = ft.trainable_params
-    if ft.method == "qlora":
-        quantized = max(0.0, shape.params - shape.embedding_params)
-        base = quantized * K.NF4_BYTES_PER_PARAM + shape.embedding_params * wbytes
-    else:
-        base = shape.params * wbytes
-    adapters = 0.0 if ft.method == "full" else trainable * wbytes
-    shard = workers if family in SHARDED_FAMILIES else 1
-    weights = (base + adapters) / shard
-    grads = trainable * K.GRAD_BYTES[ft.precision] / shard
-    optim = trainable * optimizer_bytes(ft.optimizer, ft.precision) / shard
-    cpu = 0.0
-    transient = 0.0
-    if family == "ddp":
-        # DDP copies every gradient into its all-reduce buckets (PyTorch DDP docs, gradient_as_bucket_view).
-        transient = trainable * K.GRAD_BYTES[ft.precision]
-    elif family in SHARDED_FAMILIES:
-        # Two blocks' unsharded parameters in flight (FSDP limit_all_gathers).
-        block_bytes = shape.block_params * (K.NF4_BYTES_PER_PARAM if ft.method == "qlora" else wbytes)
-        transient = K.FSDP_BLOCKS_IN_FLIGHT * block_bytes
-    if family == "zero3_cpu_offload":
-        # Optimizer states and fp32 gradients live on the host; the GPU keeps its parameter shard.
-        cpu = trainable * (optimizer_bytes(ft.optimizer, ft.precision) + K.OFFLOAD_FP32_GRAD_BYTES) / shard
-        optim = 0.0
-        grads = 0.0
     acts = activation_bytes(ft, checkpointing) if activations is None else activations
-    return _finish(weights, grads, optim, acts, transient, cpu)
+    return FineTuneBytes(ft).memory(family, workers, acts)
 
 
 @dataclass(frozen=True)

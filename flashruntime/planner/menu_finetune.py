@@ -11,11 +11,11 @@ from flashruntime.planner import constants as K
 from flashruntime.planner import timing
 from flashruntime.planner.candidate import Candidate, Knobs, Memory
 from flashruntime.planner.catalog_gpus import GpuFacts
-from flashruntime.planner.catalog_models import resolve_model
-from flashruntime.planner.checks import apply_efficiency, apply_host_ram, apply_memory_band, apply_objective, fits
-from flashruntime.planner.comms import StepTraffic, scaling_efficiency, step_communication
-from flashruntime.planner.libraries import training_libraries
-from flashruntime.planner.memory import SHARDED_FAMILIES, FineTune, activation_bytes, finetune_memory
+from flashruntime.planner.catalog_models import ModelShape, resolve_model
+from flashruntime.planner.checks import MemoryBand, apply_efficiency, apply_host_ram, apply_objective
+from flashruntime.planner.comms import Link, mb_text
+from flashruntime.planner.libraries import Library, training_libraries
+from flashruntime.planner.memory import SHARDED_FAMILIES, FineTune, FineTuneBytes, activation_bytes
 from flashruntime.planner.topology import fits_one_host, gpus_on_busiest_host, same_host_link_warning, world_sizes
 from flashruntime.planner.unplannable import UnplannableRequest
 from flashruntime.protocol.plan_v1alpha1 import Objective, Resources, TransformerFineTune
@@ -53,13 +53,58 @@ def finetune_candidates(
     elif res.hourly_cost_usd_per_gpu is None:
         warnings.append("resources.hourly_cost_usd_per_gpu not set: no cost estimates")
 
+    shared = _Shared(wl, res, obj, gpu, shape)
     methods = [wl.method]
     if wl.method == "lora" and obj.allow_quantization:
         methods.append("qlora")
     out: list[Candidate] = []
     for method in methods:
-        prefix = "qlora_" if method == "qlora" and wl.method == "lora" else ""
-        ft = FineTune(
+        m = _Method(shared, shape, method)
+        for workers in shared.sizes:
+            for family in _families(workers, method, obj):
+                out.append(_evaluate(shared, m, family, workers))
+    return out
+
+
+class _Shared:
+    """What every candidate of one request shares, derived once per ``plan`` call."""
+
+    __slots__ = ("band", "clock", "colocated", "gpu", "link", "obj", "on_host", "res", "sizes", "tflops", "wl")
+
+    def __init__(self, wl: TransformerFineTune, res: Resources, obj: Objective, gpu: GpuFacts, shape: ModelShape):
+        self.wl, self.res, self.obj, self.gpu = wl, res, obj, gpu
+        self.band = MemoryBand(gpu.vram_gb)
+        self.link = Link(res.interconnect)
+        self.sizes = world_sizes(res.gpus)
+        self.colocated = {w: fits_one_host(w, res) for w in self.sizes}
+        self.on_host = {w: gpus_on_busiest_host(w, res) for w in self.sizes}
+        self.tflops = gpu.tflops(wl.precision)
+        self.clock: timing.FineTuneClock | None = None
+        if self.tflops is not None and wl.train_tokens_m is not None:
+            self.clock = timing.FineTuneClock(shape.params, wl.train_tokens_m * 1e6, self.tflops)
+
+
+class _Method:
+    """One fine-tuning method (the request's, or its QLoRA variant): the model's byte counts,
+    activations and per-GPU step time, which no family or world size changes."""
+
+    __slots__ = (
+        "_pace",
+        "_setup",
+        "_tflops",
+        "acts",
+        "bytes",
+        "ft",
+        "grad_text",
+        "peft",
+        "prefix",
+        "quantization",
+    )
+
+    def __init__(self, shared: _Shared, shape: ModelShape, method: str) -> None:
+        wl = shared.wl
+        self.prefix = "qlora_" if method == "qlora" and wl.method == "lora" else ""
+        self.ft = ft = FineTune(
             shape=shape,
             method=method,
             precision=wl.precision,
@@ -70,12 +115,53 @@ def finetune_candidates(
             grad_accum=wl.grad_accum,
             train_tokens=None if wl.train_tokens_m is None else wl.train_tokens_m * 1e6,
         )
-        # Activations depend on the method's shape and batch only, not on the family: computed once.
-        acts = {False: activation_bytes(ft, False), True: activation_bytes(ft, True)}
-        for workers in world_sizes(res.gpus):
-            for family in _families(workers, method, obj):
-                out.append(_evaluate(ft, acts, prefix, family, workers, wl, res, obj, gpu))
-    return out
+        self.bytes = FineTuneBytes(ft)
+        # Indexed by activation checkpointing (False, True).
+        self.acts = (activation_bytes(ft, False), activation_bytes(ft, True))
+        self.quantization = "nf4" if method == "qlora" else None
+        self.peft = f"lora(r={ft.lora_rank})" if method in ("lora", "qlora") else None
+        self.grad_text = mb_text(self.bytes.grads)
+        self._tflops = shared.tflops
+        # Per-call dedup, filled on first use and dropped with this object at the end of the plan() call:
+        # knobs and libraries depend only on the family and checkpointing, the step time only on
+        # checkpointing (memory is deduplicated by FineTuneBytes).
+        self._pace: dict[bool, tuple[float, float, str]] = {}
+        self._setup: dict[tuple[str, bool], tuple[Knobs, tuple[Library, ...]]] = {}
+
+    def pace(self, ackpt: bool) -> tuple[float, float, str]:
+        """(compute seconds per optimizer step, combined slowdown, the slowdowns as text); needs throughput."""
+        pace = self._pace.get(ackpt)
+        if pace is None:
+            ft = self.ft
+            applied: list[timing.Slowdown] = []
+            if ackpt:
+                applied.append(timing.RECOMPUTE)
+            if ft.method == "qlora":
+                applied.append(timing.QLORA)
+            slowdown = timing.combined(applied)
+            tokens_per_step = ft.micro_batch * ft.seq_len * ft.grad_accum
+            step_s = timing.step_compute_seconds(ft.shape.params, tokens_per_step, self._tflops, slowdown)
+            pace = self._pace[ackpt] = (step_s, slowdown, timing.factors_text(applied))
+        return pace
+
+    def setup(self, family: str, ackpt: bool) -> tuple[Knobs, tuple[Library, ...]]:
+        """The knobs and libraries of this method's ``family`` candidates (shared by their world sizes;
+        nothing mutates them after the menu)."""
+        key = (family, ackpt)
+        setup = self._setup.get(key)
+        if setup is None:
+            ft = self.ft
+            knobs = Knobs(
+                ft.precision,
+                self.quantization,
+                self.peft,
+                ft.micro_batch,
+                ft.grad_accum,
+                ackpt,
+                "optimizer_cpu" if family == "zero3_cpu_offload" else "none",
+            )
+            setup = self._setup[key] = (knobs, training_libraries(family, knobs, ft.optimizer))
+        return setup
 
 
 def _families(workers: int, method: str, obj: Objective) -> list[str]:
@@ -89,72 +175,56 @@ def _families(workers: int, method: str, obj: Objective) -> list[str]:
     return families
 
 
-def _evaluate(
-    ft: FineTune,
-    acts: dict[bool, float],
-    prefix: str,
-    family: str,
-    workers: int,
-    wl: TransformerFineTune,
-    res: Resources,
-    obj: Objective,
-    gpu: GpuFacts,
-) -> Candidate:
-    base_name = f"{prefix}{family}" if workers == 1 else f"{prefix}{family}_x{workers}"
+def _evaluate(s: _Shared, m: _Method, family: str, workers: int) -> Candidate:
+    wl, band, ft = s.wl, s.band, m.ft
+    usable = band.usable_gb  # a memory estimate fits at or under this (0.95 x VRAM)
+    base_name = f"{m.prefix}{family}" if workers == 1 else f"{m.prefix}{family}_x{workers}"
     # Activation checkpointing: forced by the request, or switched on only when it is what makes the fit.
     if wl.activation_checkpointing is not None:
         ackpt = wl.activation_checkpointing
-        mem = finetune_memory(ft, family, workers, ackpt, activations=acts[ackpt])
+        mem = m.bytes.memory(family, workers, m.acts[ackpt])
         note = f"activation checkpointing {'on' if ackpt else 'off'} as requested"
         name = base_name
     else:
-        plain = finetune_memory(ft, family, workers, False, activations=acts[False])
-        if fits(plain, gpu.vram_gb):
+        plain = m.bytes.memory(family, workers, m.acts[False])
+        if plain.total_gb <= usable:
             ackpt, mem, note, name = False, plain, "", base_name
         else:
             ackpt = True
-            mem = finetune_memory(ft, family, workers, True, activations=acts[True])
-            if fits(mem, gpu.vram_gb):
-                note = f"activation checkpointing on: {plain.total_gb:.1f} GB without it"
-                name = f"{base_name}+ackpt"
+            mem = m.bytes.memory(family, workers, m.acts[True])
+            if mem.total_gb <= usable:
+                note = "activation checkpointing on: %.1f GB without it" % plain.total_gb
+                name = base_name + "+ackpt"
             else:
-                note = f"even with activation checkpointing; {plain.total_gb:.1f} GB without it"
+                note = "even with activation checkpointing; %.1f GB without it" % plain.total_gb
                 name = base_name
-    knobs = Knobs(
-        precision=ft.precision,
-        quantization="nf4" if ft.method == "qlora" else None,
-        peft=f"lora(r={ft.lora_rank})" if ft.method in ("lora", "qlora") else None,
-        micro_batch_per_gpu=ft.micro_batch,
-        grad_accum=ft.grad_accum,
-        activation_checkpointing=ackpt,
-        offload="optimizer_cpu" if family == "zero3_cpu_offload" else "none",
-    )
+    knobs, libraries = m.setup(family, ackpt)
     c = Candidate(
-        name=name,
-        family=family,
-        workers=workers,
-        launcher="torchrun",
-        workload_mode="local" if family == "single_gpu" else "coordinated_training",
-        gpus_per_worker=1,
-        colocated=fits_one_host(workers, res),
+        name,
+        family,
+        workers,
+        "torchrun",
+        "local" if family == "single_gpu" else "coordinated_training",
+        1,
+        s.colocated[workers],
         knobs=knobs,
-        libraries=training_libraries(family, knobs, ft.optimizer),
+        libraries=libraries,
     )
-    if ft.method == "qlora" and not obj.allow_quantization:
+    if ft.method == "qlora" and not s.obj.allow_quantization:
         c.reject(
             "rejected_policy", "method 'qlora' quantises the base model, but objective.allow_quantization is false"
         )
-    apply_memory_band(c, mem, gpu.vram_gb, note)
-    if c.miss is not None and family in SHARDED_FAMILIES and not fits(mem, gpu.vram_gb):
-        wider = gpus_to_fit(mem, workers, gpu.vram_gb)
+    band.apply(c, mem, note)
+    if c.miss is not None and family in SHARDED_FAMILIES and not mem.total_gb <= usable:
+        wider = gpus_to_fit(mem, workers, band.vram_gb)
         if wider is not None:
             c.miss.fix += f", or about {wider} such GPUs with {family}"
     if family == "zero3_cpu_offload":
-        on_host = gpus_on_busiest_host(workers, res)
-        apply_host_ram(c, mem.cpu_offload_gb * on_host, res.cpu_ram_gb, f"offloaded states of {on_host} GPU(s)")
-    _estimate_time(c, ft, family, workers, ackpt, mem.weights_gb, res, gpu)
-    if c.feasible:
-        apply_objective(c, obj)
+        on_host = s.on_host[workers]
+        apply_host_ram(c, mem.cpu_offload_gb * on_host, s.res.cpu_ram_gb, f"offloaded states of {on_host} GPU(s)")
+    _estimate_time(c, s, m, family, workers, ackpt, mem.weights_gb)
+    if c.status == "feasible":
+        apply_objective(c, s.obj)
     return c
 
 
@@ -169,63 +239,45 @@ def gpus_to_fit(mem: Memory, workers: int, vram_gb: float) -> int | None:
 
 
 def _estimate_time(
-    c: Candidate,
-    ft: FineTune,
-    family: str,
-    workers: int,
-    ackpt: bool,
-    weights_gb: float,
-    res: Resources,
-    gpu: GpuFacts,
+    c: Candidate, s: _Shared, m: _Method, family: str, workers: int, ackpt: bool, weights_gb: float
 ) -> None:
-    tflops = gpu.tflops(ft.precision)
-    if tflops is None:
-        c.reasons.append(f"no time estimate: throughput of {gpu.label} unknown")
+    if s.tflops is None:
+        c.reasons.append(f"no time estimate: throughput of {s.gpu.label} unknown")
         return
-    slowdowns: list[timing.Slowdown] = []
-    if ackpt:
-        slowdowns.append(timing.recompute_slowdown())
-    if ft.method == "qlora":
-        slowdowns.append(timing.qlora_slowdown())
-    tokens_per_step = ft.micro_batch * ft.seq_len * ft.grad_accum
-    step_s = timing.step_compute_seconds(ft.shape.params, tokens_per_step, tflops, timing.combined(slowdowns))
-    trainable = ft.trainable_params
+    ft = m.ft
+    step_s, slowdown, factors = m.pace(ackpt)
     host_bytes = 0.0
     if family == "zero3_cpu_offload":
+        trainable = ft.trainable_params
         host_bytes = K.OFFLOAD_HOST_BYTES_PER_PARAM * trainable / workers
-        on_host = gpus_on_busiest_host(workers, res)
-        cpu = timing.cpu_optimizer_slowdown(trainable * on_host / workers, step_s)
-        slowdowns.append(cpu)
+        cpu = timing.cpu_optimizer_slowdown(trainable * s.on_host[workers] / workers, step_s)
+        # combined() multiplies left to right, so appending a factor is one more multiplication.
+        slowdown *= cpu.factor
+        factors += timing.factors_text([cpu])
         step_s *= cpu.factor
     if workers > 1:
-        shard = workers if family in SHARDED_FAMILIES else 1
-        traffic = StepTraffic(
-            family=family,
-            workers=workers,
-            interconnect=res.interconnect,
-            grad_bytes=trainable * K.GRAD_BYTES[ft.precision],
-            param_bytes=weights_gb * K.GIB * shard,
-            micro_batches=ft.grad_accum,
-            layers=ft.shape.layers,
-            host_bytes=host_bytes,
+        efficiency, comm_text = s.link.step(
+            step_s,
+            family,
+            workers,
+            m.bytes.grads,
+            weights_gb * K.GIB * (workers if family in SHARDED_FAMILIES else 1),
+            ft.grad_accum,
+            ft.shape.layers,
+            host_bytes,
+            m.grad_text,
         )
-        comm = step_communication(traffic)
-        efficiency = scaling_efficiency(step_s, comm)
-        apply_efficiency(
-            c,
-            efficiency,
-            f"{comm.seconds:.2f} s communication per step ({comm.description}), "
-            f"{comm.exposed_seconds:.2f} s exposed vs {step_s:.1f} s compute",
-        )
+        apply_efficiency(c, efficiency, comm_text)
     else:
         efficiency = 1.0
         c.efficiency = 1.0
-    if ft.train_tokens is None:
+    if s.clock is None:
         c.reasons.append("no time estimate: workload.train_tokens_m not set")
         return
-    minutes, time_text = timing.finetune_minutes(
-        ft.shape.params, ft.train_tokens, workers, tflops, slowdowns, efficiency
-    )
-    c.set_time(minutes, time_text)
-    if res.hourly_cost_usd_per_gpu is not None:
-        c.set_cost(*timing.cost_usd(minutes, workers, res.hourly_cost_usd_per_gpu))
+    minutes, time_text = s.clock.minutes(workers, slowdown, factors, efficiency)
+    c.time_min, c.time_note = minutes, time_text
+    c.reasons.append(time_text)
+    hourly = s.res.hourly_cost_usd_per_gpu
+    if hourly is not None:
+        c.cost_usd, c.cost_note = timing.cost_usd(minutes, workers, hourly)
+        c.reasons.append(c.cost_note)

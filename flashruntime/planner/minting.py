@@ -46,18 +46,19 @@ def _cost(c: Candidate) -> dict[str, Any] | None:
 
 
 def verdict(c: Candidate) -> dict[str, Any]:
-    """The ``CandidateVerdict`` fields of ``c``."""
+    """The ``CandidateVerdict`` fields of ``c`` (validated later with the whole report, which copies
+    ``reasons``)."""
     return {
         "name": c.name,
         "strategy_family": c.family,
         "workers": c.workers,
         "status": c.status,
-        "memory": _memory(c.memory),
-        "est_time_min": _time(c),
-        "est_cost_usd": _cost(c),
+        "memory": None if c.memory is None else _memory(c.memory),
+        "est_time_min": None if c.time_min is None else {"value": c.time_min, "unit": "min", "note": c.time_note},
+        "est_cost_usd": None if c.cost_usd is None else {"value": c.cost_usd, "unit": "USD", "note": c.cost_note},
         "scaling_efficiency": c.efficiency,
         "profiling_required": c.profiling_required,
-        "reasons": list(c.reasons),
+        "reasons": c.reasons,
     }
 
 

@@ -14,6 +14,11 @@ from flashruntime.planner.candidate import Candidate
 
 _INF = math.inf
 _LOCAL_FAMILIES = ("single_gpu", "local_process")
+_FEASIBLE = ("feasible", "selected")  # Candidate.feasible
+_BALANCED_HEAD = (
+    f"objective balanced: fastest among candidates within {K.BALANCED_COST_SLACK - 1:.0%} of the cheapest "
+    "estimated cost"
+)
 
 
 def _num(value: float | None) -> float:
@@ -41,7 +46,7 @@ def cheapest_cost(feasible: list[Candidate]) -> float | None:
 
 def rank(candidates: list[Candidate], mode: str) -> list[Candidate]:
     """Feasible candidates, best first."""
-    feasible = [c for c in candidates if c.feasible]
+    feasible = [c for c in candidates if c.status in _FEASIBLE]
     if mode == "cheapest":
         return sorted(feasible, key=lambda c: (_num(c.cost_usd), _num(c.time_min), c.workers, _tie(c)))
     if mode == "fastest":
@@ -70,10 +75,7 @@ def objective_line(mode: str, ranked: list[Candidate]) -> str:
     floor = cheapest_cost(ranked)
     if floor is None:
         return "objective balanced: no cost estimates, so the shortest estimated time, then fewest workers"
-    return (
-        f"objective balanced: fastest among candidates within {K.BALANCED_COST_SLACK - 1:.0%} of the cheapest "
-        f"estimated cost (${floor:.2f} -> <= ${K.BALANCED_COST_SLACK * floor:.2f})"
-    )
+    return f"{_BALANCED_HEAD} (${floor:.2f} -> <= ${K.BALANCED_COST_SLACK * floor:.2f})"
 
 
 def runner_up_line(ranked: list[Candidate]) -> str:

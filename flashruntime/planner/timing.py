@@ -7,23 +7,21 @@ Each function returns the figure and the arithmetic as text for the candidate's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from flashruntime.planner import constants as K
 
 
-@dataclass(frozen=True)
-class Slowdown:
+class Slowdown(NamedTuple):
+    """A multiplicative slowdown and what causes it (immutable; a tuple is cheap on the hot path)."""
+
     factor: float
     label: str
 
 
-def recompute_slowdown() -> Slowdown:
-    return Slowdown(K.RECOMPUTE_SLOWDOWN, "activation recompute")
-
-
-def qlora_slowdown() -> Slowdown:
-    return Slowdown(K.QLORA_SLOWDOWN, "NF4 dequantisation")
+RECOMPUTE = Slowdown(K.RECOMPUTE_SLOWDOWN, "activation recompute")
+QLORA = Slowdown(K.QLORA_SLOWDOWN, "NF4 dequantisation")
+_MFU_TEXT = f"{K.MFU:.2f}"
 
 
 def cpu_optimizer_slowdown(trainable_params: float, step_compute_s: float) -> Slowdown:
@@ -45,24 +43,37 @@ def step_compute_seconds(params: float, tokens_per_step: float, tflops: float, s
     return K.FLOPS_PER_PARAM_PER_TOKEN * params * tokens_per_step / (tflops * 1e12 * K.MFU) * slowdown
 
 
-def finetune_minutes(
-    params: float,
-    tokens: float,
-    workers: int,
-    tflops: float,
-    slowdowns: list[Slowdown],
-    efficiency: float,
-) -> tuple[float, str]:
-    """Wall minutes of a fine-tune, and its arithmetic."""
-    flops = K.FLOPS_PER_PARAM_PER_TOKEN * params * tokens
-    seconds = flops / (workers * tflops * 1e12 * K.MFU) * combined(slowdowns) / efficiency
-    minutes = round(seconds / 60, 2)  # the figure the report carries; text and wire agree
-    factors = "".join(f" x {s.factor:.2f} ({s.label})" for s in slowdowns)
-    text = (
-        f"time {minutes:.0f} min = 6 x {params / 1e9:.2f}e9 params x {tokens / 1e6:g}e6 tokens / "
-        f"({workers} x {tflops:g} TFLOP/s x MFU {K.MFU:.2f}){factors} / efficiency {efficiency:.2f}"
-    )
-    return minutes, text
+def factors_text(slowdowns: list[Slowdown]) -> str:
+    """`` x 1.33 (activation recompute)`` per slowdown, as the time arithmetic shows them."""
+    return "".join([f" x {s.factor:.2f} ({s.label})" for s in slowdowns])
+
+
+class FineTuneClock:
+    """Wall time of one fine-tune at any world size; the world-size-independent FLOPs and text
+    are computed once per request."""
+
+    __slots__ = ("_flops", "_middle", "_tflops_text", "tflops")
+
+    def __init__(self, params: float, tokens: float, tflops: float) -> None:
+        self.tflops = tflops
+        self._flops = K.FLOPS_PER_PARAM_PER_TOKEN * params * tokens
+        self._middle = f" min = 6 x {params / 1e9:.2f}e9 params x {tokens / 1e6:g}e6 tokens / ("
+        self._tflops_text = f" x {tflops:g} TFLOP/s x MFU {_MFU_TEXT})"
+
+    def minutes(self, workers: int, slowdown: float, factors: str, efficiency: float) -> tuple[float, str]:
+        """Wall minutes and their arithmetic; ``slowdown`` is ``combined`` of the slowdowns that
+        ``factors`` (``factors_text``) lists."""
+        seconds = self._flops / (workers * self.tflops * 1e12 * K.MFU) * slowdown / efficiency
+        minutes = round(seconds / 60, 2)  # the figure the report carries; text and wire agree
+        text = "time %.0f%s%s%s%s / efficiency %.2f" % (
+            minutes,
+            self._middle,
+            workers,
+            self._tflops_text,
+            factors,
+            efficiency,
+        )
+        return minutes, text
 
 
 def gpu_hours_minutes(gpu_hours: float, workers: int, efficiency: float | None) -> tuple[float, str]:
@@ -75,5 +86,5 @@ def gpu_hours_minutes(gpu_hours: float, workers: int, efficiency: float | None) 
 
 def cost_usd(minutes: float, gpus: int, hourly_usd_per_gpu: float) -> tuple[float, str]:
     cost = round(minutes / 60 * gpus * hourly_usd_per_gpu, 2)
-    text = f"cost ${cost:.2f} = {minutes / 60:.2f} h x {gpus} GPU x ${hourly_usd_per_gpu:g}/GPU-h"
+    text = "cost $%.2f = %.2f h x %s GPU x $%g/GPU-h" % (cost, minutes / 60, gpus, hourly_usd_per_gpu)
     return cost, text
