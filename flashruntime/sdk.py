@@ -88,8 +88,8 @@ def _start_viewer(run: Run) -> None:
         import webbrowser
 
         webbrowser.open(server.url)
-    except Exception:  # the viewer is a convenience; it never fails a run
-        pass
+    except Exception as exc:  # the viewer is a convenience; it never fails a run
+        print(f"viewer: unavailable ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
 
 
 def _drive(run: Run, launcher: LocalProcessLauncher, fan_out: bool, *, reraise: bool) -> None:

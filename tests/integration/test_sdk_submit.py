@@ -186,3 +186,9 @@ def test_default_output_dir_is_a_fresh_temp_dir() -> None:
         import shutil
 
         shutil.rmtree(run.output_dir, ignore_errors=True)
+
+
+def test_watch_without_a_viewer_still_runs_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = submit(CommandWorkload(command=[PY, "-c", "pass"]), output_dir=tmp_path, watch=True)
+    assert run.state is LaunchState.SUCCEEDED and run.viewer_url is None
+    assert "viewer: unavailable" in capsys.readouterr().err
