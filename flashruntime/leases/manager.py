@@ -20,22 +20,18 @@ from flashruntime.leases._adapter import StoreAdapter
 from flashruntime.leases._checks import _check_id, _check_spec, _is_str, _node_of, _why_not_live
 from flashruntime.leases._models import (
     _DELTAS,
-    _LEASE_FIELDS,
     UTC,
     LeaseIds,
-    _new_object,
-    _set_dict,
-    _set_extra,
-    _set_fields_set,
-    _set_private,
     coerce_instant,
     coerce_now,
     make_event,
+    make_lease,
+    renewed,
     seconds,
 )
 from flashruntime.leases._offer import PAGE_SIZE, offer_pending  # noqa: F401  (PAGE_SIZE: re-exported)
 from flashruntime.leases.store import InMemoryLeaseStore, LeaseStore, TaskRecord
-from flashruntime.protocol.v1alpha1 import SCHEMA_VERSION, Event, EventType, Lease, TaskSpec, TaskState
+from flashruntime.protocol.v1alpha1 import Event, EventType, Lease, TaskSpec, TaskState
 
 __all__ = ["MAX_LEASE_SECONDS", "LeaseError", "LeaseManager", "bounded_lease_seconds"]
 
@@ -205,26 +201,17 @@ class LeaseManager:
                     while has_lease(lease_id):  # 48 random bits: practically never
                         lease_id = self._ids()
                 lease_seconds = values["lease_seconds"]
-                # make_lease(), inlined: the claim is the hottest path there is. The payload
-                # is shared, as model_construct would: leases are views of their task.
-                lease = _new_object(Lease)
-                _set_dict(
-                    lease,
-                    {
-                        "schema_version": SCHEMA_VERSION,
-                        "lease_id": lease_id,
-                        "task_id": values["task_id"],
-                        "job_id": values["job_id"],
-                        "node_id": node_id,
-                        "attempt_number": attempt,
-                        "deadline": now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds)),
-                        "payload": values["payload"],
-                        "lease_seconds": lease_seconds,
-                    },
+                # The payload is shared, as model_construct would: leases are views of their task.
+                lease = make_lease(
+                    lease_id,
+                    values["task_id"],
+                    values["job_id"],
+                    node_id,
+                    attempt,
+                    now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds)),
+                    values["payload"],
+                    lease_seconds,
                 )
-                _set_fields_set(lease, _LEASE_FIELDS)
-                _set_extra(lease, None)
-                _set_private(lease, None)
                 record.state = _LEASED
                 record.active_lease = lease
                 record.lease_history[lease_id] = lease
@@ -263,14 +250,7 @@ class LeaseManager:
             active = record.active_lease
             if record.state is _LEASED and active is not None and active.lease_id == lease_id and active.deadline > now:
                 lease_seconds = record.spec.lease_seconds
-                # renewed(), inlined: a copy with the new deadline
-                renewal = _new_object(Lease)
-                values = active.__dict__.copy()
-                values["deadline"] = now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds))
-                _set_dict(renewal, values)
-                _set_fields_set(renewal, _LEASE_FIELDS)
-                _set_extra(renewal, None)
-                _set_private(renewal, None)
+                renewal = renewed(active, now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds)))
                 record.active_lease = renewal
                 self._save(record)
             else:
