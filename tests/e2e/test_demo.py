@@ -59,3 +59,12 @@ def test_demo_human_output(tmp_path: Path) -> None:
     for needle in ("FAILURE_CLASSIFIED", "RECOVERY_ACTION_SELECTED", "RESUME_SELECTED", "state: SUCCEEDED",
                    f"output: {tmp_path}"):
         assert needle in result.stdout
+
+
+def test_demo_ddp_without_torch_says_how_to_get_it(tmp_path: Path) -> None:
+    result = run_core_only(
+        "from flashruntime.service.cli import main\n"
+        f"raise SystemExit(main(['demo', '--ddp', '--output-dir', {str(tmp_path)!r}]))\n",
+        timeout=HANG_GUARD_S,
+    )
+    assert result.returncode == 1 and "--ddp needs PyTorch: pip install torch" in result.stderr

@@ -45,7 +45,11 @@ def handle(args: argparse.Namespace) -> int:
     if args.ddp:
         import importlib.util
 
-        if importlib.util.find_spec("torch") is None or shutil.which("torchrun") is None:
+        try:
+            has_torch = importlib.util.find_spec("torch") is not None
+        except ImportError:  # a broken or blocked install counts as absent
+            has_torch = False
+        if not has_torch or shutil.which("torchrun") is None:
             print("error: --ddp needs PyTorch: pip install torch", file=sys.stderr)
             return 1
     crash = not args.no_crash
