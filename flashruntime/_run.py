@@ -115,6 +115,10 @@ class Run:
             handle.cancel()
         if driving and threading.current_thread() is not self._driver:
             return  # the drive loop settles the attempt, records RUN_CANCELLED and ends the run
+        self._end_cancelled(attempt)
+
+    def _end_cancelled(self, attempt: str | None) -> None:
+        """Record RUN_CANCELLED (naming the attempt that was stopped) and end CANCELLED."""
         self.record_event("RUN_CANCELLED", f"run cancelled ({attempt} stopped)" if attempt else "run cancelled")
         self._finish(LaunchState.CANCELLED)
 

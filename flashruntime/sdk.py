@@ -19,14 +19,12 @@ from flashruntime._run import Run
 from flashruntime.checkpoint.local import latest_valid_manifest
 from flashruntime.errors import LaunchError
 from flashruntime.launchers import LaunchState
-from flashruntime.launchers.local import LOG_NAME, LocalLaunchHandle, LocalProcessLauncher
+from flashruntime.launchers.local import LOG_NAME, LocalLaunchHandle, LocalProcessLauncher, read_log_tail
 from flashruntime.recovery import classify, decide, describe_launch, from_local_launch
 from flashruntime.strategies.command import compile_workload
 from flashruntime.workloads.command import CommandWorkload
 
 __all__ = ["Run", "submit"]
-
-_LOG_TAIL_BYTES = 1024 * 1024
 
 
 def submit(
@@ -133,9 +131,7 @@ def _drive_all(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> None:
             break
         all_succeeded = all_succeeded and outcome is LaunchState.SUCCEEDED
     if run.cancel_requested:
-        attempt = run.attempts[-1]["attempt_id"] if run.attempts else None
-        run.record_event("RUN_CANCELLED", f"run cancelled ({attempt} stopped)" if attempt else "run cancelled")
-        run._finish(LaunchState.CANCELLED)
+        run._end_cancelled(run.attempts[-1]["attempt_id"] if run.attempts else None)
     else:
         run._finish(LaunchState.SUCCEEDED if all_succeeded else LaunchState.FAILED)
 
@@ -193,7 +189,7 @@ def _run_param_set(
             metrics = candidate
         if state is not LaunchState.FAILED:
             break
-        log_tail = _log_tail(handle.output_dir / LOG_NAME)
+        log_tail = read_log_tail(handle.output_dir / LOG_NAME)
         failure = classify(from_local_launch(handle.exit_code, log_tail))
         decision = decide(failure, mode)
         run.record_event(
@@ -267,13 +263,3 @@ def _read_metrics(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _log_tail(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - _LOG_TAIL_BYTES))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""

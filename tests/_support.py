@@ -57,3 +57,11 @@ def run_core_only(
         [sys.executable, *extra_args, "-c", blocking_prelude(allowed, refuse) + code],
         capture_output=True, text=True, cwd=cwd, env=full_env, timeout=timeout, check=False,
     )
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie awaiting its reaper does not count)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False

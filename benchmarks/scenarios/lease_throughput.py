@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks.host import filesystem_type
 from benchmarks.registry import Scenario
 from benchmarks.rows import Target, measured_row, skipped_row
 
@@ -174,24 +175,6 @@ def _sqlite_floor(specs: Sequence[Any], work_dir: Path) -> Drain:
         _remove_db(path)
 
 
-def _fs_type(path: Path) -> str:
-    """The filesystem type holding ``path`` (from /proc/self/mounts), or "unknown"."""
-    try:
-        mounts = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return "unknown"
-    best, fs = "", "unknown"
-    target = str(path.resolve())
-    for line in mounts:
-        fields = line.split()
-        if len(fields) >= 3:
-            mount_point = fields[1].replace("\\040", " ")
-            inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
-            if inside and len(mount_point) >= len(best):
-                best, fs = mount_point, fields[2]
-    return fs
-
-
 WORK_DIR = Path(__file__).resolve().parents[1] / ".work"  # the benchmarks' git-ignored scratch space
 
 
@@ -277,7 +260,7 @@ def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
     sizes = SMOKE_SIZES if smoke else SIZES
     repeats = 1 if smoke else max(1, repeats)
     work_dir = _work_dir()
-    fs_note = f"SQLite files on {_fs_type(work_dir)} under benchmarks/.work"
+    fs_note = f"SQLite files on {filesystem_type(work_dir)} under benchmarks/.work"
     try:
         specs = {n: _specs(n) for n in sizes}
         return [row for kind in ("memory", "sqlite") for row in _store_rows(kind, sizes, repeats, specs, work_dir, fs_note)]

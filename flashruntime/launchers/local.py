@@ -20,16 +20,22 @@ __all__ = ["LocalLaunchHandle", "LocalProcessLauncher"]
 LOG_NAME = "launcher.log"
 
 
-def _tail(path: Path, lines: int) -> str:
+LOG_TAIL_BYTES = 1024 * 1024
+
+
+def read_log_tail(path: Path, max_bytes: int = LOG_TAIL_BYTES) -> str:
+    """The last ``max_bytes`` of a log as text ("" when unreadable): a large log is never read whole."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 1024 * 1024))
-            data = f.read()
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode(errors="replace")
     except OSError:
         return ""
-    text = data.decode(errors="replace").splitlines()
+
+
+def _tail(path: Path, lines: int) -> str:
+    text = read_log_tail(path).splitlines()
     return "\n".join(text[-lines:]) if lines > 0 else ""
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._support import REPO_ROOT
+from tests._support import REPO_ROOT, pid_alive
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 torch = pytest.importorskip("torch")
@@ -35,13 +35,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def test_kill_and_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
@@ -96,10 +89,10 @@ def test_cancel_leaves_no_rank_alive_even_one_ignoring_sigterm(tmp_path: Path) -
         time.sleep(0.1)
     ranks = [int(p.read_text()) for p in sorted(pids_dir.glob("rank-?"))]
     leader = int(run.attempts[0]["pid"])
-    assert len(ranks) == 2 and all(_alive(p) for p in ranks)
+    assert len(ranks) == 2 and all(pid_alive(p) for p in ranks)
     run.cancel()
     assert run.wait(timeout=120) is LaunchState.CANCELLED
-    assert not any(_alive(p) for p in [*ranks, leader])
+    assert not any(pid_alive(p) for p in [*ranks, leader])
     assert len(run.attempts) == 1  # no restart after a cancel
 
 

@@ -16,6 +16,7 @@ from flashruntime.errors import FlashRuntimeError
 from flashruntime.launchers import LaunchError, LaunchState
 from flashruntime.launchers.local import LocalProcessLauncher
 from flashruntime.strategies import LaunchSpec
+from tests._support import pid_alive
 
 # A child in its own session (as torchrun starts ranks) that ignores SIGTERM and records its pid.
 STUBBORN_CHILD = """
@@ -26,14 +27,6 @@ open(os.path.join(os.environ["FLASHML_OUTPUT_DIR"], "child.pid"), "w").write(str
 print("ready", flush=True)
 {tail}
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def _wait_for(path: Path, timeout: float = 30.0) -> str:
@@ -112,10 +105,10 @@ def test_cancel_kills_a_child_in_another_session_that_ignores_sigterm(tmp_path: 
     handle = launcher.launch(
         LaunchSpec(argv=[sys.executable, "-c", STUBBORN_CHILD.format(tail="time.sleep(300)")]), "j", "a")
     child = int(_wait_for(handle.output_dir / "child.pid"))
-    assert _alive(child) and os.getpgid(child) != int(handle.execution_id)  # out of reach of a group kill
+    assert pid_alive(child) and os.getpgid(child) != int(handle.execution_id)  # out of reach of a group kill
     handle.cancel()
     assert handle.poll() is LaunchState.CANCELLED
-    assert not _alive(child) and not _alive(int(handle.execution_id))
+    assert not pid_alive(child) and not pid_alive(int(handle.execution_id))
 
 
 def test_leader_death_sweeps_the_survivors_before_reporting(tmp_path: Path) -> None:
@@ -124,7 +117,7 @@ def test_leader_death_sweeps_the_survivors_before_reporting(tmp_path: Path) -> N
     handle = launcher.launch(LaunchSpec(argv=[sys.executable, "-c", STUBBORN_CHILD.format(tail=tail)]), "j", "a")
     child = int(_wait_for(handle.output_dir / "child.pid"))
     assert handle.wait() is LaunchState.FAILED and handle.exit_code == -signal.SIGKILL
-    assert not _alive(child)
+    assert not pid_alive(child)
 
 
 def test_sweep_leaves_other_attempts_alone(tmp_path: Path) -> None:
