@@ -47,3 +47,42 @@ def test_ranks_are_placed_on_their_own_gpu_and_resume_after_a_kill(gpus: int, tm
     assert _final(tmp_path / "resumed")["start_step"] == 4
     assert _steps(tmp_path / "resumed") == list(range(5, 13))
     assert abs(_final(tmp_path / "resumed")["final_loss"] - summary["final_loss"]) <= 1e-6
+
+
+# A CUDA job that keeps the GPU busy for a few sampler ticks and reports its device.
+_CUDA_BUSY = """
+import json, os, time
+import torch
+a = torch.randn(4096, 4096, device="cuda")
+end = time.time() + float(os.environ.get("BUSY_SECONDS", "6"))
+while time.time() < end:
+    a = torch.tanh(a @ a)
+torch.cuda.synchronize()
+json.dump({"device": torch.cuda.get_device_name(0), "finite": bool(torch.isfinite(a).all())},
+          open("metrics.json", "w"))
+"""
+
+
+def test_submit_of_a_cuda_job_collects_metrics_and_gpu_telemetry(gpus: int, tmp_path: Path) -> None:
+    pytest.importorskip("psutil")
+    import sys
+
+    import flashruntime as flash
+    from flashruntime.launchers import LaunchState
+    from flashruntime.monitor import evidence_from_telemetry
+
+    script = tmp_path / "src" / "busy.py"
+    script.parent.mkdir()
+    script.write_text(_CUDA_BUSY)
+    run = flash.submit(flash.CommandWorkload(command=[sys.executable, str(script)],
+                                             source=flash.Source(path=str(script.parent))),
+                       output_dir=tmp_path / "out", watch=False)
+    assert run.state is LaunchState.SUCCEEDED, run.events
+    assert run.trials[0]["finite"] is True and run.trials[0]["device"]
+    telemetry = tmp_path / "out" / "local" / "task-000" / "telemetry.jsonl"
+    ticks = [json.loads(line) for line in telemetry.read_text().splitlines() if line.strip()]
+    rows = [row for tick in ticks for row in tick["machine"]["gpus"]]
+    assert rows, "nvidia-smi gave no GPU rows while a CUDA job ran"
+    assert max(row["util_percent"] or 0 for row in rows) > 0
+    evidence = evidence_from_telemetry(telemetry)
+    assert evidence.gpu_util_percent_mean is not None and evidence.gpu_util_percent_mean > 0
