@@ -73,12 +73,32 @@ def decode_b64_doubles(text: Any, name: str, where: str) -> array.array:
     return values
 
 
-def encode_b64_doubles(values: array.array) -> str:
-    """Little-endian float64 bytes of ``values`` as unpadded-line base64 text."""
+_NATIVE_DOUBLE_FORMATS = frozenset({"d", "@d", "=d", ">d" if _BIG_ENDIAN else "<d"})
+
+
+def float64_buffer(data: Any) -> memoryview | None:
+    """``data``'s bytes when it exports a C-contiguous buffer of native float64 (``array('d')``,
+    a float64 numpy array, a CPU tensor's ``.numpy()``), else None; no value is copied."""
+    if isinstance(data, (list, tuple, str, bytes, bytearray)):
+        return None
+    try:
+        view = memoryview(data)
+    except TypeError:
+        return None
+    if view.format not in _NATIVE_DOUBLE_FORMATS or not view.c_contiguous:
+        return None
+    return view.cast("B")
+
+
+def encode_b64_doubles(values: array.array | memoryview) -> str:
+    """Little-endian float64 bytes of ``values`` (an ``array('d')`` or a ``float64_buffer``) as
+    base64 text without line breaks."""
     if _BIG_ENDIAN:  # pragma: no cover - see decode_b64_doubles
-        values = array.array("d", values)
-        values.byteswap()
-    return binascii.b2a_base64(values, newline=False).decode("ascii")  # the array's buffer, no copy
+        swapped = array.array("d")
+        swapped.frombytes(values)
+        swapped.byteswap()
+        values = swapped
+    return binascii.b2a_base64(values, newline=False).decode("ascii")  # reads the buffer in place
 
 
 def parse(blob: Any, where: str) -> dict[str, Param]:
@@ -137,7 +157,7 @@ def check_same(ref: dict[str, Param], other: dict[str, Param], ref_where: str, w
             )
 
 
-def _bad_value(where: str, name: str, index: int, value: Any) -> NonFiniteWeights:
+def bad_value(where: str, name: str, index: int, value: Any) -> NonFiniteWeights:
     if isinstance(value, (int, float)):
         try:
             what = f"a non-finite value {float(value)!r}"
@@ -164,7 +184,7 @@ def check_finite_param(param: Param, where: str) -> None:
         except (TypeError, OverflowError, ValueError):
             ok = False
         if not ok:
-            raise _bad_value(where, param.name, index, value)
+            raise bad_value(where, param.name, index, value)
 
 
 def floats(param: Param) -> Sequence[float]:

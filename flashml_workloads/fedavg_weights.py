@@ -56,7 +56,10 @@ class ClipEvent(NamedTuple):
 def encode(state: Mapping[str, tuple[Sequence[int], Sequence[float]]], *, compact: bool = False) -> Blob:
     """``{name: (shape, data)}`` → blob; list entries by default, ``f64le-b64`` entries with ``compact``.
 
-    The data is copied. A length that disagrees with the shape raises ``WeightShapeMismatch``.
+    With ``compact``, data that exports a C-contiguous native float64 buffer (``array('d')``, a
+    float64 numpy array) is encoded straight from its bytes, counted as ``nbytes // 8`` values;
+    anything else is converted value by value. The blob never aliases ``data``. A length that
+    disagrees with the shape raises ``WeightShapeMismatch``.
     """
     blob: Blob = {}
     for name, item in state.items():
@@ -67,24 +70,27 @@ def encode(state: Mapping[str, tuple[Sequence[int], Sequence[float]]], *, compac
                 f"encode: parameter {name!r} must be a (shape, data) pair, got {type(item).__name__}"
             ) from None
         shape_list, size = _blob._shape(name, shape, "encode")
-        if len(data) != size:
+        buffer = _blob.float64_buffer(data) if compact else None
+        count = len(buffer) // 8 if buffer is not None else len(data)
+        if count != size:
             raise WeightShapeMismatch(
-                f"encode: parameter {name!r} has {len(data)} values but shape {shape_list} needs {size}"
+                f"encode: parameter {name!r} has {count} values but shape {shape_list} needs {size}"
             )
         if not compact:
             blob[name] = {"shape": shape_list, "data": list(data)}
             continue
-        try:
-            values = array.array("d", data)
-        except (TypeError, OverflowError, ValueError) as exc:
-            raise NonFiniteWeights(
-                f"encode: parameter {name!r} holds a value that is not a float64 ({exc}); "
-                "compact entries carry numbers only"
-            ) from None
+        if buffer is None:
+            try:
+                buffer = memoryview(array.array("d", data)).cast("B")
+            except (TypeError, OverflowError, ValueError) as exc:
+                raise NonFiniteWeights(
+                    f"encode: parameter {name!r} holds a value that is not a float64 ({exc}); "
+                    "compact entries carry numbers only"
+                ) from None
         blob[name] = {
             "shape": shape_list,
             "encoding": _blob.COMPACT_ENCODING,
-            "data_b64": _blob.encode_b64_doubles(values),
+            "data_b64": _blob.encode_b64_doubles(buffer),
         }
     return blob
 

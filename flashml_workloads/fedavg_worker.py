@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from flashml_workloads import _fedavg_blob as _blob
 from flashml_workloads.fedavg_weights import decode, encode, require_finite, subtract
 from flashruntime.errors import WeightShapeMismatch
 
@@ -85,6 +86,52 @@ def state_to_blob(state: Any, *, compact: bool = False) -> dict[str, Any]:
     )
 
 
+def _float64_state(model: Any) -> dict[str, tuple[list[int], Any]]:
+    """``{name: (shape, flat float64 copy)}`` of the model's tensors (row-major)."""
+    return {
+        name: (list(t.shape), t.detach().to(dtype=_float64()).reshape(-1).clone())
+        for name, t in model.state_dict().items()
+    }
+
+
+def _delta_blob(trained: Mapping[str, Any], start: Mapping[str, Any], *, compact: bool) -> dict[str, Any]:
+    """``trained − start`` as a blob. The list form goes through ``subtract``; the compact form
+    subtracts float64 tensors (the same IEEE operation per element) and encodes their bytes
+    directly, so no Python float is built for the wire."""
+    if not compact:
+        return subtract(
+            encode({name: (shape, flat.tolist()) for name, (shape, flat) in trained.items()}),
+            encode({name: (shape, flat.tolist()) for name, (shape, flat) in start.items()}),
+        )
+    state = {}
+    for name, (shape, after) in trained.items():
+        before = start[name][1]
+        _require_finite(after, name, "subtract: new")  # the checks and messages of subtract()
+        _require_finite(before, name, "subtract: base")
+        delta = after - before
+        _require_finite(delta, name, "subtract result")
+        state[name] = (shape, _buffer_of(delta))
+    return encode(state, compact=True)
+
+
+def _require_finite(flat: Any, name: str, where: str) -> None:
+    import torch
+
+    finite = torch.isfinite(flat)
+    if not bool(finite.all()):
+        index = int((~finite).nonzero()[0, 0])
+        raise _blob.bad_value(where, name, index, float(flat[index]))
+
+
+def _buffer_of(flat: Any) -> Any:
+    """A float64 CPU tensor's values as a buffer ``encode`` reads in place (numpy when torch has
+    it, else a list)."""
+    try:
+        return flat.numpy()
+    except RuntimeError:  # torch built or run without numpy
+        return flat.tolist()
+
+
 def _float64() -> Any:
     import torch
 
@@ -114,8 +161,13 @@ def blob_to_state(blob: Mapping[str, Any], reference: Any, *, where: str = "weig
             raise WeightShapeMismatch(
                 f"{where}: parameter {name!r} has shape {shape} but the model has {list(ref.shape)}"
             )
-        values = data if isinstance(data, list) else data.tolist()
-        state[name] = torch.tensor(values, dtype=torch.float64).reshape(ref.shape).to(ref.dtype)
+        if isinstance(data, list):
+            values = torch.tensor(data, dtype=torch.float64)
+        elif len(data):  # a decoded array('d'): read its bytes, then own a copy
+            values = torch.frombuffer(data, dtype=torch.float64).clone()
+        else:
+            values = torch.zeros(0, dtype=torch.float64)
+        state[name] = values.reshape(ref.shape).to(ref.dtype)
     return state
 
 
@@ -168,11 +220,9 @@ def run_worker(spec: Mapping[str, Any], outdir: str | Path) -> dict[str, Any]:
             f"fedavg_worker: shard {shard} of {num_shards} is empty (dataset_size={params['dataset_size']}); "
             "use dataset_size >= num_shards"
         )
-    start = state_to_blob(model)
+    start = _float64_state(model)
     losses = _sgd(model, xs, ys, params["lr"], params["local_steps"], params["batch_size"])
-    delta = subtract(state_to_blob(model), start)
-    if compact:
-        delta = encode(decode(delta), compact=True)
+    delta = _delta_blob(_float64_state(model), start, compact=compact)
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "delta.json").write_text(json.dumps(delta), encoding="utf-8")

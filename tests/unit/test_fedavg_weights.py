@@ -86,6 +86,29 @@ def test_compact_entry_is_base64_of_little_endian_float64():
     assert [struct.pack("<d", x) for x in data] == [struct.pack("<d", x) for x in values]
 
 
+def test_compact_encode_reads_float64_buffers_in_place_and_converts_anything_else():
+    values = [1.5, -0.0, 1e-310, 2.0**60, -3.25, 7.0]
+    expected = encode({"w": ([2, 3], values)}, compact=True)
+    assert encode({"w": ([2, 3], array.array("d", values))}, compact=True) == expected
+    assert encode({"w": ([2, 3], memoryview(array.array("d", values)))}, compact=True) == expected
+    np = pytest.importorskip("numpy")
+    flat = np.array(values, dtype=np.float64)
+    assert encode({"w": ([2, 3], flat)}, compact=True) == expected
+    assert encode({"w": ([2, 3], flat.reshape(2, 3))}, compact=True) == expected  # counted by bytes, not len()
+    # no native float64 buffer: a strided view, another byte order, float32 — converted value by value
+    wide = np.repeat(flat, 2)[::2]
+    assert not wide.flags.c_contiguous and encode({"w": ([2, 3], wide)}, compact=True) == expected
+    assert encode({"w": ([2, 3], flat.astype(">f8"))}, compact=True) == expected
+    halves = [0.5, 0.25, -8.0]
+    assert encode({"w": ([3], np.array(halves, dtype=np.float32))}, compact=True) == encode(
+        {"w": ([3], halves)}, compact=True)
+    with pytest.raises(WeightShapeMismatch, match=r"'w' has 6 values but shape \[7\] needs 7"):
+        encode({"w": ([7], flat)}, compact=True)
+    encoded = encode({"w": ([6], flat)}, compact=True)
+    flat[0] = 99.0  # the blob holds text, never a view of the caller's array
+    assert encoded == expected | {"w": {**expected["w"], "shape": [6]}}
+
+
 def test_encode_rejects_length_not_matching_shape():
     with pytest.raises(WeightShapeMismatch, match=r"'w' has 3 values but shape \[2, 2\] needs 4"):
         encode({"w": ([2, 2], [1.0, 2.0, 3.0])})

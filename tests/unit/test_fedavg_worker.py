@@ -78,11 +78,24 @@ def test_weights_input_is_the_starting_point_and_compact_requests_get_compact_an
     fw.run_worker(spec(inputs={"weights": str(tmp_path / "c.json")}), tmp_path / "compact")
     compact = json.loads((tmp_path / "compact" / "delta.json").read_text())
     assert all(entry["encoding"] == "f64le-b64" for entry in compact.values())
-    assert {k: list(v[1]) for k, v in decode(compact).items()} == {k: v[1] for k, v in decode(listed).items()}
+    assert {k: (v[0], list(v[1])) for k, v in decode(compact).items()} == decode(listed)
     # a different seed's init differs from the seeded one, so the weights input really was used
     own = fw.run_worker(spec(), tmp_path / "own")
     assert json.loads((tmp_path / "own" / "delta.json").read_text()) != listed
     assert own["samples"] == 10
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_a_non_finite_delta_is_refused_the_same_way_in_both_forms(compact):
+    def state(*values):
+        return {"w": ([len(values)], torch.tensor(values, dtype=torch.float64))}
+
+    cases = [(state(1.0, math.inf), state(0.0, 0.0), "subtract: new: parameter 'w' has a non-finite value inf"),
+             (state(1.0, 2.0), state(math.nan, 0.0), "subtract: base: parameter 'w' has a non-finite value nan"),
+             (state(1.0, 1e308), state(0.0, -1e308), "subtract result: parameter 'w' has a non-finite value inf")]
+    for trained, start, message in cases:
+        with pytest.raises(NonFiniteWeights, match=message):
+            fw._delta_blob(trained, start, compact=compact)
 
 
 def test_bad_weights_inputs_are_refused(tmp_path):
