@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
@@ -150,11 +150,15 @@ class InMemoryLeaseStore:
         # ``has_lease(lease_id) -> bool`` (the optional test the manager runs on each fresh
         # lease id): the lease index's own C-level membership test, no Python frame per claim.
         self.has_lease = self._by_lease.__contains__
+        # ``find_lease(lease_id) -> record | None`` (heartbeat, complete): likewise the index's own get.
+        self.find_lease: Callable[[str], TaskRecord | None] = self._by_lease.get
         self._by_node: dict[str, dict[int, TaskRecord]] = {}
         self._expiry: list[tuple[datetime, int, str]] = []
         self._compact_at = _COMPACT_SLACK
         self._counts: dict[str, dict[TaskState, int]] = {}
         self._cordons: dict[str, tuple[datetime | None, str]] = {}
+        # ``cordon_for(node_id) -> (until, reason) | None``, asked by every claim; the dict is never replaced.
+        self.cordon_for: Callable[[str], tuple[datetime | None, str] | None] = self._cordons.get
 
     # --- transactions -----------------------------------------------------
 
@@ -252,9 +256,6 @@ class InMemoryLeaseStore:
                 heappush(heap, entry)
             return out
 
-    def find_lease(self, lease_id: str) -> TaskRecord | None:
-        return self._by_lease.get(lease_id)
-
     def leased_by_node(self, node_id: str) -> list[TaskRecord]:
         with self._lock:
             out = list(self._by_node.get(node_id, {}).values())
@@ -282,10 +283,6 @@ class InMemoryLeaseStore:
     def cordons(self) -> dict[str, tuple[datetime | None, str]]:
         with self._lock:
             return dict(self._cordons)
-
-    def cordon_for(self, node_id: str) -> tuple[datetime | None, str] | None:
-        cordons = self._cordons
-        return cordons.get(node_id) if cordons else None
 
     # --- index maintenance ------------------------------------------------
 
@@ -364,6 +361,13 @@ class InMemoryLeaseStore:
                 held.pop(seq, None)
                 if not held:
                     del self._by_node[entry.node_id]
+            heap = self._expiry
+            if heap:
+                last = heap[-1]
+                # The lease ending is usually the newest push, still the heap's last leaf, and
+                # dropping a last leaf keeps the heap in order: no outdated entry is left behind.
+                if last[1] == seq and last[2] == entry.lease_id:
+                    heap.pop()
             entry.node_id = entry.lease_id = entry.deadline = None
         elif entry.lease_id is not None:
             entry.lease_id = entry.deadline = None

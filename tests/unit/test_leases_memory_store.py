@@ -120,3 +120,20 @@ def test_expiry_heap_stays_bounded_by_live_leases() -> None:
         manager.complete(lease.lease_id, "0" * 64, now=T0 + timedelta(seconds=1))
     assert len(store._expiry) <= 2 * 1024 + 2  # outdated entries are compacted away
     assert store.expired(T0 + timedelta(days=1)) == []
+
+
+def test_a_lease_ended_right_after_its_claim_leaves_no_heap_entry() -> None:
+    """The newest push is usually the heap's last leaf: ending that lease drops it at once, and
+    the heap stays a valid heap (the sweep still finds the others in deadline order)."""
+    store = InMemoryLeaseStore()
+    manager = LeaseManager(store)
+    for i in range(6):
+        manager.add_task(TaskSpec(task_id=f"t{i}", job_id="j", commit_key="k", lease_seconds=50.0 + i), now=T0)
+    kept = [manager.claim("n", now=T0) for _ in range(3)]  # deadlines 50, 51, 52 s
+    quick = manager.claim("n", now=T0)  # 53 s: pushed last, stays the last leaf
+    assert quick is not None and len(store._expiry) == 4
+    manager.complete(quick.lease_id, "0" * 64, now=T0)
+    assert len(store._expiry) == 3
+    manager.fail(kept[0].lease_id, "boom", now=T0)  # the root, not the last leaf: left for compaction
+    assert len(store._expiry) == 3
+    assert [r.spec.task_id for r in store.expired(T0 + timedelta(seconds=60))] == ["t1", "t2"]
