@@ -44,7 +44,7 @@ SOURCE = "issue 3"
 SIZES = (1_000, 10_000, 100_000)
 SMOKE_SIZES = (1_000,)
 FLOOR_MAX_CYCLES = 20_000  # the floor is a rate; beyond this many cycles it only costs time
-MEMORY_CYCLES_PER_ROUND = 20_000  # in-memory cycles drained per N per round (see _store_rows)
+CYCLES_PER_ROUND = {"memory": 20_000, "sqlite": 5_000}  # cycles drained per N per round (see _store_rows)
 MEMORY_ROUNDS = 5
 NOW = datetime(2030, 1, 1, tzinfo=timezone.utc)
 JOB = "bench-job"
@@ -194,30 +194,30 @@ def _store_rows(
     """The rows of one store. Sizes are measured round-robin (1k, 10k, 100k, 1k, ...), and
     for SQLite each drain is followed by its floor, so load drift hits every figure alike.
 
-    In memory a 1k drain lasts ~10 ms, shorter than the slow spells of a shared host (seconds
-    during which every cycle costs up to 1.7x more), so one drain per round would let a spell
-    decide the row. Each round therefore drains every N about ``MEMORY_CYCLES_PER_ROUND``
-    cycles' worth (20 drains of 1k, 2 of 10k, 1 of 100k) over at least ``MEMORY_ROUNDS``
-    rounds, and every drain is one sample: the row's median is the typical drain, its min and
-    max the spread. SQLite drains last seconds and are sampled once per round."""
+    A shared host has slow spells (seconds during which every cycle costs up to 1.7x more).
+    A 100k drain spans many of them, but a 1k drain (~10 ms in memory, ~0.5 s on SQLite)
+    catches one or none, so one small drain per round would let a spell decide its row and
+    the flatness ratio. Each round therefore drains every N about ``CYCLES_PER_ROUND[kind]``
+    cycles' worth (in memory 20 drains of 1k, 2 of 10k, 1 of 100k; on SQLite 5 drains of 1k,
+    1 of each larger N), in memory over at least ``MEMORY_ROUNDS`` rounds, and every drain is
+    one sample: the row's median is the typical drain, its min and max the spread."""
     label = STORE_LABELS[kind]
     rates: dict[int, list[float]] = {n: [] for n in sizes}
     medians: dict[int, list[float]] = {n: [] for n in sizes}
     floor_rates: dict[int, list[float]] = {n: [] for n in sizes}
     floor_medians: dict[int, list[float]] = {n: [] for n in sizes}
-    memory = kind == "memory"
-    rounds = max(repeats, MEMORY_ROUNDS) if memory and repeats > 1 else repeats
+    full = repeats > 1  # a smoke run stays one drain per row
+    rounds = max(repeats, MEMORY_ROUNDS) if kind == "memory" and full else repeats
     for _ in range(rounds):
         for n in sizes:
-            drains = max(1, MEMORY_CYCLES_PER_ROUND // n) if memory and repeats > 1 else 1
-            for _ in range(drains):
+            for _ in range(max(1, CYCLES_PER_ROUND[kind] // n) if full else 1):
                 rate, median = _drain(kind, specs[n], work_dir)
                 rates[n].append(rate)
                 medians[n].append(median)
-            if kind == "sqlite":
-                floor_rate, floor_median = _sqlite_floor(specs[n], work_dir)
-                floor_rates[n].append(floor_rate)
-                floor_medians[n].append(floor_median)
+                if kind == "sqlite":
+                    floor_rate, floor_median = _sqlite_floor(specs[n], work_dir)
+                    floor_rates[n].append(floor_rate)
+                    floor_medians[n].append(floor_median)
     rows: list[dict[str, Any]] = []
     for n in sizes:
         notes = [f"{label}, N={n}, claim -> heartbeat -> complete, on_event=None, GC disabled, "

@@ -66,11 +66,12 @@ def test_flatness_row_is_the_ratio_of_medians(monkeypatch: pytest.MonkeyPatch) -
     make_specs = lease_throughput._specs
     monkeypatch.setattr(lease_throughput, "_specs", lambda n: make_specs(min(n, 200)))
     rows = _by_metric(lease_throughput.run(2, False))
-    # in memory every N is drained ~MEMORY_CYCLES_PER_ROUND cycles' worth per round, over MEMORY_ROUNDS rounds
-    rounds = lease_throughput.MEMORY_ROUNDS
-    per_round = lease_throughput.MEMORY_CYCLES_PER_ROUND
-    expected = {("memory", n): rounds * max(1, per_round // n) for n in (1_000, 10_000, 100_000)}
-    expected |= {("sqlite", n): 2 for n in (1_000, 10_000, 100_000)}
+    # every N is drained ~CYCLES_PER_ROUND[kind] cycles' worth per round; in memory over MEMORY_ROUNDS rounds
+    per_round = lease_throughput.CYCLES_PER_ROUND
+    rounds = {"memory": lease_throughput.MEMORY_ROUNDS, "sqlite": 2}
+    expected = {(kind, n): rounds[kind] * max(1, per_round[kind] // n)
+                for kind in ("memory", "sqlite") for n in (1_000, 10_000, 100_000)}
+    assert expected[("memory", 1_000)] == 100 and expected[("sqlite", 1_000)] == 10
     for (kind, n), count in expected.items():
         assert rows[f"cycles_per_s_{kind}_n{n}"]["repeats"] == count
         assert rows[f"per_cycle_median_us_{kind}_n{n}"]["repeats"] == count

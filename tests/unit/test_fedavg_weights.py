@@ -100,6 +100,8 @@ def test_compact_encode_reads_float64_buffers_in_place_and_converts_anything_els
     assert not wide.flags.c_contiguous and encode({"w": ([2, 3], wide)}, compact=True) == expected
     assert encode({"w": ([2, 3], flat.astype(">f8"))}, compact=True) == expected
     halves = [0.5, 0.25, -8.0]
+    assert encode({"w": ([3], array.array("f", halves))}, compact=True) == encode({"w": ([3], halves)}, compact=True)
+    assert encode({"w": ([3], tuple(halves))}, compact=True) == encode({"w": ([3], halves)}, compact=True)
     assert encode({"w": ([3], np.array(halves, dtype=np.float32))}, compact=True) == encode(
         {"w": ([3], halves)}, compact=True)
     with pytest.raises(WeightShapeMismatch, match=r"'w' has 6 values but shape \[7\] needs 7"):
