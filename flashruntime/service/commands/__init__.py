@@ -10,4 +10,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flashruntime.service.commands.runs",
     "flashruntime.service.commands.demo",
     "flashruntime.service.commands.plan",
+    "flashruntime.service.commands.jobs",
+    "flashruntime.service.commands.serve",
 )

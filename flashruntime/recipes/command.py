@@ -1,0 +1,231 @@
+"""The ``command`` recipe: the user's own argv, fanned out over ``task_params`` (SPEC §9.6).
+
+Argv tasks run without a container on volunteer machines only in narrow cases, so
+expansion refuses, in this order: the sandbox waiver outside a team pool, a
+non-sandboxed tier without the coordinator's opt-in, then malformed parameters.
+Importing this module registers ``CommandRecipe``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from flashruntime.leases.manager import MAX_LEASE_SECONDS, bounded_lease_seconds
+from flashruntime.protocol.v1alpha1 import JobSpec, TaskSpec
+from flashruntime.recipes.base import WorkloadRecipe, register_recipe
+
+__all__ = ["CommandRecipe"]
+
+# Coordinator environment variable; "1" admits command jobs whose tier is not "sandboxed".
+_ALLOW_UNSANDBOXED_ENV = "FLASHML_ALLOW_UNSANDBOXED_ARGV"
+
+_ARTIFACT_SCHEME = "artifact://"
+_DEFAULT_LEASE_SECONDS = 60.0
+_PLACEHOLDER_ERRORS = (KeyError, IndexError, ValueError, AttributeError, TypeError)
+
+
+def _given(params: Mapping[str, Any], key: str, default: Any) -> Any:
+    """A parameter's value; absent and ``None`` both mean "not set"."""
+    value = params.get(key)
+    return default if value is None else value
+
+
+def _input_name_problem(name: object) -> str | None:
+    """Input names become file names under the worker's ``inputs/``: plain names only."""
+    if not isinstance(name, str) or not name:
+        return f"input name {name!r} must be a non-empty string"
+    if "/" in name or "\\" in name or name in (".", "..") or "\x00" in name:
+        return f"input name {name!r} must be a plain file name (no '/', '\\\\', '.' or '..'), e.g. 'dataset'"
+    return None
+
+
+def _inputs_problems(inputs: object) -> list[str]:
+    if not isinstance(inputs, dict):
+        return [f"parameters.inputs must be a mapping of input name to artifact:// URI, got {type(inputs).__name__}"]
+    problems = []
+    for name, uri in inputs.items():
+        name_problem = _input_name_problem(name)
+        if name_problem is not None:
+            problems.append(f"parameters.inputs: {name_problem}")
+        if not isinstance(uri, str) or not uri.startswith(_ARTIFACT_SCHEME) or uri == _ARTIFACT_SCHEME:
+            problems.append(
+                f"parameters.inputs[{name!r}] is {uri!r}; inputs must be artifact:// URIs "
+                "(e.g. 'artifact://datasets/train.csv')"
+            )
+    return problems
+
+
+def _env_problems(env: object) -> list[str]:
+    if not isinstance(env, dict):
+        return [f"parameters.env must be a mapping of variable name to string value, got {type(env).__name__}"]
+    problems = []
+    for name, value in env.items():
+        if not isinstance(name, str) or not name or "=" in name:
+            problems.append(f"parameters.env: variable name {name!r} must be a non-empty string without '='")
+        if not isinstance(value, str):
+            problems.append(
+                f"parameters.env[{name!r}] is {value!r}; environment values must be strings (e.g. '1')"
+            )
+    return problems
+
+
+def _format(template: str, values: Mapping[str, Any] | None, task_index: int, where: str) -> str:
+    if values is None:
+        return template  # no task_params: tokens are taken verbatim
+    try:
+        return template.format_map(values)
+    except _PLACEHOLDER_ERRORS as exc:
+        detail = f"no value for {exc}" if isinstance(exc, KeyError) else str(exc) or type(exc).__name__
+        raise ValueError(
+            f"task {task_index}: placeholder in {where} {template!r} cannot be filled from "
+            f"task_params[{task_index}] (keys: {sorted(map(str, values))}): {detail}; "
+            "add the missing key to that parameter set, or write literal braces as '{{' and '}}'"
+        ) from None
+
+
+class CommandRecipe(WorkloadRecipe):
+    """``workload.type == "command"``: one argv task per ``task_params`` entry (or one task)."""
+
+    kind = "command"
+    task_module = ""
+
+    def validate_params(self, params: Mapping[str, Any]) -> list[str]:
+        if not isinstance(params, Mapping):
+            return [f"workload.parameters must be a mapping, got {type(params).__name__}"]
+        problems: list[str] = []
+        command = params.get("command")
+        if not isinstance(command, list) or not command or not all(isinstance(token, str) for token in command):
+            problems.append(
+                f"parameters.command is {command!r}; it must be a non-empty list of strings, "
+                "e.g. ['python', 'train.py', '--lr', '{lr}']"
+            )
+        if params.get("env") is not None:
+            problems.extend(_env_problems(params["env"]))
+        inputs = _given(params, "inputs", {})
+        problems.extend(_inputs_problems(inputs))
+        task_params = params.get("task_params")
+        if task_params is not None:
+            if not isinstance(task_params, list):
+                problems.append(
+                    f"parameters.task_params must be a list of dicts (one per task), got {type(task_params).__name__}"
+                )
+            else:
+                problems.extend(
+                    f"parameters.task_params[{i}] is {entry!r}; every entry must be a dict of placeholder values"
+                    for i, entry in enumerate(task_params)
+                    if not isinstance(entry, dict)
+                )
+        if params.get("unpack_inputs") is not None:
+            problems.extend(_unpack_problems(params["unpack_inputs"], inputs))
+        return problems
+
+    def expand(self, job_id: str, spec: JobSpec) -> list[TaskSpec]:
+        inner = spec.spec
+        isolation, pool = inner.isolation, inner.placement.pool
+        # 1. The waiver is acceptable only inside a team pool, to which gate 7 confines the task.
+        if isolation.allowFallback and pool == "any":
+            raise ValueError(
+                "isolation.allowFallback is true but placement.pool is 'any': the sandbox waiver is accepted "
+                "only inside a team pool; set placement.pool to your team pool id, or set allowFallback to false"
+            )
+        # 2. Unsandboxed argv needs the operator's opt-in, read now rather than at import.
+        if isolation.tier != "sandboxed" and os.environ.get(_ALLOW_UNSANDBOXED_ENV) != "1":
+            raise ValueError(
+                f"command jobs need isolation.tier 'sandboxed' (got {str(isolation.tier)!r}); set the tier to "
+                f"'sandboxed', or have the coordinator's operator set {_ALLOW_UNSANDBOXED_ENV}=1 to admit "
+                "unsandboxed argv"
+            )
+        # 3. Parameter shapes.
+        params = inner.workload.parameters
+        problems = self.validate_params(params)
+        if problems:
+            raise ValueError("; ".join(problems))
+        try:
+            lease_seconds = bounded_lease_seconds(params.get("lease_seconds"), _DEFAULT_LEASE_SECONDS)
+        except ValueError as exc:
+            raise ValueError(
+                f"parameters.{exc}; give a number of seconds > 0 (values above {MAX_LEASE_SECONDS} are capped)"
+            ) from None
+        # 4. One task per parameter set.
+        command: list[str] = params["command"]
+        env: dict[str, str] = _given(params, "env", {})
+        common = _common_payload(params, spec)
+        tasks = []
+        for i, values in enumerate(params.get("task_params") or [None]):
+            task_id = f"task-{i:03d}"
+            output_prefix = f"jobs/{job_id}/{task_id}/"
+            payload: dict[str, Any] = {
+                "argv": [_format(token, values, i, "argv token") for token in command],
+                "env": {name: _format(value, values, i, f"env {name}") for name, value in env.items()},
+                "inputs": dict(_given(params, "inputs", {})),
+                "output_prefix": output_prefix,
+                "task_id": task_id,
+                **copy.deepcopy(common),
+            }
+            tasks.append(
+                TaskSpec(
+                    task_id=task_id,
+                    job_id=job_id,
+                    payload=payload,
+                    commit_key=f"{output_prefix}metrics.json",
+                    max_attempts=inner.retryPolicy.maxTaskAttempts,
+                    max_expiries=9,
+                    lease_seconds=lease_seconds,
+                )
+            )
+        return tasks
+
+    def validate_output(self, metrics: Mapping[str, Any]) -> None:
+        if not isinstance(metrics, Mapping):
+            raise ValueError(
+                f"metrics.json must hold a JSON object, got {type(metrics).__name__}; write e.g. {{\"loss\": 0.1}}"
+            )
+        bad = [key for key in metrics if not isinstance(key, str)]
+        if bad:
+            raise ValueError(f"metrics.json keys must be strings, got {bad!r}")
+
+
+def _unpack_problems(unpack: object, inputs: object) -> list[str]:
+    if not isinstance(unpack, list) or not all(isinstance(name, str) for name in unpack):
+        return [f"parameters.unpack_inputs is {unpack!r}; it must be a list of input names, e.g. ['dataset']"]
+    problems = []
+    duplicates = sorted({name for name in unpack if unpack.count(name) > 1})
+    if duplicates:
+        problems.append(f"parameters.unpack_inputs names {duplicates} more than once; list each input once")
+    declared = inputs if isinstance(inputs, dict) else {}
+    undeclared = [name for name in dict.fromkeys(unpack) if name not in declared]
+    if undeclared:
+        problems.append(
+            f"parameters.unpack_inputs names {undeclared}, which are not declared in parameters.inputs "
+            f"(declared: {sorted(map(str, declared))}); declare them there or remove them"
+        )
+    return problems
+
+
+def _common_payload(params: Mapping[str, Any], spec: JobSpec) -> dict[str, Any]:
+    """The payload keys every task of the job shares; optional keys only when set."""
+    inner = spec.spec
+    payload: dict[str, Any] = {
+        "image": inner.image.reference,
+        "isolation": {"tier": str(inner.isolation.tier), "allowFallback": inner.isolation.allowFallback},
+    }
+    if params.get("checkpoint") is not None:
+        payload["checkpoint"] = params["checkpoint"]
+    if params.get("unpack_inputs") is not None:
+        payload["unpack_inputs"] = list(params["unpack_inputs"])
+    local_inputs = params.get("local_inputs")
+    if local_inputs is not None:
+        # A non-list is stamped unchanged: gate 4 then refuses it on every node (fail-closed).
+        payload["local_inputs"] = list(local_inputs) if isinstance(local_inputs, list) else local_inputs
+    gpus = int(inner.resources.gpuPerTask)
+    if gpus:
+        payload["gpus"] = gpus
+    if inner.placement.pool != "any":
+        payload["pool"] = inner.placement.pool
+    return payload
+
+
+register_recipe(CommandRecipe())

@@ -1,0 +1,246 @@
+"""The coordinator's state and operations, without HTTP (SPEC §9.1, §9.7, §9.8).
+
+``Coordinator`` wires the ledger, the SQLite lease store and manager, the checkpoint
+catalog, the node registry, the artifact store and the metrics from ``RuntimeSettings``;
+the FastAPI app (``app.py``) is a thin layer of routes over it. Time comes from an
+injected clock so the sweeper and the tests never depend on the wall clock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from flashruntime.checkpoint import CheckpointCatalog
+from flashruntime.checkpoint.sqlite_store import SqliteManifestStore
+from flashruntime.errors import LeaseError
+from flashruntime.leases import LeaseManager, SqliteLeaseStore
+from flashruntime.protocol.v1alpha1 import (
+    CompleteRequest,
+    Event,
+    EventType,
+    JobRecord,
+    JobSpec,
+    JobState,
+    Lease,
+    TaskState,
+)
+from flashruntime.scheduler import IsolationAwarePlacement
+from flashruntime.service._artifacts import ArtifactStore, sha256_of
+from flashruntime.service._lease_jobs import TERMINAL_JOB_STATES, refreshed
+from flashruntime.service._metrics import Metrics
+from flashruntime.service._nodes import NodeRegistry
+from flashruntime.service.auth import authenticator_from_env
+from flashruntime.service.ledger import Ledger
+from flashruntime.service.modea import expand_tasks
+from flashruntime.service.settings import RuntimeSettings
+
+__all__ = ["Coordinator", "NoBackend"]
+
+SERVICE_SOURCE = "flashruntime.service"
+EVENTS_LOGGER = logging.getLogger("flashruntime.events")
+
+
+class NoBackend(RuntimeError):
+    """The job asks for a backend this coordinator does not run (``ray`` in 0.5.0 → 503)."""
+
+
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Coordinator:
+    """Everything ``create_app`` wires, and the procedures the routes call."""
+
+    def __init__(self, settings: RuntimeSettings, *, clock: Callable[[], datetime] = _utc_now) -> None:
+        self.settings = settings
+        self.now = clock
+        Path(settings.artifacts_dir).mkdir(parents=True, exist_ok=True)
+        self.ledger = Ledger(settings.ledger_path)
+        self.metrics = Metrics()
+        self.manager = LeaseManager(SqliteLeaseStore(settings.leases_path), on_event=self.record_event)
+        self.catalog = CheckpointCatalog(
+            on_event=self.record_event, store=SqliteManifestStore(settings.checkpoints_path)
+        )
+        self.nodes = NodeRegistry(clock=lambda: self.now().timestamp())
+        self.authenticator = authenticator_from_env()
+        self.artifacts = ArtifactStore(settings.artifacts_dir, settings.max_artifact_mb * 1024 * 1024)
+        self.placement = IsolationAwarePlacement()
+        self._jobs_lock = threading.Lock()  # serialises the read-refresh-write of job records
+
+    def close(self) -> None:
+        self.manager.store.close()  # type: ignore[attr-defined]
+        close = getattr(self.catalog.store, "close", None)
+        if callable(close):
+            close()
+
+    # --- events ---------------------------------------------------------------
+
+    def record_event(self, event: Event) -> None:
+        """Ledger append plus one JSON log line; counts lease expiries for /metrics."""
+        self.ledger.append_event(event)
+        if event.type is EventType.LEASE_EXPIRED:
+            self.metrics.count_expiries()
+        if EVENTS_LOGGER.isEnabledFor(logging.INFO):
+            EVENTS_LOGGER.info(json.dumps(event.model_dump(mode="json"), sort_keys=True))
+
+    def _service_event(self, job_id: str, type_: EventType, message: str, data: dict[str, Any]) -> None:
+        self.record_event(Event(job_id=job_id, type=type_, timestamp=self.now(), source=SERVICE_SOURCE,
+                                message=message, data=data))
+
+    # --- jobs -----------------------------------------------------------------
+
+    def submit(self, spec: JobSpec) -> JobRecord:
+        """Accept a job: expand it into tasks (``ExpansionError`` → nothing stored), record
+        it RUNNING with its two service events, then queue every task in one transaction."""
+        if spec.spec.execution.backend != "leases":
+            raise NoBackend(
+                f"backend {spec.spec.execution.backend!r} is not configured on this coordinator; "
+                "submit with spec.execution.backend = 'leases'"
+            )
+        job_id = secrets.token_hex(6)
+        tasks = expand_tasks(job_id, spec)
+        now = self.now()
+        record = JobRecord(job_id=job_id, spec=spec, state=JobState.RUNNING, backend="leases",
+                           deployment_profile=self.settings.profile, created_at=now, artifacts=[])
+        with self._jobs_lock:
+            self.ledger.upsert_job(record)
+        self._service_event(job_id, EventType.JOB_ACCEPTED, f"job {spec.metadata.name} accepted as {job_id}",
+                            {"name": spec.metadata.name})
+        self._service_event(job_id, EventType.BACKEND_SELECTED,
+                            f"backend: leases ({len(tasks)} independent tasks)",
+                            {"backend": "leases", "tasks": len(tasks)})
+        store = self.manager.store
+        with store.transaction():  # type: ignore[attr-defined]
+            for task in tasks:
+                self.manager.add_task(task, now=now)
+        return record
+
+    def refresh(self, record: JobRecord) -> JobRecord:
+        """The record with its derived state (lease jobs only); persisted when it changed."""
+        if record.backend != "leases" or record.state in TERMINAL_JOB_STATES:
+            return record
+        with self._jobs_lock:
+            current = self.ledger.get_job(record.job_id) or record
+            updated, event = refreshed(current, self.manager.job_state(record.job_id), self.now())
+            if updated is not current:
+                self.ledger.upsert_job(updated)
+        if event is not None:
+            self.record_event(event)
+        return updated
+
+    def job(self, job_id: str) -> JobRecord | None:
+        record = self.ledger.get_job(job_id)
+        return None if record is None else self.refresh(record)
+
+    def jobs(self) -> list[JobRecord]:
+        return [self.refresh(record) for record in self.ledger.list_jobs()]
+
+    def cancel(self, job_id: str) -> JobRecord | None:
+        """Cancel every task of a lease job and mark it CANCELLED; a terminal job is unchanged."""
+        record = self.job(job_id)
+        if record is None or record.state in TERMINAL_JOB_STATES:
+            return record
+        now = self.now()
+        for task in self.manager.records(job_id):
+            self.manager.cancel_task(job_id, task.spec.task_id, now=now)
+        with self._jobs_lock:
+            current = self.ledger.get_job(job_id) or record
+            if current.state in TERMINAL_JOB_STATES:
+                return current
+            cancelled = current.model_copy(update={"state": JobState.CANCELLED, "finished_at": now})
+            self.ledger.upsert_job(cancelled)
+        return cancelled
+
+    def tasks(self, job_id: str) -> list[dict[str, Any]]:
+        """``GET /jobs/{id}/tasks`` rows, sorted by task id."""
+        evidence = self.ledger.evidence_for(job_id)
+        rows = []
+        for record in self.manager.records(job_id):
+            spec = record.spec
+            active = record.active_lease
+            last = active or (next(reversed(record.lease_history.values())) if record.lease_history else None)
+            rows.append({
+                "task_id": spec.task_id,
+                "state": record.state.value,
+                "attempts": record.attempts_used,
+                "max_attempts": spec.max_attempts,
+                "node_id": last.node_id if last is not None else None,
+                "deadline": active.deadline.isoformat() if active is not None else None,
+                "failures": record.failures_seen,
+                "expiries": record.expiries_seen,
+                "max_expiries": spec.max_expiries,
+                "evidence": _accepted_evidence(record, evidence.get(spec.task_id)),
+            })
+        return sorted(rows, key=lambda row: row["task_id"])
+
+    # --- leases ---------------------------------------------------------------
+
+    def lease(self, lease_id: str) -> Lease | None:
+        return self.manager.lease_info(lease_id)
+
+    def complete(self, lease: Lease, request: CompleteRequest) -> dict[str, Any]:
+        """SPEC §9.7 steps 2–5 for a lease the caller may act on."""
+        now = self.now()
+        record = self.manager.store.get(lease.job_id, lease.task_id)
+        if record is not None and record.state is TaskState.COMPLETED and record.accepted_attempt_id == lease.lease_id:
+            return {"accepted": True}
+        if not self.manager.lease_is_live(lease.lease_id, now):
+            self.manager.complete(lease.lease_id, request.output_sha256, now=now)  # records the rejection
+            self.metrics.count_commit("rejected")
+            return {"accepted": False, "detail": "lease is no longer live"}
+        problem = self._output_problem(record.spec.commit_key if record is not None else "", request.output_sha256)
+        if problem is not None:
+            try:
+                self.manager.fail(lease.lease_id, problem, now=now)
+            except LeaseError:  # expired between the two checks: the sweep owns it now
+                pass
+            self.metrics.count_commit("invalid_output")
+            return {"accepted": False, "detail": problem}
+        if not self.manager.complete(lease.lease_id, request.output_sha256, now=now):
+            self.metrics.count_commit("rejected")
+            return {"accepted": False, "detail": "lease is no longer live"}
+        self.metrics.count_commit("accepted")
+        self.nodes.count_accepted(lease.node_id)
+        claimed_at = lease.deadline.timestamp() - lease.lease_seconds  # the lease as first issued
+        self.ledger.record_evidence(
+            lease.lease_id, lease.job_id, lease.task_id, lease.node_id,
+            request.evidence, max(0.0, now.timestamp() - claimed_at),
+        )
+        return {"accepted": True}
+
+    def _output_problem(self, commit_key: str, output_sha256: str) -> str | None:
+        """Why the committed output is not acceptable, or None: the file at the task's
+        commit key must exist on this coordinator with exactly the claimed sha256."""
+        path = self.artifacts.read_path(commit_key) if commit_key else None
+        if path is None:
+            return f"output {commit_key!r} was not uploaded before complete (PUT /v1alpha1/artifacts/{commit_key})"
+        actual = sha256_of(path)
+        if actual != output_sha256:
+            return f"output {commit_key!r} has sha256 {actual}, not the claimed {output_sha256}"
+        return None
+
+    # --- background -----------------------------------------------------------
+
+    def sweep_once(self) -> int:
+        """Expire overdue leases, then refresh every non-terminal lease job."""
+        expired = self.manager.sweep(now=self.now())
+        for record in self.ledger.list_jobs():
+            if record.backend == "leases" and record.state not in TERMINAL_JOB_STATES:
+                self.refresh(record)
+        return expired
+
+
+def _accepted_evidence(record: Any, row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The accepted attempt's evidence (SPEC §9.2), or None: the ledger keeps the latest
+    row per task, which counts only when it is the accepted lease's."""
+    if record.state is not TaskState.COMPLETED or row is None or row.get("lease_id") != record.accepted_attempt_id:
+        return None
+    evidence = row.get("evidence")
+    return evidence if isinstance(evidence, dict) else None

@@ -1,0 +1,128 @@
+"""The coordinator's node registry (SPEC §9.2): registrations and liveness, in memory.
+
+Agents re-register after a coordinator restart (their heartbeat gets a 404), so
+nothing here needs to be durable. The clock is injected so tests can age nodes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from flashruntime.protocol.v1alpha1 import NodeHeartbeat, NodeRegistration
+
+__all__ = ["ONLINE_WINDOW_S", "NodeRegistry"]
+
+ONLINE_WINDOW_S = 15.0  # a node is online if it registered or heartbeated this recently
+
+Cordons = Mapping[str, tuple[datetime | None, str]]
+
+
+@dataclass
+class _Node:
+    registration: NodeRegistration
+    last_seen: float
+    accepted: int = 0
+
+
+class NodeRegistry:
+    """Registered nodes by id; thread-safe."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._nodes: dict[str, _Node] = {}
+
+    def register(self, registration: NodeRegistration) -> None:
+        """Store (or replace) a registration; a re-registration keeps the accepted count."""
+        with self._lock:
+            known = self._nodes.get(registration.node_id)
+            accepted = known.accepted if known is not None else 0
+            self._nodes[registration.node_id] = _Node(registration, self._clock(), accepted)
+
+    def heartbeat(self, node_id: str, heartbeat: NodeHeartbeat) -> bool:
+        """Mark the node seen; ``pools`` (when not None) replaces its capabilities' pools.
+        False when the node is not registered."""
+        with self._lock:
+            node = self._nodes.get(node_id)
+            if node is None:
+                return False
+            node.last_seen = self._clock()
+            if heartbeat.pools is not None:
+                capabilities = node.registration.capabilities.model_copy(update={"pools": list(heartbeat.pools)})
+                node.registration = node.registration.model_copy(update={"capabilities": capabilities})
+            return True
+
+    def get(self, node_id: str) -> NodeRegistration | None:
+        with self._lock:
+            node = self._nodes.get(node_id)
+            return node.registration if node is not None else None
+
+    def count_accepted(self, node_id: str) -> None:
+        with self._lock:
+            node = self._nodes.get(node_id)
+            if node is not None:
+                node.accepted += 1
+
+    def claim_view(self, node_id: str) -> dict[str, Any] | None:
+        """What the placement gates see of a node (SPEC §9.2 "claim node view")."""
+        registration = self.get(node_id)
+        if registration is None:
+            return None
+        return {
+            "node_id": node_id,
+            "sandbox_capable": registration.sandbox_capable,
+            "argv_capable": registration.argv_capable,
+            "unsandboxed_argv_capable": registration.unsandboxed_argv_capable,
+            "module_capable": registration.module_capable,
+            "local_datasets": list(registration.local_datasets),
+            "capabilities": registration.capabilities.model_dump(mode="json"),
+        }
+
+    def views(self, cordons: Cordons, now: datetime) -> list[dict[str, Any]]:
+        """``GET /v1alpha1/nodes`` rows, sorted by node id."""
+        clock = self._clock()
+        with self._lock:
+            nodes = sorted(self._nodes.items())
+        rows = []
+        for node_id, node in nodes:
+            registration = node.registration
+            age = max(0.0, clock - node.last_seen)
+            until, reason = _live_cordon(cordons.get(node_id), now)
+            rows.append({
+                "node_id": node_id,
+                "hostname": registration.hostname,
+                "environment": registration.environment.value,
+                "argv_capable": registration.argv_capable,
+                "module_capable": registration.module_capable,
+                "capabilities": registration.capabilities.model_dump(mode="json"),
+                "online": age < ONLINE_WINDOW_S,
+                "last_heartbeat_age_s": round(age, 3),
+                "accepted_tasks": node.accepted,
+                "cordoned_until": until,
+                "cordon_reason": reason,
+            })
+        return rows
+
+    def status_counts(self, cordons: Cordons, now: datetime) -> dict[str, int]:
+        """Nodes by ``online`` / ``offline``, plus ``cordoned`` (counted besides, not instead)."""
+        counts = {"online": 0, "offline": 0, "cordoned": 0}
+        for row in self.views(cordons, now):
+            counts["online" if row["online"] else "offline"] += 1
+            if row["cordon_reason"] is not None:
+                counts["cordoned"] += 1
+        return counts
+
+
+def _live_cordon(cordon: tuple[datetime | None, str] | None, now: datetime) -> tuple[str | None, str | None]:
+    """(ISO until or None, reason) for a cordon in force, (None, None) otherwise."""
+    if cordon is None:
+        return None, None
+    until, reason = cordon
+    if until is not None and until <= now:
+        return None, None
+    return (until.isoformat() if until is not None else None), reason

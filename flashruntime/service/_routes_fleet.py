@@ -1,0 +1,151 @@
+"""Routes of the machines and their leases (SPEC §9.2): node registration, heartbeats,
+cordons, claim and the attempt lifecycle. Auth refusals are ``AuthFailure``s, which
+``app.py`` turns into their status codes."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
+
+from flashruntime.errors import LeaseError
+from flashruntime.protocol.v1alpha1 import (
+    ClaimRequest,
+    CompleteRequest,
+    CordonRequest,
+    FailRequest,
+    Lease,
+    NodeHeartbeat,
+    NodeRegistration,
+)
+from flashruntime.service._coordinator import Coordinator
+from flashruntime.service.auth import (
+    ON_BEHALF_OF_HEADER,
+    AuthFailure,
+    Identity,
+    join_code_valid,
+    require_acting_node,
+    require_node,
+    require_operator,
+    resolve_identity,
+)
+
+__all__ = ["JOIN_CODE_HEADER", "fleet_router", "identity_of"]
+
+JOIN_CODE_HEADER = "X-FlashML-Join-Code"
+
+
+def identity_of(coordinator: Coordinator, request: Request) -> Identity:
+    return resolve_identity(
+        coordinator.authenticator, request.headers.get("authorization"), request.headers.getlist(ON_BEHALF_OF_HEADER)
+    )
+
+
+def _lease_json(lease: Lease) -> JSONResponse:
+    return JSONResponse(lease.model_dump(mode="json"))
+
+
+def fleet_router(coordinator: Coordinator) -> APIRouter:
+    router = APIRouter()
+    enforcing = coordinator.authenticator.enforcing
+
+    def held_lease(request: Request, lease_id: str) -> Lease:
+        """The lease, if the caller may act on it: its holder must be the acting node when
+        enforcing (an unknown id is then a 403 too, so ids cannot be probed); 404 in open mode."""
+        lease = coordinator.lease(lease_id)
+        if enforcing:
+            acting = require_acting_node(identity_of(coordinator, request))
+            if lease is None or lease.node_id != acting:
+                raise AuthFailure(403, f"lease {lease_id} is not held by node {acting!r}")
+            return lease
+        if lease is None:
+            raise HTTPException(404, f"unknown lease id {lease_id!r}")
+        return lease
+
+    @router.post("/v1alpha1/nodes/register")
+    def register(registration: NodeRegistration, request: Request) -> dict[str, str]:
+        if not join_code_valid(coordinator.settings.join_code, request.headers.get(JOIN_CODE_HEADER)):
+            raise HTTPException(403, f"missing or wrong join code: send the coordinator's code in {JOIN_CODE_HEADER}")
+        if enforcing:
+            acting = require_acting_node(identity_of(coordinator, request))
+            registration = registration.model_copy(update={"node_id": acting})
+        coordinator.nodes.register(registration)
+        return {"node_id": registration.node_id, "status": "registered"}
+
+    @router.post("/v1alpha1/nodes/{node_id}/heartbeat")
+    def node_heartbeat(node_id: str, heartbeat: NodeHeartbeat, request: Request) -> dict[str, str]:
+        if enforcing:
+            require_node(identity_of(coordinator, request), node_id)
+        if not coordinator.nodes.heartbeat(node_id, heartbeat):
+            raise HTTPException(404, f"node {node_id!r} is not registered; register it again")
+        return {"status": "ok"}
+
+    @router.get("/v1alpha1/nodes")
+    def nodes() -> list[dict[str, Any]]:
+        now = coordinator.now()
+        return coordinator.nodes.views(coordinator.manager.cordoned(now), now)
+
+    @router.post("/v1alpha1/nodes/{node_id}/cordon")
+    def cordon(node_id: str, body: CordonRequest, request: Request) -> dict[str, Any]:
+        require_operator(coordinator.authenticator, identity_of(coordinator, request))
+        if coordinator.nodes.get(node_id) is None:
+            raise HTTPException(404, f"node {node_id!r} is not registered")
+        now = coordinator.now()
+        if body.seconds is not None and body.until is not None:
+            raise HTTPException(422, "give either seconds or until, not both")
+        until = body.until
+        if body.seconds is not None:
+            if not body.seconds > 0:
+                raise HTTPException(422, f"seconds must be > 0, got {body.seconds}")
+            until = now + timedelta(seconds=body.seconds)
+        if until is not None and until <= now:
+            raise HTTPException(422, f"until {until.isoformat()} is not in the future")
+        coordinator.manager.cordon(node_id, until=until, reason=body.reason, now=now)
+        return {"node_id": node_id, "cordoned_until": until.isoformat() if until else None, "reason": body.reason}
+
+    @router.delete("/v1alpha1/nodes/{node_id}/cordon")
+    def uncordon(node_id: str, request: Request) -> dict[str, Any]:
+        require_operator(coordinator.authenticator, identity_of(coordinator, request))
+        return {"node_id": node_id, "uncordoned": coordinator.manager.uncordon(node_id)}
+
+    @router.post("/v1alpha1/leases/claim", response_model=None)
+    def claim(body: ClaimRequest, request: Request) -> Response:
+        node_id = body.node_id
+        if enforcing:
+            node_id = require_acting_node(identity_of(coordinator, request))
+        view = coordinator.nodes.claim_view(node_id)
+        if view is None:
+            raise HTTPException(403, f"node {node_id!r} is not registered; register before claiming")
+        lease = coordinator.manager.claim(
+            node_id, job_id=body.job_id, now=coordinator.now(), policy=coordinator.placement, node=view
+        )
+        if lease is None:
+            coordinator.metrics.count_claim("empty")
+            return Response(status_code=204)
+        coordinator.metrics.count_claim("leased")
+        return _lease_json(lease)
+
+    @router.post("/v1alpha1/attempts/{lease_id}/heartbeat", response_model=None)
+    def lease_heartbeat(lease_id: str, request: Request) -> Response:
+        held_lease(request, lease_id)
+        try:
+            return _lease_json(coordinator.manager.heartbeat(lease_id, now=coordinator.now()))
+        except LeaseError as exc:
+            raise HTTPException(410, str(exc)) from None
+
+    @router.post("/v1alpha1/attempts/{lease_id}/complete")
+    def complete(lease_id: str, body: CompleteRequest, request: Request) -> dict[str, Any]:
+        return coordinator.complete(held_lease(request, lease_id), body)
+
+    @router.post("/v1alpha1/attempts/{lease_id}/fail")
+    def fail(lease_id: str, body: FailRequest, request: Request) -> dict[str, str]:
+        held_lease(request, lease_id)
+        try:
+            coordinator.manager.fail(lease_id, body.reason, now=coordinator.now())
+        except LeaseError as exc:
+            raise HTTPException(410, str(exc)) from None
+        return {"status": "requeued-or-exhausted"}
+
+    return router

@@ -1,0 +1,192 @@
+"""The coordinator's job routes from a shell (SPEC §10, §9.2): ``submit-spec``, ``status``,
+``events``, ``logs``, ``cancel``. Each prints the response as JSON (indent 2).
+
+Standard library HTTP only (urllib), so these work without the ``service`` extra.
+Exit codes: 0 success; 1 HTTP status >= 400 (status and FastAPI's ``detail`` printed)
+or a spec file that cannot be read or is not an object; 2 coordinator unreachable,
+``--api`` not a URL, or pyyaml missing for a YAML spec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import functools
+import http.client
+import json
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from flashruntime.service.commands._api import resolve_api
+
+EXIT_OK, EXIT_HTTP_ERROR, EXIT_UNREACHABLE = 0, 1, 2
+EXIT_BAD_SPEC, EXIT_NO_YAML = 1, 2
+
+TIMEOUT_S = 30.0
+JOBS_PATH = "/v1alpha1/jobs"
+YAML_HINT = (
+    "reading a YAML spec needs pyyaml: pip install 'flashruntime[service]' (or pip install pyyaml), "
+    "or write the spec as JSON (.json)"
+)
+
+# command, method, path suffix after /v1alpha1/jobs/{id}, help
+_JOB_COMMANDS: tuple[tuple[str, str, str, str], ...] = (
+    ("status", "GET", "", "show a job (its JobRecord)"),
+    ("events", "GET", "/events", "list a job's events in ledger order"),
+    ("logs", "GET", "/logs", "show a job's logs"),
+    ("cancel", "POST", "/cancel", "cancel a job (every task of a lease job)"),
+)
+
+
+class CommandError(Exception):
+    """The command cannot succeed; carries the exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "submit-spec", help="submit a JobSpec file to the coordinator (POST /v1alpha1/jobs)",
+        description="Submit a JobSpec (.json, else YAML via pyyaml) to the coordinator at --api; "
+                    "the coordinator validates it (422 when invalid).",
+    )
+    parser.add_argument("spec_file", help="JobSpec as JSON (.json), or YAML (any other suffix)")
+    parser.set_defaults(handler=handle_submit_spec)
+    for name, method, suffix, help_text in _JOB_COMMANDS:
+        parser = subparsers.add_parser(
+            name, help=help_text,
+            description=f"{help_text[0].upper()}{help_text[1:]}: {method} {JOBS_PATH}/{{job_id}}{suffix} "
+                        "on the coordinator at --api.",
+        )
+        parser.add_argument("job_id", type=_job_id, help="the job's id (job_id in submit-spec's answer)")
+        parser.set_defaults(handler=functools.partial(_handle_job_route, name, method, suffix))
+
+
+def _job_id(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError("job_id must not be empty")
+    return value
+
+
+def load_spec(path: Path) -> dict[str, Any]:
+    """The spec file as a dict: ``.json`` via the standard library, anything else as YAML."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CommandError(f"cannot read spec file {str(path)!r}: {reason}", EXIT_BAD_SPEC) from None
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise CommandError(f"{path}: not valid JSON: {exc}", EXIT_BAD_SPEC) from None
+    else:
+        try:
+            import yaml  # optional: the `service` extra
+        except ImportError:
+            raise CommandError(YAML_HINT, EXIT_NO_YAML) from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise CommandError(f"{path}: not valid YAML: {exc}", EXIT_BAD_SPEC) from None
+    if not isinstance(data, dict):
+        raise CommandError(f"{path}: a JobSpec must be an object (apiVersion, kind, metadata, spec), "
+                           f"got {'an empty file' if data is None else type(data).__name__}", EXIT_BAD_SPEC)
+    return data
+
+
+def _json_default(value: Any) -> str:
+    # YAML turns unquoted timestamps into date/datetime; the wire carries ISO 8601 strings.
+    if isinstance(value, (dt.date, dt.datetime)):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} value {value!r} cannot be sent as JSON")
+
+
+def encode_spec(path: Path, data: dict[str, Any]) -> bytes:
+    try:
+        return json.dumps(data, default=_json_default, allow_nan=False).encode("utf-8")
+    except TypeError as exc:
+        raise CommandError(f"{path}: {exc}", EXIT_BAD_SPEC) from None
+    except ValueError:
+        raise CommandError(f"{path}: contains NaN or Infinity, which JSON cannot carry", EXIT_BAD_SPEC) from None
+
+
+def request(api: str, method: str, path: str, body: bytes | None = None, *, timeout: float = TIMEOUT_S) -> Any:
+    """One call to the coordinator → the decoded JSON answer. HTTP status >= 400 raises
+    ``CommandError`` with exit code 1; an unreachable or non-JSON server, code 2."""
+    url = api + path
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as response:
+            raw = response.read()
+    except urllib.error.HTTPError as exc:
+        raise CommandError(f"{method} {url} -> {exc.code} {exc.reason}: {_detail(exc)}", EXIT_HTTP_ERROR) from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        raise CommandError(
+            f"cannot reach the coordinator at {api} ({method} {path}: {reason or type(exc).__name__}); "
+            "start one with 'flashruntime serve', or point --api or FLASHML_RUNTIME_API at a running coordinator",
+            EXIT_UNREACHABLE,
+        ) from None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise CommandError(
+            f"{method} {url} answered with a body that is not JSON ({raw[:80]!r}); "
+            "is --api / FLASHML_RUNTIME_API the address of a flashruntime coordinator?",
+            EXIT_UNREACHABLE,
+        ) from None
+
+
+def _detail(exc: urllib.error.HTTPError) -> str:
+    """FastAPI's ``detail``: a string as is, validation errors one per line."""
+    try:
+        raw = exc.read()
+    except OSError:
+        return ""
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace").strip()[:500]
+    detail = parsed.get("detail", parsed) if isinstance(parsed, dict) else parsed
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list) and all(isinstance(e, dict) and "msg" in e for e in detail):
+        return "".join(
+            f"\n  {'.'.join(str(part) for part in e.get('loc', ()))}: {e['msg']}" for e in detail
+        )
+    return json.dumps(detail, indent=2)
+
+
+def _run(command: str, args: argparse.Namespace, method: str, path: str, body_from: Path | None = None) -> int:
+    try:
+        api = resolve_api(getattr(args, "api", None))
+    except ValueError as exc:
+        print(f"flashruntime {command}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    try:
+        body = None if body_from is None else encode_spec(body_from, load_spec(body_from))
+        answer = request(api, method, path, body)
+    except CommandError as exc:
+        print(f"flashruntime {command}: {exc}", file=sys.stderr)
+        return exc.code
+    print(json.dumps(answer, indent=2))
+    return EXIT_OK
+
+
+def handle_submit_spec(args: argparse.Namespace) -> int:
+    return _run("submit-spec", args, "POST", JOBS_PATH, body_from=Path(args.spec_file))
+
+
+def _handle_job_route(command: str, method: str, suffix: str, args: argparse.Namespace) -> int:
+    job = urllib.parse.quote(args.job_id, safe="")
+    return _run(command, args, method, f"{JOBS_PATH}/{job}{suffix}")

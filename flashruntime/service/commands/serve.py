@@ -1,0 +1,141 @@
+"""``flashruntime serve``: run the coordinator (SPEC §10) under uvicorn on ``create_app(settings)``.
+
+Paths resolve each on its own: ``--data-dir`` (both) > ``FLASHML_LEDGER_PATH`` /
+``FLASHML_LOCAL_ARTIFACTS_DIR`` > ``./flashruntime-data/…``. Exit codes: 0 clean
+shutdown (Ctrl-C or SIGTERM); 1 uvicorn gave up after starting (port in use, lifespan
+startup failure; its log says why); 2 the ``service`` extra is missing or the settings
+are invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sqlite3
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_SERVER_FAILED, EXIT_CONFIG = 0, 1, 2
+
+DEFAULT_DATA_DIR = Path("flashruntime-data")
+LEDGER_NAME = "flashruntime.db"
+ARTIFACTS_NAME = "artifacts"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's names
+SERVICE_HINT = "install the service extra: pip install 'flashruntime[service]'"
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="run the coordinator (jobs, leases, artifacts, checkpoints) over HTTP",
+        description="Run the coordinator under uvicorn. Data goes to --data-dir, else FLASHML_LEDGER_PATH / "
+                    "FLASHML_LOCAL_ARTIFACTS_DIR, else ./flashruntime-data. Needs the service extra.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=8100, help="port to bind (default 8100)")
+    parser.add_argument("--data-dir", default=None, metavar="D",
+                        help=f"ledger at D/{LEDGER_NAME} and artifacts under D/{ARTIFACTS_NAME}, overriding env")
+    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="uvicorn log level (default info)")
+    parser.set_defaults(handler=handle)
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port must be a whole number, got {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {port}")
+    return port
+
+
+def resolve_paths(data_dir: str | None, env: Mapping[str, str]) -> tuple[Path, Path]:
+    """``(ledger_path, artifacts_dir)`` for ``serve``: ``data_dir`` sets both; otherwise
+    each comes from its variable (an empty one counts as unset), else ``./flashruntime-data``.
+    Pure: relative paths stay relative."""
+    if data_dir is not None:
+        return Path(data_dir) / LEDGER_NAME, Path(data_dir) / ARTIFACTS_NAME
+    ledger = env.get("FLASHML_LEDGER_PATH") or str(DEFAULT_DATA_DIR / LEDGER_NAME)
+    artifacts = env.get("FLASHML_LOCAL_ARTIFACTS_DIR") or str(DEFAULT_DATA_DIR / ARTIFACTS_NAME)
+    return Path(ledger), Path(artifacts)
+
+
+def url_for(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: uvicorn has shut down gracefully (or never began serving)."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
+@contextmanager
+def _sigterm_stops_cleanly() -> Iterator[None]:
+    # uvicorn re-raises a captured SIGTERM after its graceful shutdown; with the default
+    # handler that would kill the process, so SIGTERM becomes an exception caught below.
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _fail(message: str) -> int:
+    print(f"flashruntime serve: {message}", file=sys.stderr)
+    return EXIT_CONFIG
+
+
+def handle(args: argparse.Namespace) -> int:
+    from flashruntime.errors import AuthConfigError
+    from flashruntime.service.settings import RuntimeSettings
+
+    env = os.environ
+    try:
+        settings = RuntimeSettings.from_env(env)
+    except ValueError as exc:
+        return _fail(f"invalid settings: {exc}")
+    try:
+        import uvicorn
+
+        from flashruntime.service.app import create_app
+    except ImportError as exc:
+        return _fail(f"{exc}; {SERVICE_HINT}")
+
+    ledger, artifacts = (path.expanduser().absolute() for path in resolve_paths(args.data_dir, env))
+    settings.ledger_path, settings.artifacts_dir = str(ledger), str(artifacts)
+    for directory in (ledger.parent, artifacts):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return _fail(f"cannot create directory {str(directory)!r}: {exc.strerror or exc}")
+
+    try:
+        app = create_app(settings)
+    except (AuthConfigError, RuntimeError, OSError, sqlite3.Error) as exc:
+        return _fail(f"invalid settings: {exc}")
+
+    print(f"FlashRuntime coordinator on {url_for(args.host, args.port)}", flush=True)
+    print(f"  data dir   {ledger.parent}  (ledger {ledger.name}, leases.db, checkpoints.db)", flush=True)
+    print(f"  artifacts  {artifacts}", flush=True)
+    try:
+        with _sigterm_stops_cleanly():
+            uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    except (KeyboardInterrupt, _Terminated):
+        return EXIT_OK
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            return EXIT_OK
+        print(f"flashruntime serve: the server stopped with status {exc.code} (see uvicorn's log above)",
+              file=sys.stderr)
+        return EXIT_SERVER_FAILED
+    return EXIT_OK

@@ -1,0 +1,101 @@
+"""``RuntimeSettings``: the coordinator's configuration (SPEC §9.1), standard library only.
+
+Each field's default is read from its environment variable when an instance is built,
+so ``RuntimeSettings()`` reflects the environment of that moment and tests can set the
+environment first. ``from_env`` is the same plus the two node-selector strings parsed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["RuntimeSettings", "parse_selector"]
+
+
+def _env(name: str, default: str, env: Mapping[str, str] | None = None) -> str:
+    return (os.environ if env is None else env).get(name, default)
+
+
+def _optional_env(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    value = (os.environ if env is None else env).get(name)
+    return value if value else None
+
+
+def parse_selector(text: str | None, *, name: str = "selector") -> dict[str, str]:
+    """``"k=v,k=v"`` → ``{k: v}``; blanks and a trailing comma are tolerated. A pair
+    without ``=`` or with an empty key raises ``ValueError`` naming ``name``."""
+    selector: dict[str, str] = {}
+    for raw in (text or "").split(","):
+        pair = raw.strip()
+        if not pair:
+            continue
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{name}: {pair!r} is not a key=value pair (expected 'k=v,k=v')")
+        selector[key.strip()] = value.strip()
+    return selector
+
+
+def _max_artifact_mb(env: Mapping[str, str] | None = None) -> int:
+    raw = _env("FLASHML_MAX_ARTIFACT_MB", "256", env)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"FLASHML_MAX_ARTIFACT_MB must be a whole number of MiB, got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"FLASHML_MAX_ARTIFACT_MB must be > 0, got {value}")
+    return value
+
+
+@dataclass
+class RuntimeSettings:
+    """What ``create_app`` wires; every default comes from the environment (SPEC §9.1 table)."""
+
+    profile: str = field(default_factory=lambda: _env("FLASHML_PROFILE", "local"))
+    namespace: str = field(default_factory=lambda: _env("FLASHML_NAMESPACE", "flashml"))
+    ledger_path: str = field(default_factory=lambda: _env("FLASHML_LEDGER_PATH", "/data/flashruntime.db"))
+    enable_kuberay: bool = field(default_factory=lambda: _env("FLASHML_ENABLE_KUBERAY", "1") == "1")
+    artifacts_dir: str = field(default_factory=lambda: _env("FLASHML_LOCAL_ARTIFACTS_DIR", "/data/artifacts"))
+    join_code: str | None = field(default_factory=lambda: _optional_env("FLASHML_JOIN_CODE"))
+    max_artifact_mb: int = field(default_factory=_max_artifact_mb)
+    standard_node_selector: dict[str, str] = field(default_factory=dict)
+    sandbox_node_selector: dict[str, str] = field(default_factory=dict)
+    sandbox_runtime_class: str | None = field(default_factory=lambda: _optional_env("FLASHML_RUNTIME_CLASS"))
+    sweep_interval_s: float = 2.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RuntimeSettings:
+        """An instance from ``env`` (default: the process environment), both node selectors
+        parsed. A malformed value raises ``ValueError`` naming its variable."""
+        return cls(
+            profile=_env("FLASHML_PROFILE", "local", env),
+            namespace=_env("FLASHML_NAMESPACE", "flashml", env),
+            ledger_path=_env("FLASHML_LEDGER_PATH", "/data/flashruntime.db", env),
+            enable_kuberay=_env("FLASHML_ENABLE_KUBERAY", "1", env) == "1",
+            artifacts_dir=_env("FLASHML_LOCAL_ARTIFACTS_DIR", "/data/artifacts", env),
+            join_code=_optional_env("FLASHML_JOIN_CODE", env),
+            max_artifact_mb=_max_artifact_mb(env),
+            standard_node_selector=parse_selector(
+                _env("FLASHML_STANDARD_NODE_SELECTOR", "", env), name="FLASHML_STANDARD_NODE_SELECTOR"
+            ),
+            sandbox_node_selector=parse_selector(
+                _env("FLASHML_SANDBOX_NODE_SELECTOR", "", env), name="FLASHML_SANDBOX_NODE_SELECTOR"
+            ),
+            sandbox_runtime_class=_optional_env("FLASHML_RUNTIME_CLASS", env),
+        )
+
+    @property
+    def data_dir(self) -> Path:
+        """The directory of the ledger; ``leases.db`` and ``checkpoints.db`` sit beside it."""
+        return Path(self.ledger_path).expanduser().parent
+
+    @property
+    def leases_path(self) -> Path:
+        return self.data_dir / "leases.db"
+
+    @property
+    def checkpoints_path(self) -> Path:
+        return self.data_dir / "checkpoints.db"

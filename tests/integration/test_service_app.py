@@ -1,0 +1,316 @@
+"""The coordinator over real HTTP (SPEC §9): uvicorn on 127.0.0.1, SQLite files on disk.
+
+Lifecycle of a lease job (submit → register → claim → heartbeat → upload → complete →
+SUCCEEDED), output validation, expiry, the status codes of §9.3, checkpoints, metrics,
+and a kill -9 of the coordinator process between a claim and its commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.service_server import CoordinatorProcess, serve_in_thread, settings_for
+
+pytestmark = pytest.mark.service
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+
+def job_spec(trials: int = 2, lease_seconds: float = 60.0, backend: str = "leases") -> dict[str, Any]:
+    return {
+        "apiVersion": "flashml.dev/v1alpha1", "kind": "Job", "metadata": {"name": "sweep"},
+        "spec": {"execution": {"backend": backend}, "image": {"repository": "local/tier1", "tag": "dev"},
+                 "workload": {"type": "hyperparameter_search",
+                              "parameters": {"trials": [{"C": 10.0**-i} for i in range(trials)],
+                                             "lease_seconds": lease_seconds}}},
+    }
+
+
+def registration(node_id: str = "node-a") -> dict[str, Any]:
+    return {"node_id": node_id, "kubernetes_node": "", "hostname": f"{node_id}.local", "module_capable": True,
+            "capabilities": {"cpu_cores": 2, "pools": []}}
+
+
+@pytest.fixture
+def api(tmp_path: Path):
+    with serve_in_thread(settings_for(tmp_path / "data")) as url, httpx.Client(base_url=url, timeout=10) as client:
+        client.data_dir = tmp_path / "data"  # type: ignore[attr-defined]
+        yield client
+
+
+def _finish(api: Any, lease: dict[str, Any], payload: bytes = b'{"score": 1.0}') -> dict[str, Any]:
+    key = lease["payload"]["output_prefix"] + "metrics.json"
+    put = api.put(f"/v1alpha1/artifacts/{key}", content=payload)
+    assert put.status_code == 200, put.text
+    assert put.json()["sha256"] == hashlib.sha256(payload).hexdigest() and put.json()["uri"] == f"artifact://{key}"
+    done = api.post(f"/v1alpha1/attempts/{lease['lease_id']}/complete",
+                    json={"output_sha256": hashlib.sha256(payload).hexdigest(),
+                          "evidence": {"exit_code": 0, "wall_seconds": 1.5}})
+    assert done.status_code == 200, done.text
+    return done.json()
+
+
+def test_a_lease_job_runs_to_success_over_http(api: Any) -> None:
+    assert api.get("/healthz").json() == {"status": "ok", "profile": "local"}
+    created = api.post("/v1alpha1/jobs", json=job_spec(trials=2))
+    assert created.status_code == 201, created.text
+    job = created.json()
+    job_id = job["job_id"]
+    assert len(job_id) == 12 and all(c in "0123456789abcdef" for c in job_id)
+    assert (job["state"], job["backend"], job["deployment_profile"]) == ("RUNNING", "leases", "local")
+
+    assert api.post("/v1alpha1/nodes/register", json=registration()).json() == {"node_id": "node-a",
+                                                                                "status": "registered"}
+    assert api.post("/v1alpha1/nodes/node-a/heartbeat", json={"node_id": "node-a", "pools": ["team-7"]}).json() == {
+        "status": "ok"}
+    for _ in range(2):
+        claimed = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"})
+        assert claimed.status_code == 200, claimed.text
+        lease = claimed.json()
+        assert lease["node_id"] == "node-a" and lease["job_id"] == job_id
+        renewed = api.post(f"/v1alpha1/attempts/{lease['lease_id']}/heartbeat")
+        assert renewed.status_code == 200 and renewed.json()["lease_id"] == lease["lease_id"]
+        assert _finish(api, lease) == {"accepted": True}
+        assert _finish(api, lease) == {"accepted": True}  # the winner's retry is idempotent
+    assert api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).status_code == 204
+
+    final = api.get(f"/v1alpha1/jobs/{job_id}").json()
+    assert final["state"] == "SUCCEEDED" and final["finished_at"] is not None
+    tasks = api.get(f"/v1alpha1/jobs/{job_id}/tasks").json()
+    assert [t["task_id"] for t in tasks] == ["trial-000", "trial-001"]
+    assert all(t["state"] == "COMPLETED" and t["node_id"] == "node-a" and t["attempts"] == 1 for t in tasks)
+    assert tasks[0]["evidence"]["exit_code"] == 0 and tasks[0]["evidence"]["wall_seconds"] == 1.5
+    types = [e["type"] for e in api.get(f"/v1alpha1/jobs/{job_id}/events").json()]
+    assert types[:2] == ["JOB_ACCEPTED", "BACKEND_SELECTED"] and types.count("TASK_CREATED") == 2
+    assert types.count("LEASE_CLAIMED") == 2 and types.count("TASK_COMMIT_ACCEPTED") == 2
+    assert types[-1] == "JOB_SUCCEEDED" and types.count("JOB_SUCCEEDED") == 1
+    events = api.get(f"/v1alpha1/jobs/{job_id}/events").json()
+    assert events[1]["message"] == "backend: leases (2 independent tasks)" and events[1]["source"] == "flashruntime.service"
+    artifacts = api.get(f"/v1alpha1/jobs/{job_id}/artifacts").json()
+    assert [a["key"] for a in artifacts] == [f"jobs/{job_id}/trial-000/metrics.json",
+                                            f"jobs/{job_id}/trial-001/metrics.json"]
+    assert api.get(f"/v1alpha1/artifacts/{artifacts[0]['key']}").content == b'{"score": 1.0}'
+    node = api.get("/v1alpha1/nodes").json()[0]
+    assert (node["node_id"], node["online"], node["accepted_tasks"]) == ("node-a", True, 2)
+    assert node["capabilities"]["pools"] == ["team-7"] and node["cordon_reason"] is None
+    assert [j["job_id"] for j in api.get("/v1alpha1/jobs").json()] == [job_id]
+    assert api.get(f"/v1alpha1/jobs/{job_id}/logs").json() == {"logs": ""}
+
+    metrics = api.get("/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
+    text = metrics.text
+    assert 'flashruntime_tasks{state="COMPLETED"} 2' in text and "flashruntime_live_leases 0" in text
+    assert 'flashruntime_claims_total{result="leased"} 2' in text and 'flashruntime_claims_total{result="empty"} 1' in text
+    assert 'flashruntime_commits_total{result="accepted"} 2' in text
+    assert 'route="/v1alpha1/attempts/{lease_id}/heartbeat"' in text  # the template, never the raw path
+    assert "<title>FlashRuntime coordinator</title>" in api.get("/").text
+
+
+def test_a_wrong_or_missing_output_fails_the_attempt_and_requeues(api: Any) -> None:
+    job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=1)).json()["job_id"]
+    api.post("/v1alpha1/nodes/register", json=registration())
+    lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).json()
+    missing = api.post(f"/v1alpha1/attempts/{lease['lease_id']}/complete", json={"output_sha256": "0" * 64}).json()
+    assert missing["accepted"] is False and "was not uploaded" in missing["detail"]
+    assert api.get(f"/v1alpha1/jobs/{job_id}/tasks").json()[0]["state"] == "PENDING"
+
+    lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).json()
+    key = lease["payload"]["output_prefix"] + "metrics.json"
+    api.put(f"/v1alpha1/artifacts/{key}", content=b"{}")
+    wrong = api.post(f"/v1alpha1/attempts/{lease['lease_id']}/complete", json={"output_sha256": "1" * 64}).json()
+    assert wrong["accepted"] is False and "not the claimed" in wrong["detail"]
+    task = api.get(f"/v1alpha1/jobs/{job_id}/tasks").json()[0]
+    assert (task["state"], task["failures"], task["attempts"]) == ("PENDING", 2, 2)
+    assert 'flashruntime_commits_total{result="invalid_output"} 2' in api.get("/metrics").text
+    # a failed attempt's lease is dead: heartbeat and fail answer 410
+    assert api.post(f"/v1alpha1/attempts/{lease['lease_id']}/heartbeat").status_code == 410
+    assert api.post(f"/v1alpha1/attempts/{lease['lease_id']}/fail", json={"reason": "x"}).status_code == 410
+
+
+def test_an_expired_lease_is_swept_and_its_late_commit_rejected(api: Any) -> None:
+    job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=1, lease_seconds=0.5)).json()["job_id"]
+    api.post("/v1alpha1/nodes/register", json=registration())
+    lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).json()
+    deadline = time.monotonic() + 10
+    while api.get(f"/v1alpha1/jobs/{job_id}/tasks").json()[0]["state"] != "PENDING":  # the sweeper, not a claim
+        assert time.monotonic() < deadline, "the sweeper never expired the lease"
+        time.sleep(0.1)
+    assert api.get(f"/v1alpha1/jobs/{job_id}/tasks").json()[0]["expiries"] == 1
+    assert api.post(f"/v1alpha1/attempts/{lease['lease_id']}/heartbeat").status_code == 410
+    late = _finish(api, lease)
+    assert late == {"accepted": False, "detail": "lease is no longer live"}
+    types = [e["type"] for e in api.get(f"/v1alpha1/jobs/{job_id}/events").json()]
+    assert "LEASE_EXPIRED" in types and "TASK_COMMIT_REJECTED" in types
+    assert "flashruntime_lease_expiries_total 1" in api.get("/metrics").text
+
+
+def test_status_codes_of_bad_requests(api: Any) -> None:
+    assert api.post("/v1alpha1/jobs", json={"kind": "Job"}).status_code == 422
+    refused = api.post("/v1alpha1/jobs", json={**job_spec(), "spec": {**job_spec()["spec"], "workload": {
+        "type": "no_such_workload", "parameters": {}}}})
+    assert refused.status_code == 422 and "no_such_workload" in refused.json()["detail"]
+    assert api.post("/v1alpha1/jobs", json=job_spec(backend="ray")).status_code == 503
+    assert api.get("/v1alpha1/jobs/000000000000").status_code == 404
+    assert api.get("/v1alpha1/jobs/000000000000/events").status_code == 404
+    assert api.post("/v1alpha1/jobs/000000000000/cancel").status_code == 404
+    assert api.post("/v1alpha1/nodes/ghost/heartbeat", json={"node_id": "ghost"}).status_code == 404
+    assert api.post("/v1alpha1/leases/claim", json={"node_id": "ghost"}).status_code == 403
+    assert api.post("/v1alpha1/attempts/ls-000000000000/heartbeat").status_code == 404
+    assert api.post("/v1alpha1/attempts/ls-000000000000/complete", json={"output_sha256": "0" * 64}).status_code == 404
+    assert api.put("/v1alpha1/artifacts/a/%2E%2E/b", content=b"x").status_code == 400
+    assert api.put("/v1alpha1/artifacts/a%5Cb", content=b"x").status_code == 400
+    assert api.get("/v1alpha1/artifacts/nothing/here").status_code == 404
+    api.post("/v1alpha1/nodes/register", json=registration())
+    assert api.post("/v1alpha1/nodes/node-a/cordon", json={"seconds": 5, "until": "2999-01-01T00:00:00Z"}).status_code == 422
+    assert api.post("/v1alpha1/nodes/node-a/cordon", json={"until": "2000-01-01T00:00:00Z"}).status_code == 422
+    assert api.post("/v1alpha1/nodes/ghost/cordon", json={"seconds": 5}).status_code == 404
+
+
+def test_cordon_stops_claims_and_cancel_ends_the_job(api: Any) -> None:
+    job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=2)).json()["job_id"]
+    api.post("/v1alpha1/nodes/register", json=registration())
+    cordoned = api.post("/v1alpha1/nodes/node-a/cordon", json={"reason": "disk failing"}).json()
+    assert cordoned == {"node_id": "node-a", "cordoned_until": None, "reason": "disk failing"}
+    assert api.get("/v1alpha1/nodes").json()[0]["cordon_reason"] == "disk failing"
+    assert api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).status_code == 204
+    assert api.delete("/v1alpha1/nodes/node-a/cordon").json() == {"node_id": "node-a", "uncordoned": True}
+    lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).json()
+    cancelled = api.post(f"/v1alpha1/jobs/{job_id}/cancel").json()
+    assert cancelled["state"] == "CANCELLED" and cancelled["finished_at"] is not None
+    assert {t["state"] for t in api.get(f"/v1alpha1/jobs/{job_id}/tasks").json()} == {"CANCELLED"}
+    assert api.post(f"/v1alpha1/attempts/{lease['lease_id']}/heartbeat").status_code == 410
+    assert api.post(f"/v1alpha1/jobs/{job_id}/cancel").json()["finished_at"] == cancelled["finished_at"]
+
+
+def test_checkpoint_routes(api: Any) -> None:
+    part = {"key": "rank0.pt", "sha256": "a" * 64, "size_bytes": 10}
+    base = "/v1alpha1/jobs/j1/tasks/t1/checkpoints"
+    assert api.get(f"{base}/latest").status_code == 404
+    assert api.get(f"{base}/lost-work", params={"failed_at_step": 7}).json() == {"lost_steps": None, "latest_step": None}
+    assert api.post(f"{base}/parts", json={"attempt_id": "a1", "step": 5, "part": part}).json() == {
+        "status": "registered", "key": "rank0.pt"}
+    commit = {"attempt_id": "a1", "step": 5, "expected_parts": [part], "storage_prefix": "ckpt/j1/t1/5/"}
+    manifest = api.post(f"{base}/commit", json=commit)
+    assert manifest.status_code == 200 and manifest.json()["step"] == 5
+    assert api.get(f"{base}/latest").json()["manifest_id"] == manifest.json()["manifest_id"]
+    assert api.get(f"{base}/lost-work", params={"failed_at_step": 7}).json() == {"lost_steps": 2, "latest_step": 5}
+    mismatch = {**commit, "step": 6, "expected_parts": [{**part, "sha256": "b" * 64}]}
+    refused = api.post(f"{base}/commit", json=mismatch)
+    assert refused.status_code == 409 and "not registered" in refused.json()["detail"]
+
+
+def test_artifact_size_limit(tmp_path: Path) -> None:
+    with serve_in_thread(settings_for(tmp_path / "data", max_artifact_mb=1)) as url:
+        too_big = httpx.put(f"{url}/v1alpha1/artifacts/jobs/j/t/blob.bin", content=b"x" * (1024 * 1024 + 1))
+        assert too_big.status_code == 413
+        assert not (tmp_path / "data" / "artifacts" / "jobs" / "j" / "t" / "blob.bin").exists()
+        assert httpx.put(f"{url}/v1alpha1/artifacts/jobs/j/t/blob.bin", content=b"x" * 1024).status_code == 200
+
+
+TOKENS = {"FLASHML_NODE_TOKENS": "node-a:tok-a,node-b:tok-b", "FLASHML_OPERATOR_TOKENS": "driver:tok-op"}
+
+
+def test_auth_when_enforcing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in TOKENS.items():
+        monkeypatch.setenv(name, value)
+
+    def as_(token: str, **headers: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}", **headers}
+
+    with serve_in_thread(settings_for(tmp_path / "data")) as url, httpx.Client(base_url=url) as api:
+        assert api.post("/v1alpha1/nodes/register", json=registration()).status_code == 401
+        assert api.post("/v1alpha1/nodes/register", json=registration(), headers=as_("nope")).status_code == 401
+        # the body's node id is replaced by the acting node's
+        reg = api.post("/v1alpha1/nodes/register", json=registration("spoofed"), headers=as_("tok-a"))
+        assert reg.json() == {"node_id": "node-a", "status": "registered"}
+        api.post("/v1alpha1/nodes/register", json=registration("node-b"), headers=as_("tok-b"))
+        assert api.post("/v1alpha1/nodes/register", json=registration(), headers=as_("tok-op")).status_code == 401
+        assert api.post("/v1alpha1/nodes/node-b/heartbeat", json={"node_id": "node-b"},
+                        headers=as_("tok-a")).status_code == 403
+        job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=2)).json()["job_id"]
+        lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-b"}, headers=as_("tok-a")).json()
+        assert lease["node_id"] == "node-a"
+        prefix = lease["payload"]["output_prefix"]
+        # writes are confined to the acting node's live leases
+        assert api.put(f"/v1alpha1/artifacts/{prefix}metrics.json", content=b"{}", headers=as_("tok-b")).status_code == 403
+        assert api.put(f"/v1alpha1/artifacts/jobs/{job_id}/other/x", content=b"{}", headers=as_("tok-a")).status_code == 403
+        assert api.put(f"/v1alpha1/artifacts/{prefix}metrics.json", content=b"{}", headers=as_("tok-a")).status_code == 200
+        # another node may not act on the lease, nor learn whether an id exists
+        assert api.post(f"/v1alpha1/attempts/{lease['lease_id']}/heartbeat", headers=as_("tok-b")).status_code == 403
+        assert api.post("/v1alpha1/attempts/ls-000000000000/heartbeat", headers=as_("tok-b")).status_code == 403
+        # an operator acts exactly as a node through the delegation header
+        on_behalf = as_("tok-op", **{"X-FlashML-On-Behalf-Of": "node-a"})
+        assert api.post(f"/v1alpha1/attempts/{lease['lease_id']}/heartbeat", headers=on_behalf).status_code == 200
+        assert api.post("/v1alpha1/nodes/node-a/cordon", json={"seconds": 60}, headers=on_behalf).status_code == 403
+        assert api.post("/v1alpha1/nodes/node-a/cordon", json={"seconds": 60}, headers=as_("tok-a")).status_code == 403
+        assert api.post("/v1alpha1/nodes/node-a/cordon", json={"seconds": 60}).status_code == 401
+        assert api.post("/v1alpha1/nodes/node-a/cordon", json={"seconds": 60}, headers=as_("tok-op")).status_code == 200
+        twice = api.post(f"/v1alpha1/attempts/{lease['lease_id']}/heartbeat",
+                         headers=[("Authorization", "Bearer tok-op"), ("X-FlashML-On-Behalf-Of", "node-a"),
+                                  ("X-FlashML-On-Behalf-Of", "node-b")])
+        assert twice.status_code == 400
+        done = api.post(f"/v1alpha1/attempts/{lease['lease_id']}/complete",
+                        json={"output_sha256": hashlib.sha256(b"{}").hexdigest()}, headers=as_("tok-a"))
+        assert done.json() == {"accepted": True}
+        # a header-less operator writes anywhere (the FedAvg driver publishing weights)
+        assert api.put(f"/v1alpha1/artifacts/jobs/{job_id}/round-1/weights.json", content=b"{}",
+                       headers=as_("tok-op")).status_code == 200
+
+
+def test_join_code_gates_registration(tmp_path: Path) -> None:
+    with serve_in_thread(settings_for(tmp_path / "data", join_code="s3cret")) as url:
+        assert httpx.post(f"{url}/v1alpha1/nodes/register", json=registration()).status_code == 403
+        wrong = httpx.post(f"{url}/v1alpha1/nodes/register", json=registration(), headers={"X-FlashML-Join-Code": "x"})
+        assert wrong.status_code == 403
+        ok = httpx.post(f"{url}/v1alpha1/nodes/register", json=registration(), headers={"X-FlashML-Join-Code": "s3cret"})
+        assert ok.status_code == 200
+
+
+def test_required_auth_without_tokens_refuses_to_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flashruntime.service.app import create_app
+
+    monkeypatch.setenv("FLASHML_REQUIRE_NODE_AUTH", "1")
+    monkeypatch.delenv("FLASHML_NODE_TOKENS", raising=False)
+    monkeypatch.delenv("FLASHML_OPERATOR_TOKENS", raising=False)
+    with pytest.raises(RuntimeError, match="FLASHML_REQUIRE_NODE_AUTH=1 but no tokens"):
+        create_app(settings_for(tmp_path / "data"))
+
+
+def test_a_lease_survives_a_kill9_of_the_coordinator(tmp_path: Path) -> None:
+    """SPEC §2.6: a lease issued before a coordinator restart can still be renewed and
+    committed afterwards; the job, its events and the artifact are all still there."""
+    data = tmp_path / "data"
+    first = CoordinatorProcess(data).start()
+    try:
+        api = httpx.Client(base_url=first.url, timeout=10)
+        job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=1)).json()["job_id"]
+        api.post("/v1alpha1/nodes/register", json=registration())
+        lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).json()
+        key = lease["payload"]["output_prefix"] + "metrics.json"
+        assert api.put(f"/v1alpha1/artifacts/{key}", content=b'{"score": 2}').status_code == 200
+        first.kill9()
+    finally:
+        first.stop()
+    second = CoordinatorProcess(data).start()
+    try:
+        api = httpx.Client(base_url=second.url, timeout=10)
+        assert api.get(f"/v1alpha1/jobs/{job_id}").json()["state"] == "RUNNING"
+        assert api.post(f"/v1alpha1/attempts/{lease['lease_id']}/heartbeat").status_code == 200
+        done = api.post(f"/v1alpha1/attempts/{lease['lease_id']}/complete",
+                        json={"output_sha256": hashlib.sha256(b'{"score": 2}').hexdigest()})
+        assert done.json() == {"accepted": True}
+        assert api.get(f"/v1alpha1/jobs/{job_id}").json()["state"] == "SUCCEEDED"
+        types = [e["type"] for e in api.get(f"/v1alpha1/jobs/{job_id}/events").json()]
+        assert types[:2] == ["JOB_ACCEPTED", "BACKEND_SELECTED"] and "LEASE_CLAIMED" in types
+        # the registry is in memory: the agent re-registers after its heartbeat gets a 404
+        assert api.post("/v1alpha1/nodes/node-a/heartbeat", json={"node_id": "node-a"}).status_code == 404
+    finally:
+        second.stop()
+    assert json.loads((data / "artifacts" / key).read_text()) == {"score": 2}

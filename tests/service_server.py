@@ -1,0 +1,111 @@
+"""A real coordinator for tests: ``create_app`` served by uvicorn on 127.0.0.1, in a
+thread of the test process (``serve_in_thread``) or as its own process
+(``CoordinatorProcess``, for kill -9)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tests._support import REPO_ROOT
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, timeout_s: float = 30.0, process: subprocess.Popen[Any] | None = None) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"coordinator exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"coordinator at {url} not healthy after {timeout_s} s")
+
+
+def settings_for(data_dir: Path, **overrides: Any) -> Any:
+    from flashruntime.service.settings import RuntimeSettings
+
+    values: dict[str, Any] = {
+        "ledger_path": str(data_dir / "flashruntime.db"),
+        "artifacts_dir": str(data_dir / "artifacts"),
+        "sweep_interval_s": 0.1,
+    }
+    values.update(overrides)
+    return RuntimeSettings(**values)
+
+
+@contextlib.contextmanager
+def serve_in_thread(settings: Any) -> Iterator[str]:
+    """Serve ``create_app(settings)`` until the block ends; yields the base URL."""
+    import uvicorn
+
+    from flashruntime.service.app import create_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="test-coordinator", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+class CoordinatorProcess:
+    """``uvicorn --factory flashruntime.service.app:create_app`` in its own process."""
+
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "FLASHML_LEDGER_PATH": str(data_dir / "flashruntime.db"),
+            "FLASHML_LOCAL_ARTIFACTS_DIR": str(data_dir / "artifacts"),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+            **(env or {}),
+        }
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> CoordinatorProcess:
+        argv = [sys.executable, "-m", "uvicorn", "--factory", "flashruntime.service.app:create_app",
+                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
+        self.process = subprocess.Popen(argv, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_healthy(self.url, process=self.process)
+        return self
+
+    def kill9(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()

@@ -1,0 +1,246 @@
+"""``flashruntime serve`` without a network (SPEC §10): path resolution (``--data-dir`` >
+FLASHML_LEDGER_PATH / FLASHML_LOCAL_ARTIFACTS_DIR > ./flashruntime-data), exit 2 for invalid
+settings or a missing service extra, and the handler wiring a fake ``create_app`` into a
+recorded ``uvicorn.run``. The real server over HTTP is an integration test."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import signal
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flashruntime.errors import AuthConfigError
+from flashruntime.service.commands import serve
+from flashruntime.service.settings import RuntimeSettings
+
+ENV_NAMES = ("FLASHML_LEDGER_PATH", "FLASHML_LOCAL_ARTIFACTS_DIR", "FLASHML_MAX_ARTIFACT_MB",
+             "FLASHML_STANDARD_NODE_SELECTOR", "FLASHML_SANDBOX_NODE_SELECTOR", "FLASHML_PROFILE")
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="flashruntime")
+    serve.register(parser.add_subparsers())
+    return parser.parse_args(["serve", *argv])
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ENV_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)  # the ./flashruntime-data default lands in the test's directory
+
+
+class FakeApp:
+    """``create_app`` and ``uvicorn.run`` stand-ins that record what they were given."""
+
+    def __init__(self) -> None:
+        self.settings: list[RuntimeSettings] = []
+        self.runs: list[dict[str, Any]] = []
+        self.app = object()
+        self.error: Exception | None = None
+        self.on_run: Any = None
+
+    def create_app(self, settings: RuntimeSettings | None = None) -> object:
+        if self.error is not None:
+            raise self.error
+        assert settings is not None
+        self.settings.append(settings)
+        return self.app
+
+    def run(self, app: object, **kwargs: Any) -> None:
+        self.runs.append({"app": app, **kwargs})
+        if self.on_run is not None:
+            self.on_run()
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeApp:
+    uvicorn = pytest.importorskip("uvicorn")
+    fake = FakeApp()
+    real_run = uvicorn.run
+
+    def run(app: object, **kwargs: Any) -> None:
+        inspect.signature(real_run).bind(app, **kwargs)  # the call the real uvicorn.run accepts
+        fake.run(app, **kwargs)
+
+    monkeypatch.setattr(uvicorn, "run", run)
+    app_module = types.ModuleType("flashruntime.service.app")
+    app_module.create_app = fake.create_app  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flashruntime.service.app", app_module)
+    return fake
+
+
+# --- resolve_paths --------------------------------------------------------------
+
+D = "/srv/fr"
+LEDGER_ENV, ARTIFACTS_ENV = "/env/ledger/l.db", "/env/blobs"
+DEFAULT_LEDGER, DEFAULT_ARTIFACTS = Path("flashruntime-data/flashruntime.db"), Path("flashruntime-data/artifacts")
+
+
+@pytest.mark.parametrize(("data_dir", "env", "expected"), [
+    (D, {"FLASHML_LEDGER_PATH": LEDGER_ENV, "FLASHML_LOCAL_ARTIFACTS_DIR": ARTIFACTS_ENV},
+     (Path(D, "flashruntime.db"), Path(D, "artifacts"))),
+    (D, {"FLASHML_LEDGER_PATH": LEDGER_ENV}, (Path(D, "flashruntime.db"), Path(D, "artifacts"))),
+    (D, {"FLASHML_LOCAL_ARTIFACTS_DIR": ARTIFACTS_ENV}, (Path(D, "flashruntime.db"), Path(D, "artifacts"))),
+    (D, {}, (Path(D, "flashruntime.db"), Path(D, "artifacts"))),
+    (None, {"FLASHML_LEDGER_PATH": LEDGER_ENV, "FLASHML_LOCAL_ARTIFACTS_DIR": ARTIFACTS_ENV},
+     (Path(LEDGER_ENV), Path(ARTIFACTS_ENV))),
+    (None, {"FLASHML_LEDGER_PATH": LEDGER_ENV}, (Path(LEDGER_ENV), DEFAULT_ARTIFACTS)),
+    (None, {"FLASHML_LOCAL_ARTIFACTS_DIR": ARTIFACTS_ENV}, (DEFAULT_LEDGER, Path(ARTIFACTS_ENV))),
+    (None, {}, (DEFAULT_LEDGER, DEFAULT_ARTIFACTS)),
+    (None, {"FLASHML_LEDGER_PATH": "", "FLASHML_LOCAL_ARTIFACTS_DIR": ""}, (DEFAULT_LEDGER, DEFAULT_ARTIFACTS)),
+    ("rel", {}, (Path("rel/flashruntime.db"), Path("rel/artifacts"))),
+], ids=["dir-beats-both-env", "dir-beats-ledger-env", "dir-beats-artifacts-env", "dir-alone", "both-env",
+        "ledger-env-only", "artifacts-env-only", "defaults", "empty-env-is-unset", "relative-dir-stays-relative"])
+def test_resolve_paths_precedence(data_dir: str | None, env: dict[str, str], expected: tuple[Path, Path]) -> None:
+    assert serve.resolve_paths(data_dir, env) == expected
+
+
+# --- the handler ----------------------------------------------------------------
+
+
+@pytest.mark.service
+def test_serve_wires_create_app_into_uvicorn_with_resolved_settings(
+    fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FLASHML_PROFILE", "dev")
+    monkeypatch.setenv("FLASHML_LEDGER_PATH", str(tmp_path / "ignored" / "l.db"))  # --data-dir wins
+    data = tmp_path / "data"
+    args = _args("--host", "0.0.0.0", "--port", "9123", "--data-dir", str(data), "--log-level", "warning")
+    assert serve.handle(args) == 0
+    [settings] = fake.settings
+    assert settings.ledger_path == str(data / "flashruntime.db")
+    assert settings.artifacts_dir == str(data / "artifacts")
+    assert settings.profile == "dev"  # everything else still comes from the environment
+    assert data.is_dir() and (data / "artifacts").is_dir()
+    assert not (tmp_path / "ignored").exists()
+    assert fake.runs == [{"app": fake.app, "host": "0.0.0.0", "port": 9123, "log_level": "warning"}]
+    out = capsys.readouterr().out
+    assert "http://0.0.0.0:9123" in out and str(data) in out
+
+
+@pytest.mark.service
+def test_serve_defaults_and_env_paths_each_resolve_on_their_own(
+    fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FLASHML_LEDGER_PATH", str(tmp_path / "ledger-here" / "x.db"))
+    assert serve.handle(_args()) == 0
+    [settings] = fake.settings
+    assert settings.ledger_path == str(tmp_path / "ledger-here" / "x.db")
+    assert settings.artifacts_dir == str(tmp_path / "flashruntime-data" / "artifacts")  # absolute, from the cwd
+    assert settings.leases_path == tmp_path / "ledger-here" / "leases.db"
+    assert (tmp_path / "ledger-here").is_dir() and (tmp_path / "flashruntime-data" / "artifacts").is_dir()
+    assert fake.runs[0]["host"] == "127.0.0.1" and fake.runs[0]["port"] == 8100 and fake.runs[0]["log_level"] == "info"
+    assert "http://127.0.0.1:8100" in capsys.readouterr().out
+
+
+@pytest.mark.service
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("FLASHML_MAX_ARTIFACT_MB", "lots", "FLASHML_MAX_ARTIFACT_MB must be a whole number of MiB, got 'lots'"),
+    ("FLASHML_STANDARD_NODE_SELECTOR", "gpu", "FLASHML_STANDARD_NODE_SELECTOR: 'gpu' is not a key=value pair"),
+])
+def test_invalid_settings_exit_2_before_anything_starts(
+    fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    name: str, value: str, message: str,
+) -> None:
+    monkeypatch.setenv(name, value)
+    assert serve.handle(_args("--data-dir", str(tmp_path / "d"))) == 2
+    assert message in capsys.readouterr().err
+    assert fake.settings == [] and fake.runs == []
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.service
+@pytest.mark.parametrize("error", [
+    AuthConfigError("FLASHML_NODE_TOKENS: 'abc' is not token=node_id"),
+    RuntimeError("FLASHML_REQUIRE_NODE_AUTH=1 but no node tokens are configured"),
+])
+def test_create_app_refusing_the_settings_exits_2(
+    fake: FakeApp, tmp_path: Path, capsys: pytest.CaptureFixture[str], error: Exception
+) -> None:
+    fake.error = error
+    assert serve.handle(_args("--data-dir", str(tmp_path / "d"))) == 2
+    out = capsys.readouterr()
+    assert f"flashruntime serve: invalid settings: {error}" in out.err
+    assert "http://" not in out.out  # nothing announced as serving
+    assert fake.runs == []
+
+
+@pytest.mark.parametrize("missing", ["uvicorn", "fastapi"])
+def test_missing_service_extra_exits_2_with_the_install_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], missing: str
+) -> None:
+    # Refuse the module as an install without the extra would (sys.modules[name] = None makes
+    # `import name` raise ImportError); without fastapi, importing the app module fails.
+    monkeypatch.setitem(sys.modules, missing, None)
+    if missing == "fastapi":
+        monkeypatch.setitem(sys.modules, "flashruntime.service.app", None)
+    assert serve.handle(_args("--data-dir", str(tmp_path / "d"))) == 2
+    assert "install the service extra: pip install 'flashruntime[service]'" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.service
+def test_data_dir_that_cannot_be_created_exits_2(fake: FakeApp, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("in the way")
+    assert serve.handle(_args("--data-dir", str(tmp_path / "file" / "d"))) == 2
+    assert f"cannot create directory {str(tmp_path / 'file' / 'd')!r}" in capsys.readouterr().err
+    assert fake.runs == []
+
+
+# --- shutdown -------------------------------------------------------------------
+
+
+@pytest.mark.service
+def test_ctrl_c_is_a_clean_shutdown(fake: FakeApp, tmp_path: Path) -> None:
+    def interrupt() -> None:
+        raise KeyboardInterrupt  # what uvicorn re-raises after its graceful shutdown on SIGINT
+
+    fake.on_run = interrupt
+    assert serve.handle(_args("--data-dir", str(tmp_path))) == 0
+
+
+@pytest.mark.service
+def test_sigterm_is_a_clean_shutdown_and_the_handler_is_restored(fake: FakeApp, tmp_path: Path) -> None:
+    # A recording handler stands in for the default one, which would kill pytest.
+    leaked: list[int] = []
+    outer = signal.signal(signal.SIGTERM, lambda signum, frame: leaked.append(signum))
+    try:
+        fake.on_run = lambda: signal.raise_signal(signal.SIGTERM)  # uvicorn re-raises it after shutting down
+        assert serve.handle(_args("--data-dir", str(tmp_path))) == 0
+        assert leaked == []  # serve handled it, not the process-wide handler
+        assert signal.getsignal(signal.SIGTERM) is not serve._raise_terminated  # restored
+    finally:
+        signal.signal(signal.SIGTERM, outer)
+
+
+@pytest.mark.service
+def test_uvicorn_giving_up_exits_1(fake: FakeApp, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def port_in_use() -> None:
+        raise SystemExit(1)  # uvicorn's answer to a bind error
+
+    fake.on_run = port_in_use
+    assert serve.handle(_args("--data-dir", str(tmp_path))) == 1
+    assert "the server stopped with status 1" in capsys.readouterr().err
+
+
+# --- options --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [["--port", "70000"], ["--port", "http"], ["--log-level", "loud"]])
+def test_bad_options_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _args(*argv)
+    assert exit_info.value.code == 2
+
+
+def test_url_for_brackets_ipv6() -> None:
+    assert serve.url_for("127.0.0.1", 8100) == "http://127.0.0.1:8100"
+    assert serve.url_for("::1", 8100) == "http://[::1]:8100"

@@ -1,0 +1,177 @@
+"""The coordinator's pure parts (SPEC §9): settings, node registry, derived job state,
+artifact keys and atomic writes, Prometheus rendering. No HTTP here."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from flashruntime.protocol.v1alpha1 import (
+    EventType,
+    JobRecord,
+    JobSpec,
+    JobState,
+    NodeHeartbeat,
+    NodeRegistration,
+)
+from flashruntime.service._artifacts import ArtifactStore, ArtifactTooLarge, BadArtifactKey, check_key
+from flashruntime.service._lease_jobs import derived_state, refreshed
+from flashruntime.service._metrics import Metrics
+from flashruntime.service._nodes import ONLINE_WINDOW_S, NodeRegistry
+from flashruntime.service.settings import RuntimeSettings, parse_selector
+
+T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+
+def test_settings_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FLASHML_PROFILE", "FLASHML_LEDGER_PATH", "FLASHML_MAX_ARTIFACT_MB", "FLASHML_JOIN_CODE",
+                 "FLASHML_ENABLE_KUBERAY", "FLASHML_STANDARD_NODE_SELECTOR"):
+        monkeypatch.delenv(name, raising=False)
+    defaults = RuntimeSettings.from_env()
+    assert (defaults.profile, defaults.namespace, defaults.ledger_path, defaults.artifacts_dir) == (
+        "local", "flashml", "/data/flashruntime.db", "/data/artifacts")
+    assert (defaults.enable_kuberay, defaults.join_code, defaults.max_artifact_mb, defaults.sweep_interval_s) == (
+        True, None, 256, 2.0)
+    env = {"FLASHML_PROFILE": "edge", "FLASHML_LEDGER_PATH": "/srv/x/ledger.db", "FLASHML_ENABLE_KUBERAY": "0",
+           "FLASHML_JOIN_CODE": "abc", "FLASHML_MAX_ARTIFACT_MB": "8",
+           "FLASHML_STANDARD_NODE_SELECTOR": "pool=a, zone = b ,", "FLASHML_RUNTIME_CLASS": "gvisor"}
+    settings = RuntimeSettings.from_env(env)
+    assert (settings.profile, settings.enable_kuberay, settings.join_code, settings.max_artifact_mb) == (
+        "edge", False, "abc", 8)
+    assert settings.standard_node_selector == {"pool": "a", "zone": "b"} and settings.sandbox_node_selector == {}
+    assert settings.sandbox_runtime_class == "gvisor"
+    assert settings.leases_path == Path("/srv/x/leases.db") and settings.checkpoints_path == Path("/srv/x/checkpoints.db")
+    monkeypatch.setenv("FLASHML_PROFILE", "from-process-env")
+    assert RuntimeSettings().profile == "from-process-env"  # defaults are read at construction
+
+
+@pytest.mark.parametrize(("env", "match"), [
+    ({"FLASHML_MAX_ARTIFACT_MB": "lots"}, "FLASHML_MAX_ARTIFACT_MB must be a whole number"),
+    ({"FLASHML_MAX_ARTIFACT_MB": "0"}, "FLASHML_MAX_ARTIFACT_MB must be > 0"),
+    ({"FLASHML_SANDBOX_NODE_SELECTOR": "novalue"}, "FLASHML_SANDBOX_NODE_SELECTOR: 'novalue' is not a key=value"),
+    ({"FLASHML_STANDARD_NODE_SELECTOR": "=v"}, "FLASHML_STANDARD_NODE_SELECTOR"),
+])
+def test_settings_refuse_malformed_values(env: dict[str, str], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        RuntimeSettings.from_env(env)
+
+
+def test_parse_selector() -> None:
+    assert parse_selector(None) == {} and parse_selector(" , ") == {} and parse_selector("a=") == {"a": ""}
+
+
+def _registration(node_id: str = "n1", pools: list[str] | None = None) -> NodeRegistration:
+    return NodeRegistration(node_id=node_id, kubernetes_node="", hostname="h", module_capable=True,
+                            local_datasets=["mnist"], capabilities={"cpu_cores": 4, "pools": pools or []})
+
+
+def test_node_registry_liveness_pools_and_accepted_counts() -> None:
+    clock = [1000.0]
+    nodes = NodeRegistry(clock=lambda: clock[0])
+    nodes.register(_registration("b"))
+    nodes.register(_registration("a", pools=["p"]))
+    assert nodes.heartbeat("ghost", NodeHeartbeat(node_id="ghost")) is False
+    nodes.count_accepted("a")
+    clock[0] += ONLINE_WINDOW_S - 0.5
+    assert nodes.heartbeat("a", NodeHeartbeat(node_id="a", pools=["q", "r"])) is True
+    assert nodes.heartbeat("b", NodeHeartbeat(node_id="b")) is True  # pools None: unchanged
+    clock[0] += 1.0
+    nodes.register(_registration("a", pools=["p"]))  # re-registration keeps the accepted count
+    rows = nodes.views({"b": (None, "maintenance")}, T0)
+    assert [r["node_id"] for r in rows] == ["a", "b"]
+    assert (rows[0]["online"], rows[0]["accepted_tasks"], rows[0]["capabilities"]["pools"]) == (True, 1, ["p"])
+    assert (rows[1]["online"], rows[1]["last_heartbeat_age_s"], rows[1]["cordon_reason"]) == (True, 1.0, "maintenance")
+    clock[0] += ONLINE_WINDOW_S
+    assert [r["online"] for r in nodes.views({}, T0)] == [False, False]
+    lapsed = {"a": (T0 - timedelta(seconds=1), "old")}
+    assert nodes.views(lapsed, T0)[0]["cordon_reason"] is None
+    assert nodes.status_counts({"b": (T0 + timedelta(hours=1), "x")}, T0) == {"online": 0, "offline": 2, "cordoned": 1}
+    view = nodes.claim_view("a")
+    assert view is not None and view["local_datasets"] == ["mnist"] and view["module_capable"] is True
+    assert view["capabilities"]["cpu_cores"] == 4 and nodes.claim_view("ghost") is None
+
+
+@pytest.mark.parametrize(("counts", "state"), [
+    ({}, JobState.PENDING),
+    ({"PENDING": 1, "COMPLETED": 3}, JobState.RUNNING),
+    ({"LEASED": 1, "FAILED": 1}, JobState.RUNNING),
+    ({"FAILED": 1, "COMPLETED": 3}, JobState.FAILED),
+    ({"FAILED": 1, "CANCELLED": 1}, JobState.FAILED),
+    ({"COMPLETED": 4}, JobState.SUCCEEDED),
+    ({"COMPLETED": 3, "CANCELLED": 1}, JobState.CANCELLED),
+])
+def test_derived_job_state(counts: dict[str, int], state: JobState) -> None:
+    assert derived_state(counts) is state
+
+
+def test_refresh_stamps_terminal_states_once_and_freezes_them() -> None:
+    spec = JobSpec.model_validate({"metadata": {"name": "j"}, "spec": {
+        "execution": {"backend": "leases"}, "image": {"repository": "r", "tag": "1"},
+        "workload": {"type": "hyperparameter_search", "parameters": {}}}})
+    record = JobRecord(job_id="abc", spec=spec, state=JobState.RUNNING, backend="leases", created_at=T0, artifacts=[])
+    same, event = refreshed(record, {"LEASED": 1}, T0)
+    assert same is record and event is None
+    done, event = refreshed(record, {"COMPLETED": 2}, T0 + timedelta(seconds=5))
+    assert done.state is JobState.SUCCEEDED and done.finished_at == T0 + timedelta(seconds=5)
+    assert event is not None and event.type is EventType.JOB_SUCCEEDED and event.source == "flashruntime.leases"
+    assert refreshed(done, {"PENDING": 1}, T0) == (done, None)  # terminal records are frozen
+    failed, event = refreshed(record, {"FAILED": 1, "COMPLETED": 1}, T0)
+    assert failed.state is JobState.FAILED and event is not None and event.type is EventType.JOB_FAILED
+    cancelled, event = refreshed(record, {"CANCELLED": 2}, T0)
+    assert cancelled.state is JobState.CANCELLED and cancelled.finished_at == T0 and event is None
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a/../b", "a/./b", "a\\b", "a//b", "dir/", "a/.upload-x", "..", "a\x00b"])
+def test_bad_artifact_keys(key: str) -> None:
+    with pytest.raises(BadArtifactKey):
+        check_key(key)
+
+
+def test_good_artifact_keys() -> None:
+    assert check_key("jobs/j/t/metrics.json") == "jobs/j/t/metrics.json" and check_key("a..b/c") == "a..b/c"
+
+
+async def _chunks(*parts: bytes):
+    for part in parts:
+        yield part
+
+
+def test_artifact_writes_are_atomic_bounded_and_listed(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path, max_bytes=10)
+    sha, size = asyncio.run(store.write("jobs/j/t/a.txt", _chunks(b"hello", b" you")))
+    assert size == 9 and (tmp_path / "jobs/j/t/a.txt").read_bytes() == b"hello you"
+    assert sha == hashlib.sha256(b"hello you").hexdigest()
+    with pytest.raises(ArtifactTooLarge, match="larger than the coordinator's limit"):
+        asyncio.run(store.write("jobs/j/t/a.txt", _chunks(b"0123456789", b"x")))
+    assert (tmp_path / "jobs/j/t/a.txt").read_bytes() == b"hello you"  # the old content survives
+    assert [p.name for p in (tmp_path / "jobs/j/t").iterdir()] == ["a.txt"]  # no temp file left behind
+    asyncio.run(store.write("jobs/j/u/b.bin", _chunks(b"1")))
+    asyncio.run(store.write("jobs/k/t/c.bin", _chunks(b"22")))
+    assert store.list("jobs/j/") == [("jobs/j/t/a.txt", 9), ("jobs/j/u/b.bin", 1)]
+    assert store.list("jobs/none/") == [] and store.read_path("jobs/j/t/missing") is None
+
+
+def test_metrics_render_prometheus_text() -> None:
+    metrics = Metrics()
+    metrics.count_claim("leased")
+    metrics.count_claim("empty")
+    metrics.count_commit("invalid_output")
+    metrics.count_expiries(2)
+    metrics.observe_request("GET", "/v1alpha1/jobs/{job_id}", 200, 0.003)
+    metrics.observe_request("GET", "/v1alpha1/jobs/{job_id}", 200, 0.2)
+    metrics.observe_request("GET", "/v1alpha1/jobs/{job_id}", 200, 60.0)
+    text = metrics.render({"PENDING": 1, "LEASED": 0}, 0, {"online": 1, "offline": 0, "cordoned": 0})
+    lines = text.splitlines()
+    assert "# TYPE flashruntime_tasks gauge" in lines and 'flashruntime_tasks{state="PENDING"} 1' in lines
+    assert 'flashruntime_claims_total{result="leased"} 1' in lines
+    assert 'flashruntime_commits_total{result="invalid_output"} 1' in lines
+    assert "flashruntime_lease_expiries_total 2" in lines
+    bucket = 'flashruntime_http_request_duration_seconds_bucket{method="GET",route="/v1alpha1/jobs/{job_id}",status="200",'
+    assert f'{bucket}le="0.005"}} 1' in lines and f'{bucket}le="0.25"}} 2' in lines and f'{bucket}le="10"}} 2' in lines
+    assert f'{bucket}le="+Inf"}} 3' in lines
+    count = 'flashruntime_http_request_duration_seconds_count{method="GET",route="/v1alpha1/jobs/{job_id}",status="200"} 3'
+    assert count in lines and text.endswith("\n")
