@@ -74,9 +74,14 @@ def attempt_processes(marker: bytes, pgids: Iterable[int], extra_pids: Iterable[
                 continue
             if _has_marker(pid, marker):
                 found[pid] = pgid
+    with_proc = proc_available()
     for pid in extra_pids:
         if pid in found or pid == me:
             continue
+        if with_proc:
+            fields = _stat_fields(pid)
+            if fields is None or fields[0] in ("Z", "X"):  # kill(pid, 0) succeeds on a zombie
+                continue
         try:
             os.kill(pid, 0)
             found[pid] = os.getpgid(pid)

@@ -2,8 +2,8 @@
 
 Three rounds over four shards of the worker's model and synthetic data, driven through the
 in-process FakeCoordinator that runs the real ``run_worker`` per shard, must reach a union loss
-within 10 % of centralized training on the union. (Against a real ``flashruntime serve`` with real
-workers once the coordinator service exists.)
+within 10 % of centralized training on the union. The same run against a real ``flashruntime serve``
+with real ``flashruntime worker`` processes is ``tests/e2e/test_fedavg_over_http.py``.
 """
 
 from __future__ import annotations

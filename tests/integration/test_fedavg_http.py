@@ -1,8 +1,8 @@
 """HttpCoordinator over real HTTP on 127.0.0.1 (SPEC §8.2, routes of §9.2).
 
-Interim: the coordinator service does not exist yet, so the server here is the stdlib fake in
-``tests/fedavg_fakes.py`` serving the same routes. Once ``flashruntime serve`` exists, the same
-driver run goes against it with real workers.
+The server here is the stdlib fake in ``tests/fedavg_fakes.py`` serving the same routes, so
+error paths (5xx, retries, missing artifacts) can be injected; the driver against the real
+``flashruntime serve`` with real workers is ``tests/e2e/test_fedavg_over_http.py``.
 """
 
 from __future__ import annotations

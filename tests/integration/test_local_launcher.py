@@ -127,3 +127,17 @@ def test_sweep_leaves_other_attempts_alone(tmp_path: Path) -> None:
     assert done.wait() is LaunchState.SUCCEEDED
     assert other.poll() is LaunchState.RUNNING
     other.cancel()
+
+
+def test_cancel_is_prompt_when_extra_pids_include_the_unreaped_leader(tmp_path: Path) -> None:
+    """``extra_pids`` (the sampler's view) may name the leader, which is a zombie until it
+    is reaped after the sweep: ``kill(pid, 0)`` succeeds on it, so the sweep must not wait for it."""
+    launcher = LocalProcessLauncher(tmp_path, term_grace_s=2.0)
+    handle = launcher.launch(LaunchSpec(argv=[sys.executable, "-c", "import time; time.sleep(300)"]), "j", "a")
+    leader = int(handle.execution_id)
+    handle.extra_pids = lambda: {leader}
+    time.sleep(0.2)
+    start = time.monotonic()
+    handle.cancel()
+    assert handle.poll() is LaunchState.CANCELLED
+    assert time.monotonic() - start < 8.0  # hang guard: a zombie counted as alive costs grace + 30 s

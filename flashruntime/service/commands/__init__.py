@@ -12,4 +12,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flashruntime.service.commands.plan",
     "flashruntime.service.commands.jobs",
     "flashruntime.service.commands.serve",
+    "flashruntime.service.commands.worker",
 )

@@ -1,0 +1,362 @@
+"""Running one lease (SPEC §9.11 steps 3–4): command, child process tree, lease heartbeats, finish.
+
+The child starts as §5.7's launcher starts one (its own process group, the attempt's unique
+``FLASHML_OUTPUT_DIR=<out dir>`` in its environment) and is watched and stopped by the
+launcher's own handle, whose sweep also reaches ranks that left the group. Lease heartbeats
+run on a thread from claim until the outcome is reported; a 410 or 403 abandons the lease.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import os
+import random
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flashruntime.launchers._sweep import proc_available
+from flashruntime.launchers.local import LocalLaunchHandle, read_log_tail
+from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
+from flashruntime.protocol.v1alpha1 import CompleteRequest, Lease
+from flashruntime.service._worker_http import CoordinatorHTTPError, CoordinatorUnavailable, WorkerClient
+from flashruntime.service._worker_inputs import (
+    LeaseDirs,
+    TaskInterrupted,
+    TaskRefused,
+    lease_dirs,
+    prepare_inputs,
+    write_spec,
+)
+from flashruntime.service.modea import ALLOWED_TASK_MODULES
+
+logger = logging.getLogger("flashruntime.worker")
+
+RUNNERS = ("subprocess", "trusted")
+DEFAULT_LEASE_SECONDS = 60.0  # used when a Lease does not state its renewal period (lease_seconds == 0)
+LOST_STATUSES = (403, 410)  # the lease is no longer ours: stop and walk away without further calls
+SHUTDOWN_REASON = "agent shutdown"
+_REASON_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class WorkerTiming:
+    """Periods and clocks of the agent; SPEC's values by default, shortened by tests."""
+
+    node_heartbeat_s: float = 5.0
+    term_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long
+    min_lease_heartbeat_s: float = 1.0  # lease heartbeats every max(this, lease_seconds / 3)
+    sampler_period_s: float = 2.0
+    child_poll_s: float = 0.1
+    max_backoff_s: float = 60.0
+    finish_attempts: int = 3  # tries of complete/fail/upload while the coordinator is unreachable
+    clock: Callable[[], float] = time.monotonic
+    # Waits up to the given seconds; None = an interruptible wait that a stop request ends early.
+    sleep: Callable[[float], object] | None = None
+    rng: random.Random = field(default_factory=random.Random)
+
+
+class Outcome(enum.Enum):
+    COMPLETED = "completed"  # complete was sent (accepted or not)
+    FAILED = "failed"  # fail was sent with a reason
+    ABANDONED = "abandoned"  # the lease was lost (410/403) or the coordinator stayed unreachable
+    SHUTDOWN = "shutdown"  # the agent is stopping; the lease was failed with "agent shutdown"
+
+    @property
+    def counts(self) -> bool:
+        """Whether the task counts toward ``max_tasks`` (it completed or failed)."""
+        return self in (Outcome.COMPLETED, Outcome.FAILED)
+
+
+def heartbeat_interval(lease: Lease, floor_s: float = 1.0) -> float:
+    seconds = lease.lease_seconds if lease.lease_seconds > 0 else DEFAULT_LEASE_SECONDS
+    return max(floor_s, seconds / 3.0)
+
+
+class LeaseHeartbeat:
+    """Renews one lease every ``interval_s`` on a daemon thread; ``lost`` is set on 410/403."""
+
+    def __init__(self, client: WorkerClient, lease_id: str, interval_s: float) -> None:
+        self._client = client
+        self.lease_id = lease_id
+        self.interval_s = interval_s
+        self.lost = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"flashruntime-lease-{lease_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._done.wait(self.interval_s):
+            try:
+                self._client.attempt_heartbeat(self.lease_id)
+            except CoordinatorHTTPError as exc:
+                if exc.status in LOST_STATUSES:
+                    logger.warning("lease %s lost (HTTP %s): stopping its processes", self.lease_id, exc.status)
+                    self.lost.set()
+                    return
+                logger.warning("lease %s heartbeat refused: %s", self.lease_id, exc)
+            except CoordinatorUnavailable as exc:
+                logger.warning("lease %s heartbeat failed: %s", self.lease_id, exc)
+
+
+def build_command(payload: Mapping[str, Any], runner: str, dirs: LeaseDirs) -> tuple[list[str], dict[str, str]]:
+    """(argv, payload env) for the lease; ``TaskRefused`` when this agent must not run it."""
+    if "module" in payload and "argv" in payload:
+        raise TaskRefused("payload carries both 'module' and 'argv'; exactly one is expected")
+    if "module" in payload:
+        module = payload["module"]
+        if not isinstance(module, str) or module not in ALLOWED_TASK_MODULES:
+            raise TaskRefused(f"module {module!r} is not in ALLOWED_TASK_MODULES "
+                              f"({', '.join(sorted(ALLOWED_TASK_MODULES))})")
+        return [sys.executable, "-m", module, "--spec", str(dirs.spec_file), "--out", str(dirs.out)], {}
+    if "argv" in payload:
+        if runner != "trusted":
+            raise TaskRefused(f"argv payloads run only on an agent started with --runner trusted "
+                              f"(this agent: --runner {runner})")
+        argv = payload["argv"]
+        if not isinstance(argv, list) or not argv or not all(isinstance(token, str) for token in argv):
+            raise TaskRefused(f"payload argv must be a non-empty list of strings, got {argv!r}")
+        env = payload.get("env") or {}
+        if not isinstance(env, dict):
+            raise TaskRefused(f"payload env must be an object of name -> value, got {env!r}")
+        return list(argv), {str(key): str(value) for key, value in env.items()}
+    raise TaskRefused("payload carries neither 'module' nor 'argv'")
+
+
+def child_env(payload_env: Mapping[str, str], dirs: LeaseDirs, lease: Lease) -> dict[str, str]:
+    """Agent environment + payload env + the contract variables, which therefore win."""
+    return {
+        **os.environ,
+        **payload_env,
+        "FLASHML_OUTPUT_DIR": str(dirs.out),
+        "FLASHML_CKPT_DIR": str(dirs.ckpt),
+        "FLASHML_JOB_ID": lease.job_id,
+        "FLASHML_ATTEMPT_ID": lease.lease_id,
+        "FLASHML_TASK_ID": lease.task_id,
+        "FLASHML_INPUTS_FILE": str(dirs.inputs_file),
+    }
+
+
+def start_child(argv: list[str], env: dict[str, str], dirs: LeaseDirs, term_grace_s: float) -> LocalLaunchHandle:
+    """Spawn as §5.7 does: no shell, own process group, stdout+stderr to ``launcher.log``."""
+    posix = os.name == "posix"
+    with open(dirs.log, "ab") as log:
+        try:
+            process = subprocess.Popen(
+                argv, cwd=dirs.root, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=posix,
+                creationflags=0 if posix else subprocess.CREATE_NEW_PROCESS_GROUP,  # type: ignore[attr-defined]
+            )
+        except OSError as exc:
+            raise TaskRefused(f"could not start {argv[0]!r}: {exc}") from None
+    # The handle's environment marker is FLASHML_OUTPUT_DIR=<out dir>, exactly as set above.
+    return LocalLaunchHandle(process, dirs.out, term_grace_s)
+
+
+def last_log_line(log: Path) -> str:
+    lines = [line.strip() for line in read_log_tail(log, 64 * 1024).splitlines() if line.strip()]
+    return lines[-1][:_REASON_LIMIT] if lines else "(no output)"
+
+
+def _is_regular(path: Path) -> bool:
+    """A regular file itself, not a symlink to one (a link could point anywhere on the host)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def output_files(out: Path) -> list[tuple[str, Path]]:
+    """Every regular file under ``out`` (symlinks skipped) as (relative posix path, path), sorted."""
+    found: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(out):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            if _is_regular(path):
+                found.append((path.relative_to(out).as_posix(), path))
+    return found
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1024 * 1024), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class _LeaseLost(Exception):
+    """The coordinator no longer recognises this lease as ours."""
+
+
+class LeaseRunner:
+    """Runs one claimed lease to an ``Outcome``."""
+
+    def __init__(
+        self,
+        client: WorkerClient,
+        *,
+        work_root: Path,
+        runner: str,
+        datasets: Mapping[str, str],
+        timing: WorkerTiming,
+        stopping: threading.Event,
+    ) -> None:
+        self._client = client
+        self._work_root = work_root
+        self._runner = runner
+        self._datasets = dict(datasets)
+        self._timing = timing
+        self._stopping = stopping
+
+    def _sleep(self, seconds: float) -> None:
+        (self._timing.sleep or self._stopping.wait)(seconds)
+
+    def run(self, lease: Lease) -> Outcome:
+        heartbeat = LeaseHeartbeat(self._client, lease.lease_id,
+                                   heartbeat_interval(lease, self._timing.min_lease_heartbeat_s))
+        heartbeat.start()
+        try:
+            return self._run(lease, heartbeat)
+        except _LeaseLost:
+            logger.warning("lease %s abandoned: no longer held by this agent", lease.lease_id)
+            return Outcome.ABANDONED
+        finally:
+            heartbeat.stop()
+
+    def _interrupted(self, heartbeat: LeaseHeartbeat) -> bool:
+        return heartbeat.lost.is_set() or self._stopping.is_set()
+
+    def _run(self, lease: Lease, heartbeat: LeaseHeartbeat) -> Outcome:
+        payload = lease.payload
+        try:
+            dirs = lease_dirs(self._work_root, lease.job_id, lease.task_id, lease.lease_id)
+            argv, payload_env = build_command(payload, self._runner, dirs)
+            params = payload.get("params", {})
+            if not isinstance(params, dict):
+                raise TaskRefused(f"payload params must be an object, got {params!r}")
+            inputs = prepare_inputs(self._client, payload, dirs, self._datasets,
+                                    should_stop=lambda: self._interrupted(heartbeat))
+            write_spec(dirs, lease.task_id, params, inputs)
+            if self._interrupted(heartbeat):
+                raise TaskInterrupted("stopped before the child started")
+            handle = start_child(argv, child_env(payload_env, dirs, lease), dirs, self._timing.term_grace_s)
+        except TaskRefused as exc:
+            return self._fail(lease, str(exc), Outcome.FAILED)
+        except TaskInterrupted:
+            return self._after_interrupt(lease, heartbeat)
+        except OSError as exc:  # the agent's own disk: work dir, spec.json, extraction
+            return self._fail(lease, f"agent error preparing the task: {exc}", Outcome.FAILED)
+        logger.info("lease %s (%s/%s) started pid %s", lease.lease_id, lease.job_id, lease.task_id,
+                    handle.execution_id)
+        started = self._timing.clock()
+        sampler = ResourceSampler(dirs.root, int(handle.execution_id), period_s=self._timing.sampler_period_s)
+        if not proc_available():
+            # /proc finds every process of the attempt on Linux; elsewhere the sampler's last-seen
+            # set is the best-effort fallback (§5.7). On Linux it would also hold the leader as an
+            # unreaped zombie, which os.kill(pid, 0) reports alive, stalling the sweep.
+            handle.extra_pids = sampler.last_seen_pids
+        sampler.start()
+        try:
+            state = handle.wait(timeout_seconds=0)
+            while not state.terminal and not self._interrupted(heartbeat):
+                state = handle.wait(timeout_seconds=self._timing.child_poll_s)
+            if not state.terminal:
+                handle.cancel()
+                return self._after_interrupt(lease, heartbeat)
+            wall_seconds = self._timing.clock() - started
+        finally:
+            sampler.stop()
+        return self._finish(lease, heartbeat, dirs, handle.exit_code, wall_seconds)
+
+    def _after_interrupt(self, lease: Lease, heartbeat: LeaseHeartbeat) -> Outcome:
+        if heartbeat.lost.is_set():
+            raise _LeaseLost()
+        return self._fail(lease, SHUTDOWN_REASON, Outcome.SHUTDOWN)
+
+    def _finish(self, lease: Lease, heartbeat: LeaseHeartbeat, dirs: LeaseDirs, exit_code: int | None,
+                wall_seconds: float) -> Outcome:
+        metrics = dirs.out / "metrics.json"
+        has_metrics = _is_regular(metrics)
+        if exit_code != 0 or not has_metrics:
+            logger.info("lease %s: child exited %s%s", lease.lease_id, exit_code,
+                        "" if has_metrics else " without out/metrics.json")
+            return self._fail(lease, f"exit {exit_code}: {last_log_line(dirs.log)}", Outcome.FAILED)
+        prefix = payload_prefix(lease)
+        for relative, path in output_files(dirs.out):
+            if self._interrupted(heartbeat):
+                return self._after_interrupt(lease, heartbeat)
+            try:
+                uploaded = self._with_retries(lambda key=prefix + relative, path=path: self._client.upload(key, path))
+            except CoordinatorHTTPError as exc:
+                return self._fail(lease, f"upload of {relative!r} refused: HTTP {exc.status}: {exc.detail}",
+                                  Outcome.FAILED)
+            if uploaded is None:
+                return self._fail(lease, f"upload of {relative!r} failed: coordinator unreachable", Outcome.FAILED)
+        if self._interrupted(heartbeat):
+            return self._after_interrupt(lease, heartbeat)
+        heartbeat.stop()
+        evidence = evidence_from_telemetry(dirs.telemetry, exit_code=0, wall_seconds=wall_seconds)
+        body = CompleteRequest(output_sha256=sha256_file(metrics), evidence=evidence).model_dump(mode="json")
+        try:
+            answer = self._with_retries(lambda: self._client.complete(lease.lease_id, body))
+        except CoordinatorHTTPError as exc:
+            logger.warning("lease %s: complete refused: %s", lease.lease_id, exc)
+            return Outcome.ABANDONED
+        if answer is None:
+            return Outcome.ABANDONED
+        logger.info("lease %s completed: accepted=%s %s", lease.lease_id, answer.get("accepted"),
+                    answer.get("detail") or "")
+        return Outcome.COMPLETED
+
+    def _fail(self, lease: Lease, reason: str, outcome: Outcome) -> Outcome:
+        reason = reason[:_REASON_LIMIT * 4]
+        logger.info("lease %s failed: %s", lease.lease_id, reason)
+        try:
+            sent = self._with_retries(lambda: self._client.fail(lease.lease_id, reason))
+        except CoordinatorHTTPError as exc:
+            logger.warning("lease %s: fail refused: %s", lease.lease_id, exc)
+            return Outcome.ABANDONED
+        return outcome if sent is not None else Outcome.ABANDONED
+
+    def _with_retries(self, call: Callable[[], Any]) -> Any:
+        """``call()``, retried while the coordinator is unreachable or answers 5xx; None when it
+        stays so. 403/404/410 mean the lease is gone (``_LeaseLost``); other HTTP errors propagate."""
+        for attempt in range(self._timing.finish_attempts):
+            try:
+                return call()
+            except CoordinatorHTTPError as exc:
+                if exc.status in (*LOST_STATUSES, 404):
+                    raise _LeaseLost() from None
+                if exc.status < 500:
+                    raise
+                problem: Exception = exc
+            except CoordinatorUnavailable as exc:
+                problem = exc
+            logger.warning("coordinator call failed (%s); try %d of %d", problem, attempt + 1,
+                           self._timing.finish_attempts)
+            if attempt + 1 < self._timing.finish_attempts:
+                self._sleep(min(self._timing.max_backoff_s, 2.0 ** attempt))
+        return None
+
+
+def payload_prefix(lease: Lease) -> str:
+    """The artifact key prefix of the lease's outputs (``jobs/<job>/<task>/`` when the payload omits it)."""
+    prefix = lease.payload.get("output_prefix")
+    return prefix if isinstance(prefix, str) and prefix else f"jobs/{lease.job_id}/{lease.task_id}/"
