@@ -175,3 +175,15 @@ def test_metrics_render_prometheus_text() -> None:
     assert f'{bucket}le="+Inf"}} 3' in lines
     count = 'flashruntime_http_request_duration_seconds_count{method="GET",route="/v1alpha1/jobs/{job_id}",status="200"} 3'
     assert count in lines and text.endswith("\n")
+
+
+def test_dashboard_is_self_contained_and_polls_the_documented_routes() -> None:
+    from flashruntime.service._dashboard import DASHBOARD_HTML
+    from flashruntime.viewer.page import TOKENS
+
+    assert "http://" not in DASHBOARD_HTML and "https://" not in DASHBOARD_HTML and " src=" not in DASHBOARD_HTML
+    for route in ("/v1alpha1/nodes", "/v1alpha1/jobs", "/tasks`", "/events`", "/artifacts`"):
+        assert route in DASHBOARD_HTML
+    assert "setInterval(refresh, 2000)" in DASHBOARD_HTML
+    assert all(f"--{name}:{value};" in DASHBOARD_HTML for name, value in TOKENS.items())
+    assert "%(" not in DASHBOARD_HTML  # every template slot was filled
