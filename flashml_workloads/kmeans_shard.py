@@ -1,0 +1,158 @@
+"""K-means task module (SPEC §12): the assignment half of one Lloyd iteration over one shard.
+
+``python -m flashml_workloads.kmeans_shard --spec spec.json --out OUTDIR`` reads the ``shard``
+input (a CSV of float rows, no header), assigns every row to its nearest centroid from the
+``centroids`` param, and writes the per-centroid partial sums and counts plus the shard's
+inertia to ``OUTDIR/metrics.json``; ``kmeans_driver.reduce_partials`` turns the partials of
+every shard into the next centroids. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["METRIC_KEYS", "SUMS_DECIMALS", "assign", "check_centroids", "main", "read_rows", "run_shard"]
+
+METRIC_KEYS = ("task_id", "sums", "counts", "inertia", "n")
+SUMS_DECIMALS = 10
+
+
+def _finite_number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where} is {value!r}; it must be a number")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{where} is {value!r}; it must be finite (no NaN or infinity)")
+    return number
+
+
+def check_centroids(raw: Any, name: str = "params.centroids") -> list[list[float]]:
+    """Centroids → a non-empty list of equally long, non-empty rows of finite floats (``name`` labels errors)."""
+    if isinstance(raw, (str, bytes)) or not isinstance(raw, (list, tuple)) or not raw:
+        raise ValueError(f"{name} is {raw!r}; give a non-empty list of centroid rows, e.g. [[0.0, 1.0], [2.0, 3.0]]")
+    centroids: list[list[float]] = []
+    for j, row in enumerate(raw):
+        if not isinstance(row, (list, tuple)) or not row:
+            raise ValueError(f"{name}[{j}] is {row!r}; each centroid must be a non-empty list of numbers")
+        if centroids and len(row) != len(centroids[0]):
+            raise ValueError(
+                f"{name}[{j}] has {len(row)} coordinates but {name}[0] has {len(centroids[0])}; "
+                "every centroid needs the same dimension"
+            )
+        centroids.append([_finite_number(v, f"{name}[{j}][{d}]") for d, v in enumerate(row)])
+    return centroids
+
+
+def read_rows(path: str | Path, dim: int | None = None) -> list[list[float]]:
+    """The float rows of a headerless CSV; blank lines are skipped.
+
+    Rows must all have the same number of columns (``dim`` when given), and every cell must be
+    a finite number; otherwise ``ValueError`` names the line and column.
+    """
+    rows: list[list[float]] = []
+    expected: int | None = None
+    first_line: int | None = None
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.reader(handle)
+        for cells in reader:
+            line = reader.line_num
+            if not cells or all(not cell.strip() for cell in cells):
+                continue
+            if dim is not None and len(cells) != dim:
+                raise ValueError(
+                    f"shard line {line} has {len(cells)} values but the centroids have {dim} coordinates; "
+                    "every row needs one value per centroid coordinate"
+                )
+            if expected is not None and len(cells) != expected:
+                raise ValueError(
+                    f"shard line {line} has {len(cells)} values but line {first_line} has {expected}; "
+                    "every row needs the same number of columns"
+                )
+            row = []
+            for col, cell in enumerate(cells, start=1):
+                try:
+                    value = float(cell)
+                except ValueError:
+                    raise ValueError(
+                        f"shard line {line}, column {col} is {cell!r}, which is not a number; the shard is a CSV "
+                        "of float rows without a header"
+                    ) from None
+                if not math.isfinite(value):
+                    raise ValueError(f"shard line {line}, column {col} is {cell!r}; values must be finite")
+                row.append(value)
+            if expected is None:
+                expected, first_line = len(row), line
+            rows.append(row)
+    return rows
+
+
+def assign(rows: Sequence[Sequence[float]], centroids: Sequence[Sequence[float]]) -> tuple[list[int], list[float]]:
+    """Nearest centroid of every row by squared Euclidean distance (ties → the lowest index);
+    → ``(labels, squared distances)``."""
+    labels, distances = [], []
+    for row in rows:
+        best, best_d2 = 0, math.inf
+        for j, centroid in enumerate(centroids):
+            d2 = math.fsum((x - c) * (x - c) for x, c in zip(row, centroid))
+            if d2 < best_d2:  # strict: an equal distance keeps the lower index
+                best, best_d2 = j, d2
+        labels.append(best)
+        distances.append(best_d2)
+    return labels, distances
+
+
+def run_shard(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """One shard's partial: ``{task_id, sums, counts, inertia, n}`` (sums rounded to 10 dp)."""
+    params = spec.get("params") or {}
+    inputs = spec.get("inputs") or {}
+    if not isinstance(params, Mapping) or "centroids" not in params:
+        raise ValueError("params.centroids is missing; the driver supplies the current centroids")
+    centroids = check_centroids(params["centroids"])
+    if not isinstance(inputs, Mapping) or not inputs.get("shard"):
+        raise ValueError("input 'shard' is missing; give the local path of the shard CSV as inputs.shard")
+    rows = read_rows(inputs["shard"], dim=len(centroids[0]))
+    labels, distances = assign(rows, centroids)
+    members: list[list[list[float]]] = [[] for _ in centroids]
+    for row, label in zip(rows, labels):
+        members[label].append(row)
+    dim = len(centroids[0])
+    sums = [[round(math.fsum(row[d] for row in group), SUMS_DECIMALS) for d in range(dim)] for group in members]
+    return {
+        "task_id": str(spec.get("task_id") or ""),
+        "sums": sums,
+        "counts": [len(group) for group in members],
+        "inertia": math.fsum(distances),
+        "n": len(rows),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Task-module CLI (SPEC §12): ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure."""
+    parser = argparse.ArgumentParser(prog="python -m flashml_workloads.kmeans_shard")
+    parser.add_argument("--spec", required=True, help="spec.json: {task_id, params: {centroids}, inputs: {shard}}")
+    parser.add_argument("--out", required=True, help="output directory (metrics.json)")
+    args = parser.parse_args(argv)
+    try:
+        spec = json.loads(Path(args.spec).read_text(encoding="utf-8"))
+        if not isinstance(spec, dict):
+            raise ValueError(f"{args.spec} must hold a JSON object {{task_id, params, inputs}}")
+        metrics = run_shard(spec)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.json").write_text(json.dumps(metrics, sort_keys=True), encoding="utf-8")
+    except Exception as exc:  # the CLI's contract is an exit code plus a readable reason
+        print(f"kmeans_shard: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({key: metrics[key] for key in ("task_id", "counts", "inertia", "n")}, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
