@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from flashruntime._http_text import error_detail, quote_key, quote_segment
 from flashruntime.errors import ArtifactNotFound
 
 _TIMEOUT_S = 60.0
@@ -42,7 +43,7 @@ class HttpCoordinator:
             with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
                 return response.read()
         except urllib.error.HTTPError as exc:
-            detail = _detail(exc)
+            detail = error_detail(exc)
             raise urllib.error.HTTPError(
                 url, exc.code, f"{method} {path} -> {exc.code} {exc.reason}: {detail}", exc.headers, None
             ) from None
@@ -57,20 +58,20 @@ class HttpCoordinator:
 
     def job_state(self, job_id: str) -> str:
         """``GET /v1alpha1/jobs/{id}`` → its ``state``."""
-        return self._json("GET", f"/v1alpha1/jobs/{_segment(job_id)}")["state"]
+        return self._json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}")["state"]
 
     def artifacts(self, job_id: str) -> list[dict[str, Any]]:
         """``GET /v1alpha1/jobs/{id}/artifacts`` → ``[{uri, key, size_bytes}]``."""
-        return self._json("GET", f"/v1alpha1/jobs/{_segment(job_id)}/artifacts")
+        return self._json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}/artifacts")
 
     def tasks(self, job_id: str) -> list[dict[str, Any]]:
         """``GET /v1alpha1/jobs/{id}/tasks`` → ``[{task_id, state, ...}]``."""
-        return self._json("GET", f"/v1alpha1/jobs/{_segment(job_id)}/tasks")
+        return self._json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}/tasks")
 
     def get_artifact(self, key: str) -> bytes:
         """``GET /v1alpha1/artifacts/{key}`` → the bytes; 404 → ``ArtifactNotFound``."""
         try:
-            return self._request("GET", f"/v1alpha1/artifacts/{_key(key)}")
+            return self._request("GET", f"/v1alpha1/artifacts/{quote_key(key)}")
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 raise ArtifactNotFound(f"artifact {key!r} not found at {self.base_url}") from None
@@ -78,26 +79,4 @@ class HttpCoordinator:
 
     def put_artifact(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
         """``PUT /v1alpha1/artifacts/{key}`` with ``body`` as JSON → the ``ArtifactRecord``."""
-        return self._json("PUT", f"/v1alpha1/artifacts/{_key(key)}", body)
-
-
-def _segment(value: str) -> str:
-    return urllib.parse.quote(str(value), safe="")
-
-
-def _key(key: str) -> str:
-    return urllib.parse.quote(key, safe="/")
-
-
-def _detail(exc: urllib.error.HTTPError) -> str:
-    try:
-        raw = exc.read()
-    except OSError:
-        return exc.reason if isinstance(exc.reason, str) else ""
-    try:
-        parsed = json.loads(raw)
-    except ValueError:
-        return raw.decode("utf-8", "replace")[:500]
-    if isinstance(parsed, dict) and "detail" in parsed:
-        return str(parsed["detail"])[:500]
-    return str(parsed)[:500]
+        return self._json("PUT", f"/v1alpha1/artifacts/{quote_key(key)}", body)

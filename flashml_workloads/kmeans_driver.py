@@ -18,8 +18,9 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from flashml_workloads._fedavg_http import HttpCoordinator, _detail, _key
+from flashml_workloads._fedavg_http import HttpCoordinator
 from flashml_workloads.kmeans_shard import check_centroids
+from flashruntime._http_text import error_detail, quote_key
 
 __all__ = [
     "DEFAULT_IMAGE",
@@ -144,7 +145,7 @@ class _KMeansCoordinator(HttpCoordinator):
 
     def put_bytes(self, key: str, data: bytes, content_type: str) -> dict[str, Any]:
         """``PUT /v1alpha1/artifacts/{key}`` with ``data`` as the body → the ``ArtifactRecord``."""
-        path = f"/v1alpha1/artifacts/{_key(key)}"
+        path = f"/v1alpha1/artifacts/{quote_key(key)}"
         url = self.base_url + path
         headers = {"Accept": "application/json", "Content-Type": content_type, **self.headers}
         request = urllib.request.Request(url, data=data, method="PUT", headers=headers)
@@ -153,7 +154,7 @@ class _KMeansCoordinator(HttpCoordinator):
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
             raise urllib.error.HTTPError(
-                url, exc.code, f"PUT {path} -> {exc.code} {exc.reason}: {_detail(exc)}", exc.headers, None
+                url, exc.code, f"PUT {path} -> {exc.code} {exc.reason}: {error_detail(exc)}", exc.headers, None
             ) from None
 
 

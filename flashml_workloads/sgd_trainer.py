@@ -9,15 +9,14 @@ run from one of those checkpoints with bit-identical results. Pure Python: stand
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
-import os
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from flashml_workloads._task_io import data_rows, write_json_atomic
 
 __all__ = [
     "BATCH",
@@ -95,14 +94,6 @@ def _params(raw: Any) -> dict[str, Any]:
     return params
 
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 def load_dataset(path: str | Path) -> tuple[list[list[float]], list[float]]:
     """Read a CSV of numeric feature columns with a 0/1 label in the last column → ``(x, y)``.
 
@@ -112,29 +103,9 @@ def load_dataset(path: str | Path) -> tuple[list[list[float]], list[float]]:
     rows whose column count differs from the first row's.
     """
     file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"{_PROG}: inputs.dataset {str(file)!r} is not a file; give a CSV path")
-    with file.open(newline="", encoding="utf-8") as handle:
-        lines = [(number, row) for number, row in enumerate(csv.reader(handle), start=1)
-                 if row and any(field.strip() for field in row)]
-    if lines and not all(_is_number(field) for field in lines[0][1][:-1]):
-        lines = lines[1:]  # a header row
-    if not lines:
-        raise ValueError(f"{_PROG}: dataset {str(file)!r} has no data rows; give a CSV with at least one row")
-    width = len(lines[0][1])
-    if width < 2:
-        raise ValueError(
-            f"{_PROG}: dataset {str(file)!r} line {lines[0][0]} has {width} column; give at least one feature "
-            "column and the 0/1 label as the last column"
-        )
     x: list[list[float]] = []
     y: list[float] = []
-    for number, row in lines:
-        if len(row) != width:
-            raise ValueError(
-                f"{_PROG}: dataset {str(file)!r} line {number} has {len(row)} columns, the first row has {width}; "
-                "every row needs the same columns"
-            )
+    for number, row in data_rows(file, _PROG, "the 0/1 label"):
         try:
             values = [float(field) for field in row]
         except ValueError:
@@ -244,22 +215,6 @@ def _require_finite(weights: Sequence[float], bias: float, step: int, lr: float)
 # --------------------------------------------------------------------------- files
 
 
-def _write_json_atomic(path: Path, document: Mapping[str, Any]) -> None:
-    """Write ``document`` to a temporary file beside ``path``, fsync it, then rename it over ``path``:
-    a crash leaves either the old file or the complete new one, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, allow_nan=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
 def _task_id(spec: Mapping[str, Any]) -> str | None:
     task_id = spec.get("task_id")
     if task_id is not None and not isinstance(task_id, str):
@@ -314,7 +269,7 @@ def run_trainer(spec: Mapping[str, Any], out: str | Path) -> dict[str, Any]:
             raise SimulatedCrash(done)
         if done % every == 0 and done < steps:
             _require_finite(weights, bias, done, lr)
-            _write_json_atomic(outdir / CKPT_DIR / checkpoint_name(done),
+            write_json_atomic(outdir / CKPT_DIR / checkpoint_name(done),
                                {"step": done, "weights": weights, "bias": bias})
     _require_finite(weights, bias, steps, lr)
     metrics = {
@@ -326,7 +281,7 @@ def run_trainer(spec: Mapping[str, Any], out: str | Path) -> dict[str, Any]:
         "weights": list(weights),
         "bias": bias,
     }
-    _write_json_atomic(outdir / "metrics.json", metrics)
+    write_json_atomic(outdir / "metrics.json", metrics)
     return metrics
 
 

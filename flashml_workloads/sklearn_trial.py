@@ -9,17 +9,16 @@ scikit-learn (extra ``sklearn``) are imported inside functions.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
-import os
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from flashml_workloads._task_io import data_rows, write_json_atomic
 
 __all__ = ["FOLDS", "MODELS", "SEED", "build_model", "load_dataset", "main", "resolve_params", "run_trial"]
 
@@ -95,29 +94,9 @@ def load_dataset(path: str | Path) -> tuple[list[list[float]], list[Any]]:
     label is a number (so ``1`` and ``1.0`` are one class). Non-finite features and rows whose
     column count differs from the first row's are refused."""
     file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"{_PROG}: inputs.dataset {str(file)!r} is not a file; give a CSV path")
-    with file.open(newline="", encoding="utf-8") as handle:
-        lines = [(number, row) for number, row in enumerate(csv.reader(handle), start=1)
-                 if row and any(field.strip() for field in row)]
-    if lines and not all(_is_float(field) for field in lines[0][1][:-1]):
-        lines = lines[1:]  # a header row
-    if not lines:
-        raise ValueError(f"{_PROG}: dataset {str(file)!r} has no data rows; give a CSV with a row per sample")
-    width = len(lines[0][1])
-    if width < 2:
-        raise ValueError(
-            f"{_PROG}: dataset {str(file)!r} line {lines[0][0]} has {width} column; give at least one feature "
-            "column and the label as the last column"
-        )
     x: list[list[float]] = []
     labels: list[str] = []
-    for number, row in lines:
-        if len(row) != width:
-            raise ValueError(
-                f"{_PROG}: dataset {str(file)!r} line {number} has {len(row)} columns, the first row has {width}; "
-                "every row needs the same columns"
-            )
+    for number, row in data_rows(file, _PROG, "the label"):
         features = [_number(field) for field in row[:-1]]
         if any(value is None for value in features):
             raise ValueError(
@@ -129,14 +108,6 @@ def load_dataset(path: str | Path) -> tuple[list[list[float]], list[Any]]:
     numeric = [_number(label) for label in labels]
     y: list[Any] = labels if any(value is None for value in numeric) else numeric
     return x, y
-
-
-def _is_float(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _check_classes(y: list[Any], path: str) -> None:
@@ -227,21 +198,6 @@ def run_trial(spec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _write_json_atomic(path: Path, document: Mapping[str, Any]) -> None:
-    """Temporary file beside ``path``, then rename: readers never see a partial metrics.json."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, allow_nan=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
 def main(argv: list[str] | None = None) -> int:
     """Task-module CLI (SPEC §12): ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure."""
     parser = argparse.ArgumentParser(prog="python -m flashml_workloads.sklearn_trial")
@@ -251,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = json.loads(Path(args.spec).read_text(encoding="utf-8"))
         metrics = run_trial(spec)
-        _write_json_atomic(Path(args.out) / "metrics.json", metrics)
+        write_json_atomic(Path(args.out) / "metrics.json", metrics)
     except Exception as exc:  # the CLI's contract is an exit code plus a readable reason
         print(f"{_PROG}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

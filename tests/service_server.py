@@ -109,3 +109,28 @@ class CoordinatorProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+_COORDINATOR_ENV = ("FLASHML_NODE_TOKENS", "FLASHML_OPERATOR_TOKENS", "FLASHML_JOIN_CODE", "FLASHML_RUNTIME_API",
+                    "FLASHML_LEDGER_PATH", "FLASHML_LOCAL_ARTIFACTS_DIR", "FLASHML_REQUIRE_NODE_AUTH")
+
+
+def process_env(**extra: str) -> dict[str, str]:
+    """The environment for a ``flashruntime`` subprocess: this checkout importable, no
+    coordinator settings inherited from the developer's shell."""
+    env = {k: v for k, v in os.environ.items() if k not in _COORDINATOR_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def stop_process(process: subprocess.Popen[str]) -> str:
+    """SIGTERM (a clean stop for serve and worker), then SIGKILL after 60 s; → its output."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        out, _ = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, _ = process.communicate()
+    return out or ""

@@ -90,3 +90,26 @@ def recipe_for(kind: str) -> WorkloadRecipe:
             "register one with flashruntime.recipes.register_recipe()"
         )
     return recipe
+
+
+MAX_EXPIRIES = 9  # SPEC §9.6: lost workers a task survives, whatever the job's retry policy
+
+
+def output_prefix(job_id: str, task_id: str) -> str:
+    """Where a task's outputs live: ``jobs/<job>/<task>/`` (its write scope, SPEC §9.4)."""
+    return f"jobs/{job_id}/{task_id}/"
+
+
+def lease_task(job_id: str, task_id: str, spec: JobSpec, payload: dict[str, Any], lease_seconds: float) -> TaskSpec:
+    """A ``TaskSpec`` with the rules every expansion shares (SPEC §9.6): commit key
+    ``<output_prefix>metrics.json``, ``max_attempts`` from the job's retry policy and
+    ``max_expiries`` = ``MAX_EXPIRIES``."""
+    return TaskSpec(
+        task_id=task_id,
+        job_id=job_id,
+        payload=payload,
+        commit_key=f"{output_prefix(job_id, task_id)}metrics.json",
+        max_attempts=spec.spec.retryPolicy.maxTaskAttempts,
+        max_expiries=MAX_EXPIRIES,
+        lease_seconds=lease_seconds,
+    )

@@ -15,7 +15,7 @@ from typing import Any
 
 from flashruntime.leases.manager import MAX_LEASE_SECONDS, bounded_lease_seconds
 from flashruntime.protocol.v1alpha1 import JobSpec, TaskSpec
-from flashruntime.recipes.base import WorkloadRecipe, register_recipe
+from flashruntime.recipes.base import WorkloadRecipe, lease_task, output_prefix, register_recipe
 
 __all__ = ["CommandRecipe"]
 
@@ -156,26 +156,15 @@ class CommandRecipe(WorkloadRecipe):
         tasks = []
         for i, values in enumerate(params.get("task_params") or [None]):
             task_id = f"task-{i:03d}"
-            output_prefix = f"jobs/{job_id}/{task_id}/"
             payload: dict[str, Any] = {
                 "argv": [_format(token, values, i, "argv token") for token in command],
                 "env": {name: _format(value, values, i, f"env {name}") for name, value in env.items()},
                 "inputs": dict(_given(params, "inputs", {})),
-                "output_prefix": output_prefix,
+                "output_prefix": output_prefix(job_id, task_id),
                 "task_id": task_id,
                 **copy.deepcopy(common),
             }
-            tasks.append(
-                TaskSpec(
-                    task_id=task_id,
-                    job_id=job_id,
-                    payload=payload,
-                    commit_key=f"{output_prefix}metrics.json",
-                    max_attempts=inner.retryPolicy.maxTaskAttempts,
-                    max_expiries=9,
-                    lease_seconds=lease_seconds,
-                )
-            )
+            tasks.append(lease_task(job_id, task_id, spec, payload, lease_seconds))
         return tasks
 
     def validate_output(self, metrics: Mapping[str, Any]) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from flashruntime.errors import ExpansionError
 from flashruntime.leases import MAX_LEASE_SECONDS, bounded_lease_seconds
 from flashruntime.protocol.v1alpha1 import JobSpec, TaskSpec
+from flashruntime.recipes.base import lease_task, output_prefix
 
 __all__ = [
     "ALLOWED_TASK_MODULES",
@@ -141,12 +142,11 @@ def _module_task(
     lease_seconds: float, extra: Mapping[str, Any] | None = None,
 ) -> TaskSpec:
     inner = spec.spec
-    output_prefix = f"jobs/{job_id}/{task_id}/"
     payload: dict[str, Any] = {
         "module": module,
         "params": params,
         "inputs": dict(inputs),
-        "output_prefix": output_prefix,
+        "output_prefix": output_prefix(job_id, task_id),
         "task_id": task_id,
         "image": inner.image.reference,
         "isolation": {"tier": str(inner.isolation.tier), "allowFallback": inner.isolation.allowFallback},
@@ -155,15 +155,7 @@ def _module_task(
         payload["pool"] = inner.placement.pool
     if extra:
         payload.update(copy.deepcopy(dict(extra)))
-    return TaskSpec(
-        task_id=task_id,
-        job_id=job_id,
-        payload=payload,
-        commit_key=f"{output_prefix}metrics.json",
-        max_attempts=inner.retryPolicy.maxTaskAttempts,
-        max_expiries=9,
-        lease_seconds=lease_seconds,
-    )
+    return lease_task(job_id, task_id, spec, payload, lease_seconds)
 
 
 def expand_hyperparameter_search(job_id: str, spec: JobSpec) -> list[TaskSpec]:

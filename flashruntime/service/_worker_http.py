@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import flashruntime
+from flashruntime._http_text import error_detail, quote_key, quote_segment
 from flashruntime.errors import CoordinatorUnavailable, FlashRuntimeError
 
 JOIN_CODE_HEADER = "X-FlashML-Join-Code"
@@ -71,7 +72,7 @@ class WorkerClient:
         try:
             return urllib.request.urlopen(request, timeout=self.timeout_s)
         except urllib.error.HTTPError as exc:
-            detail = _detail(exc)
+            detail = error_detail(exc)
             exc.close()
             raise CoordinatorHTTPError(method, path, exc.code, detail) from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
@@ -103,7 +104,7 @@ class WorkerClient:
 
     def node_heartbeat(self, node_id: str, heartbeat: dict[str, Any]) -> dict[str, Any]:
         """``POST /v1alpha1/nodes/{node_id}/heartbeat``."""
-        return self._json("POST", f"/v1alpha1/nodes/{_segment(node_id)}/heartbeat", heartbeat) or {}
+        return self._json("POST", f"/v1alpha1/nodes/{quote_segment(node_id)}/heartbeat", heartbeat) or {}
 
     def claim(self, node_id: str) -> dict[str, Any] | None:
         """``POST /v1alpha1/leases/claim`` → the Lease JSON, or None on 204 (nothing for this node)."""
@@ -112,20 +113,20 @@ class WorkerClient:
     # attempt routes --------------------------------------------------------------
     def attempt_heartbeat(self, lease_id: str) -> dict[str, Any]:
         """``POST /v1alpha1/attempts/{lease_id}/heartbeat`` → the renewed Lease JSON."""
-        return self._json("POST", f"/v1alpha1/attempts/{_segment(lease_id)}/heartbeat") or {}
+        return self._json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/heartbeat") or {}
 
     def complete(self, lease_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /v1alpha1/attempts/{lease_id}/complete`` → ``{"accepted": bool, ...}``."""
-        return self._json("POST", f"/v1alpha1/attempts/{_segment(lease_id)}/complete", body) or {}
+        return self._json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/complete", body) or {}
 
     def fail(self, lease_id: str, reason: str) -> dict[str, Any]:
         """``POST /v1alpha1/attempts/{lease_id}/fail``."""
-        return self._json("POST", f"/v1alpha1/attempts/{_segment(lease_id)}/fail", {"reason": reason}) or {}
+        return self._json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/fail", {"reason": reason}) or {}
 
     # artifacts -------------------------------------------------------------------
     def download(self, key: str, destination: Path) -> int:
         """``GET /v1alpha1/artifacts/{key}`` streamed into ``destination``; returns the byte count."""
-        path = f"/v1alpha1/artifacts/{_key(key)}"
+        path = f"/v1alpha1/artifacts/{quote_key(key)}"
         with self._open("GET", path) as response, open(destination, "wb") as handle:
             while True:
                 try:
@@ -138,7 +139,7 @@ class WorkerClient:
 
     def upload(self, key: str, source: Path) -> dict[str, Any]:
         """``PUT /v1alpha1/artifacts/{key}`` with the file's raw bytes (streamed) → the ArtifactRecord."""
-        path = f"/v1alpha1/artifacts/{_key(key)}"
+        path = f"/v1alpha1/artifacts/{quote_key(key)}"
         size = source.stat().st_size
         headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
         with open(source, "rb") as body:
@@ -154,25 +155,3 @@ class WorkerClient:
         except ValueError:
             record = {}
         return record if isinstance(record, dict) else {}
-
-
-def _segment(value: str) -> str:
-    return urllib.parse.quote(str(value), safe="")
-
-
-def _key(key: str) -> str:
-    return urllib.parse.quote(key, safe="/")
-
-
-def _detail(exc: urllib.error.HTTPError) -> str:
-    try:
-        raw = exc.read()
-    except (OSError, http.client.HTTPException):
-        return exc.reason if isinstance(exc.reason, str) else ""
-    try:
-        parsed = json.loads(raw)
-    except ValueError:
-        return raw.decode("utf-8", "replace")[:500]
-    if isinstance(parsed, dict) and "detail" in parsed:
-        return str(parsed["detail"])[:500]
-    return str(parsed)[:500]

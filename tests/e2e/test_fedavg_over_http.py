@@ -6,16 +6,13 @@ of ``tests/integration/test_fedavg_convergence.py`` does."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests._support import REPO_ROOT
-from tests.service_server import free_port, wait_healthy
+from tests.service_server import free_port, process_env, stop_process, wait_healthy
 
 pytestmark = [pytest.mark.service, pytest.mark.torch, pytest.mark.slow]
 pytest.importorskip("torch")
@@ -30,24 +27,10 @@ ROUNDS, SHARDS = 3, 4
 FULL = {**WORKER_PARAMS, "round": 0, "shard": 0, "num_shards": SHARDS}
 
 
-def _stop(process: subprocess.Popen[str]) -> str:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    try:
-        out, _ = process.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        out, _ = process.communicate()
-    return out
-
-
 def test_three_rounds_over_a_real_coordinator_and_workers_match_centralized(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    for name in ("FLASHML_NODE_TOKENS", "FLASHML_OPERATOR_TOKENS", "FLASHML_JOIN_CODE", "FLASHML_RUNTIME_API"):
-        env.pop(name, None)
+    env = process_env(OMP_NUM_THREADS="1")
     cli = [sys.executable, "-m", "flashruntime.service.cli"]
     server = subprocess.Popen([*cli, "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -77,7 +60,7 @@ def test_three_rounds_over_a_real_coordinator_and_workers_match_centralized(tmp_
         assert set(nodes) == {"volunteer-1", "volunteer-2"} and sum(nodes.values()) == ROUNDS * SHARDS
         assert all(count > 0 for count in nodes.values()), nodes
     finally:
-        logs = [_stop(worker) for worker in workers]
-        server_log = _stop(server)
+        logs = [stop_process(worker) for worker in workers]
+        server_log = stop_process(server)
     assert all(worker.returncode == 0 for worker in workers), logs
     assert server.returncode == 0, server_log

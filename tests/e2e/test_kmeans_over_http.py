@@ -6,9 +6,7 @@ in-process Lloyd run from the same initial centroids."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +18,7 @@ import pytest
 
 from flashml_workloads.kmeans_driver import init_centroids, run_kmeans, shard_and_upload
 from tests._support import REPO_ROOT
-from tests.service_server import serve_in_thread, settings_for
+from tests.service_server import process_env, serve_in_thread, settings_for, stop_process
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 pytest.importorskip("uvicorn")
@@ -62,23 +60,10 @@ def get_json(url: str) -> Any:
         return json.loads(response.read())
 
 
-def stop(process: subprocess.Popen[str]) -> str:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    try:
-        out, _ = process.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        out, _ = process.communicate()
-    return out
-
-
 def test_three_iterations_over_a_real_coordinator_and_two_workers_match_local_lloyd(tmp_path: Path) -> None:
     rows = three_blobs()
     start = init_centroids(rows, K, seed=0)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    for name in ("FLASHML_NODE_TOKENS", "FLASHML_OPERATOR_TOKENS", "FLASHML_JOIN_CODE", "FLASHML_RUNTIME_API"):
-        env.pop(name, None)
+    env = process_env()
     workers: list[subprocess.Popen[str]] = []
     with serve_in_thread(settings_for(tmp_path / "data")) as url:
         try:
@@ -98,7 +83,7 @@ def test_three_iterations_over_a_real_coordinator_and_two_workers_match_local_ll
             nodes = {n["node_id"]: n["accepted_tasks"] for n in get_json(f"{url}/v1alpha1/nodes")}
             states = [get_json(f"{url}/v1alpha1/jobs/{job}")["state"] for job in out["job_ids"]]
         finally:
-            logs = [stop(worker) for worker in workers]
+            logs = [stop_process(worker) for worker in workers]
 
     assert uris == [f"artifact://datasets/blobs/shard-{s:03d}.csv" for s in range(SHARDS)]
     expected, history = lloyd(rows, start, ITERATIONS)

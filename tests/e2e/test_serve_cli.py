@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -11,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._support import REPO_ROOT
-from tests.service_server import free_port, wait_healthy
+from tests.service_server import free_port, process_env, wait_healthy
 
 pytestmark = pytest.mark.service
 pytest.importorskip("uvicorn")
@@ -31,10 +29,7 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def test_serve_then_submit_status_events_cancel_and_a_clean_stop(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "FLASHML_RUNTIME_API": url,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    for name in ("FLASHML_LEDGER_PATH", "FLASHML_LOCAL_ARTIFACTS_DIR", "FLASHML_NODE_TOKENS", "FLASHML_OPERATOR_TOKENS"):
-        env.pop(name, None)
+    env = process_env(FLASHML_RUNTIME_API=url)
     server = subprocess.Popen([sys.executable, "-m", "flashruntime.service.cli", "serve", "--port", str(port),
                                "--data-dir", str(tmp_path / "data")], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)

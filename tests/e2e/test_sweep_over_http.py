@@ -4,7 +4,6 @@ worker`` process running three ``sklearn_trial`` tasks whose metrics come back a
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -12,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._support import REPO_ROOT
-from tests.service_server import serve_in_thread, settings_for
+from tests.service_server import process_env, serve_in_thread, settings_for
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 pytest.importorskip("sklearn")
@@ -45,10 +43,7 @@ def sweep_spec() -> dict:
 
 
 def test_a_logreg_grid_runs_on_a_real_worker_and_every_trial_reports_its_accuracy(tmp_path: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    for name in ("FLASHML_NODE_TOKENS", "FLASHML_OPERATOR_TOKENS", "FLASHML_JOIN_CODE", "FLASHML_RUNTIME_API"):
-        env.pop(name, None)
+    env = process_env()
     with serve_in_thread(settings_for(tmp_path / "data")) as url, httpx.Client(base_url=url, timeout=10) as api:
         put = api.put("/v1alpha1/artifacts/datasets/iris.csv", content=iris_csv())
         assert put.status_code == 200, put.text

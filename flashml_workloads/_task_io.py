@@ -1,0 +1,77 @@
+"""Files of the task modules (SPEC §12), standard library only: the labelled CSV they
+read and the JSON they write.
+
+``data_rows`` does the part every CSV reader agrees on (blank lines, an optional header,
+at least one feature column, no ragged rows); each module then parses its labels its own
+way (``sgd_trainer``: 0/1; ``sklearn_trial``: class names). ``write_json_atomic`` is how
+``metrics.json`` and checkpoints are written, so a worker never uploads half a file.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["data_rows", "is_number", "write_json_atomic"]
+
+
+def is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def data_rows(path: str | Path, prog: str, label_hint: str) -> list[tuple[int, list[str]]]:
+    """``(line number, fields)`` of every data row of ``path``.
+
+    Blank lines are skipped; the first non-blank line is a header, and skipped, when one of
+    its feature fields is not a number. No rows, fewer than two columns, or a row whose
+    column count differs from the first row's → ``ValueError`` naming ``prog``, the file and
+    the line (``label_hint`` says what the last column must hold).
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"{prog}: inputs.dataset {str(file)!r} is not a file; give a CSV path")
+    with file.open(newline="", encoding="utf-8") as handle:
+        lines = [(number, row) for number, row in enumerate(csv.reader(handle), start=1)
+                 if row and any(field.strip() for field in row)]
+    if lines and not all(is_number(field) for field in lines[0][1][:-1]):
+        lines = lines[1:]  # a header row
+    if not lines:
+        raise ValueError(f"{prog}: dataset {str(file)!r} has no data rows; give a CSV with a row per sample")
+    width = len(lines[0][1])
+    if width < 2:
+        raise ValueError(
+            f"{prog}: dataset {str(file)!r} line {lines[0][0]} has {width} column; give at least one feature "
+            f"column and {label_hint} as the last column"
+        )
+    for number, row in lines:
+        if len(row) != width:
+            raise ValueError(
+                f"{prog}: dataset {str(file)!r} line {number} has {len(row)} columns, the first row has {width}; "
+                "every row needs the same columns"
+            )
+    return lines
+
+
+def write_json_atomic(path: Path, document: Mapping[str, Any]) -> None:
+    """Write ``document`` to a temporary file beside ``path``, fsync it, then rename it over ``path``:
+    a crash leaves either the old file or the complete new one, never a torn one. NaN is refused."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, allow_nan=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
