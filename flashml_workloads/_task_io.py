@@ -1,5 +1,5 @@
-"""Files of the task modules (SPEC §12), standard library only: the labelled CSV they
-read and the JSON they write.
+"""Files and CLI of the task modules (SPEC §12), standard library only: the labelled CSV
+they read, the JSON they write, and the ``--spec spec.json --out OUTDIR`` entry point.
 
 ``data_rows`` does the part every CSV reader agrees on (blank lines, an optional header,
 at least one feature column, no ragged rows); each module then parses its labels its own
@@ -9,15 +9,17 @@ way (``sgd_trainer``: 0/1; ``sklearn_trial``: class names). ``write_json_atomic`
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
+import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["data_rows", "is_number", "write_json_atomic"]
+__all__ = ["data_rows", "is_number", "task_main", "write_json_atomic"]
 
 
 def is_number(text: str) -> bool:
@@ -75,3 +77,38 @@ def write_json_atomic(path: Path, document: Mapping[str, Any]) -> None:
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+
+
+def task_main(
+    name: str,
+    argv: Sequence[str] | None,
+    run: Callable[[dict[str, Any], Path], Mapping[str, Any]],
+    *,
+    out_help: str = "output directory (metrics.json)",
+    exit_codes: Mapping[type[BaseException], int] | None = None,
+    summary: Callable[[Mapping[str, Any]], Any] | None = None,
+) -> int:
+    """The task-module CLI: ``python -m flashml_workloads.<name> --spec spec.json --out OUTDIR``.
+
+    ``run(spec, out)`` does the work and leaves ``OUTDIR/metrics.json``; its metrics (or
+    ``summary`` of them) are printed as JSON. A failure prints ``<name>: <Type>: <message>``
+    to stderr, the reason the worker agent reports, and exits 1, or the code ``exit_codes``
+    maps its exception type to.
+    """
+    parser = argparse.ArgumentParser(prog=f"python -m flashml_workloads.{name}")
+    parser.add_argument("--spec", required=True, help="spec.json: {task_id, params, inputs}")
+    parser.add_argument("--out", required=True, help=out_help)
+    args = parser.parse_args(argv)
+    try:
+        spec = json.loads(Path(args.spec).read_text(encoding="utf-8"))
+        if not isinstance(spec, dict):
+            raise ValueError(f"{args.spec} must hold a JSON object {{task_id, params, inputs}}")
+        metrics = run(spec, Path(args.out))
+    except BaseException as exc:  # the CLI's contract is an exit code plus a readable reason
+        code = next((code for kind, code in (exit_codes or {}).items() if isinstance(exc, kind)), None)
+        if code is None and not isinstance(exc, Exception):
+            raise  # KeyboardInterrupt and friends keep their meaning
+        print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1 if code is None else code
+    print(json.dumps(summary(metrics) if summary is not None else metrics, sort_keys=True))
+    return 0

@@ -8,7 +8,6 @@ torch is imported inside functions, so importing this module needs only the stan
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flashml_workloads import _fedavg_blob as _blob
+from flashml_workloads._task_io import task_main
 from flashml_workloads.fedavg_weights import decode, encode, require_finite, subtract
 from flashruntime.errors import WeightShapeMismatch
 
@@ -263,18 +263,7 @@ def centralized_loss(params: Mapping[str, Any], rounds: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """Task-module CLI (SPEC §12): ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure."""
-    parser = argparse.ArgumentParser(prog="python -m flashml_workloads.fedavg_worker")
-    parser.add_argument("--spec", required=True, help="spec.json: {task_id, params, inputs}")
-    parser.add_argument("--out", required=True, help="output directory (metrics.json, delta.json)")
-    args = parser.parse_args(argv)
-    try:
-        spec = json.loads(Path(args.spec).read_text(encoding="utf-8"))
-        metrics = run_worker(spec, args.out)
-    except Exception as exc:  # the CLI's contract is an exit code plus a readable reason
-        print(f"fedavg_worker: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(metrics, sort_keys=True))
-    return 0
+    return task_main("fedavg_worker", argv, run_worker, out_help="output directory (metrics.json, delta.json)")
 
 
 if __name__ == "__main__":

@@ -9,14 +9,14 @@ every shard into the next centroids. Standard library only.
 
 from __future__ import annotations
 
-import argparse
 import csv
-import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from flashml_workloads._task_io import task_main, write_json_atomic
 
 __all__ = ["METRIC_KEYS", "SUMS_DECIMALS", "assign", "check_centroids", "main", "read_rows", "run_shard"]
 
@@ -135,23 +135,14 @@ def run_shard(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Task-module CLI (SPEC §12): ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure."""
-    parser = argparse.ArgumentParser(prog="python -m flashml_workloads.kmeans_shard")
-    parser.add_argument("--spec", required=True, help="spec.json: {task_id, params: {centroids}, inputs: {shard}}")
-    parser.add_argument("--out", required=True, help="output directory (metrics.json)")
-    args = parser.parse_args(argv)
-    try:
-        spec = json.loads(Path(args.spec).read_text(encoding="utf-8"))
-        if not isinstance(spec, dict):
-            raise ValueError(f"{args.spec} must hold a JSON object {{task_id, params, inputs}}")
-        metrics = run_shard(spec)
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.json").write_text(json.dumps(metrics, sort_keys=True), encoding="utf-8")
-    except Exception as exc:  # the CLI's contract is an exit code plus a readable reason
-        print(f"kmeans_shard: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps({key: metrics[key] for key in ("task_id", "counts", "inertia", "n")}, sort_keys=True))
-    return 0
+    return task_main("kmeans_shard", argv, _run_and_write,
+                     summary=lambda metrics: {key: metrics[key] for key in ("task_id", "counts", "inertia", "n")})
+
+
+def _run_and_write(spec: dict[str, Any], out: Path) -> dict[str, Any]:
+    metrics = run_shard(spec)
+    write_json_atomic(out / "metrics.json", metrics)
+    return metrics
 
 
 if __name__ == "__main__":

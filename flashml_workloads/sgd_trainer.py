@@ -8,7 +8,6 @@ run from one of those checkpoints with bit-identical results. Pure Python: stand
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -16,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flashml_workloads._task_io import data_rows, write_json_atomic
+from flashml_workloads._task_io import data_rows, task_main, write_json_atomic
 
 __all__ = [
     "BATCH",
@@ -288,21 +287,8 @@ def run_trainer(spec: Mapping[str, Any], out: str | Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Task-module CLI (SPEC §12): ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure,
     3 when ``kill_at_step`` fired."""
-    parser = argparse.ArgumentParser(prog="python -m flashml_workloads.sgd_trainer")
-    parser.add_argument("--spec", required=True, help="spec.json: {task_id, params, inputs}")
-    parser.add_argument("--out", required=True, help="output directory (metrics.json, ckpt/)")
-    args = parser.parse_args(argv)
-    try:
-        spec = json.loads(Path(args.spec).read_text(encoding="utf-8"))
-        metrics = run_trainer(spec, args.out)
-    except SimulatedCrash as crash:
-        print(f"{_PROG}: {type(crash).__name__}: {crash}", file=sys.stderr)
-        return KILL_EXIT_CODE
-    except Exception as exc:  # the CLI's contract is an exit code plus a readable reason
-        print(f"{_PROG}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(metrics))
-    return 0
+    return task_main("sgd_trainer", argv, run_trainer, out_help="output directory (metrics.json, ckpt/)",
+                     exit_codes={SimulatedCrash: KILL_EXIT_CODE})
 
 
 if __name__ == "__main__":

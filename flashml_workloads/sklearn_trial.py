@@ -8,8 +8,6 @@ scikit-learn (extra ``sklearn``) are imported inside functions.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
 import time
@@ -18,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from flashml_workloads._task_io import data_rows, write_json_atomic
+from flashml_workloads._task_io import data_rows, task_main, write_json_atomic
 
 __all__ = ["FOLDS", "MODELS", "SEED", "build_model", "load_dataset", "main", "resolve_params", "run_trial"]
 
@@ -200,19 +198,13 @@ def run_trial(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Task-module CLI (SPEC §12): ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure."""
-    parser = argparse.ArgumentParser(prog="python -m flashml_workloads.sklearn_trial")
-    parser.add_argument("--spec", required=True, help="spec.json: {task_id, params, inputs}")
-    parser.add_argument("--out", required=True, help="output directory (metrics.json)")
-    args = parser.parse_args(argv)
-    try:
-        spec = json.loads(Path(args.spec).read_text(encoding="utf-8"))
-        metrics = run_trial(spec)
-        write_json_atomic(Path(args.out) / "metrics.json", metrics)
-    except Exception as exc:  # the CLI's contract is an exit code plus a readable reason
-        print(f"{_PROG}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(metrics))
-    return 0
+    return task_main("sklearn_trial", argv, _run_and_write)
+
+
+def _run_and_write(spec: dict[str, Any], out: Path) -> dict[str, Any]:
+    metrics = run_trial(spec)
+    write_json_atomic(out / "metrics.json", metrics)
+    return metrics
 
 
 if __name__ == "__main__":
