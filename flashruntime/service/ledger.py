@@ -70,28 +70,22 @@ class Ledger:
         self.path = Path(path).expanduser()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        with self._lock:
+        with self._lock:  # journal_mode is stored in the file, and cannot change inside a transaction
             conn = sqlite3.connect(str(self.path), timeout=_BUSY_TIMEOUT_S, isolation_level=None)
             try:
-                conn.execute("PRAGMA journal_mode = WAL")  # persistent: stored in the file
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    version = conn.execute("PRAGMA user_version").fetchone()[0]
-                    if version > _SCHEMA_VERSION:
-                        raise RuntimeError(
-                            f"{self.path}: ledger schema version {version} is newer than the {_SCHEMA_VERSION} this "
-                            "flashruntime reads; open it with the version that wrote it"
-                        )
-                    for statement in _SCHEMA:
-                        conn.execute(statement)
-                    conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
+                conn.execute("PRAGMA journal_mode = WAL")
             finally:
                 conn.close()
+        with self._connect(write=True) as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > _SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"{self.path}: ledger schema version {version} is newer than the {_SCHEMA_VERSION} this "
+                    "flashruntime reads; open it with the version that wrote it"
+                )
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
 
     def __repr__(self) -> str:
         return f"Ledger({str(self.path)!r})"

@@ -20,23 +20,11 @@ from flashml_workloads.fedavg_driver import (
 )
 from flashml_workloads.fedavg_weights import NonFiniteWeights, decode
 from flashruntime import errors
+from tests._support import FakeClock
 from tests.fedavg_fakes import FakeCoordinator, FakeCoordinatorWithoutTasks, quadratic_worker
 
 TARGETS = [[1.0, 2.0], [1.5, 1.0], [0.5, 3.0], [1.0, 2.5]]
 ZEROS = {"w": {"shape": [2], "data": [0.0, 0.0]}}
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 def run(coord, clock=None, **kw):

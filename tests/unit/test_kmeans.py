@@ -18,7 +18,7 @@ import pytest
 
 from flashml_workloads import kmeans_driver as kd
 from flashml_workloads import kmeans_shard as ks
-from tests._support import REPO_ROOT
+from tests._support import REPO_ROOT, FakeClock
 
 CENTROIDS = [[0.0, 0.0], [4.0, 0.0], [0.0, 4.0]]
 
@@ -254,19 +254,6 @@ def test_sharded_iteration_plus_reduce_equals_single_process_lloyd(tmp_path: Pat
 
 
 # --- run_kmeans against a stand-in coordinator ------------------------------------------------
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 class StandInCoordinator:
