@@ -86,3 +86,17 @@ def test_submit_of_a_cuda_job_collects_metrics_and_gpu_telemetry(gpus: int, tmp_
     assert max(row["util_percent"] or 0 for row in rows) > 0
     evidence = evidence_from_telemetry(telemetry)
     assert evidence.gpu_util_percent_mean is not None and evidence.gpu_util_percent_mean > 0
+
+
+def test_worker_registration_reports_every_visible_gpu(gpus: int) -> None:
+    """The agent's registration lists the GPUs nvidia-smi sees (SPEC §9.11 step 1), so the
+    coordinator's GPU gate can place ``gpus`` tasks on this machine."""
+    import torch
+
+    from flashruntime.service.worker import WorkerAgent
+
+    capabilities = WorkerAgent("http://127.0.0.1:9", node_id="gpu-box").registration().capabilities
+    assert len(capabilities.gpus) == torch.cuda.device_count()
+    assert [gpu.index for gpu in capabilities.gpus] == list(range(torch.cuda.device_count()))
+    assert capabilities.gpus[0].name == torch.cuda.get_device_name(0)
+    assert capabilities.gpus[0].memory_total_mb and capabilities.gpus[0].memory_total_mb > 1024
