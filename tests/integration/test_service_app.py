@@ -314,3 +314,28 @@ def test_a_lease_survives_a_kill9_of_the_coordinator(tmp_path: Path) -> None:
     finally:
         second.stop()
     assert json.loads((data / "artifacts" / key).read_text()) == {"score": 2}
+
+
+def test_importing_the_app_module_has_no_side_effects_and_app_is_built_on_access(tmp_path: Path) -> None:
+    """SPEC §9.1: ``flashruntime.service.app.app`` is built lazily (once), or is None with
+    ``FLASHML_SERVICE_AUTOINIT=0``; the import alone creates nothing."""
+    import subprocess
+    import sys
+
+    from tests.service_server import process_env
+
+    code = (
+        "import pathlib, sys; import flashruntime.service.app as m; d = pathlib.Path(sys.argv[1]);"
+        "assert not d.exists(), 'import created files'; a = m.app; assert a is m.app;"
+        "print(type(a).__name__, d.joinpath('flashruntime.db').exists(), d.joinpath('leases.db').exists())"
+    )
+    data = tmp_path / "data"
+    env = process_env(FLASHML_LEDGER_PATH=str(data / "flashruntime.db"),
+                      FLASHML_LOCAL_ARTIFACTS_DIR=str(data / "artifacts"))
+    built = subprocess.run([sys.executable, "-c", code, str(data)], env=env, capture_output=True, text=True,
+                           timeout=120, check=False)
+    assert built.returncode == 0 and built.stdout.split() == ["FastAPI", "True", "True"], built.stderr
+    off = subprocess.run([sys.executable, "-c", code.replace("True", "False"), str(tmp_path / "off")],
+                         env={**env, "FLASHML_SERVICE_AUTOINIT": "0"}, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert off.returncode == 0 and off.stdout.split() == ["NoneType", "False", "False"], off.stderr
