@@ -13,6 +13,7 @@ __version__ = "0.5.0"
 _LAZY: dict[str, tuple[str, str | None]] = {
     "plan": ("flashruntime.planner", "plan"),
     "render": ("flashruntime.planner", "render"),
+    "run": ("flashruntime._flash_run", "run"),
     "PLANNER_VERSION": ("flashruntime.planner", "PLANNER_VERSION"),
     "PlanRequest": ("flashruntime.protocol.plan_v1alpha1", "PlanRequest"),
     "PlanReport": ("flashruntime.protocol.plan_v1alpha1", "PlanReport"),

@@ -15,6 +15,7 @@ EXPECTED_ALL = [
     "__version__",
     "plan",
     "render",
+    "run",
     "PLANNER_VERSION",
     "PlanRequest",
     "PlanReport",

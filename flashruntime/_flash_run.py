@@ -1,0 +1,179 @@
+"""``flash.run``: carry out a planner ``StrategyPlan`` for the user's command (SPEC §5.10).
+
+The plan says how, the workload says what. ``local`` and ``coordinated_training`` plans
+launch here through ``flash.submit`` (the latter under single-node torchrun with one rank
+per planned worker); ``independent_tasks`` plans become a lease job POSTed to a coordinator.
+The workload and JobSpec building are pure functions; ``run`` adds the launch or the POST.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shlex
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+
+from flashruntime._http_text import error_detail
+from flashruntime.errors import CoordinatorUnavailable
+from flashruntime.integrations.pytorch import ddp
+from flashruntime.protocol.plan_v1alpha1 import StrategyPlan
+from flashruntime.protocol.v1alpha1 import ImageSpec, JobRecord, JobSpec, ResourcesSpec
+from flashruntime.sdk import Run, submit
+from flashruntime.workloads.command import CommandWorkload, to_jobspec
+
+__all__ = ["run"]
+
+RUNTIME_API_ENV = "FLASHML_RUNTIME_API"
+_TIMEOUT_S = 60.0
+_LAUNCHER_TOKENS = ("torchrun", "accelerate")
+
+
+def run(
+    plan: StrategyPlan,
+    coordinator_url: str | None = None,
+    *,
+    workload: CommandWorkload | None = None,
+    command: str | list[str] | None = None,
+    output_dir: str | Path | None = None,
+    max_restarts: int = 0,
+    wait: bool = True,
+    watch: bool | None = None,
+    image: ImageSpec | str | None = None,
+    name: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Run | JobRecord:
+    """Run ``workload`` (or ``command``) the way ``plan`` says: a local ``Run`` for ``local`` and
+    ``coordinated_training`` plans, the coordinator's ``JobRecord`` for ``independent_tasks``.
+
+    Arguments that the plan's mode does not use are ignored, so one call serves every plan:
+    ``coordinator_url``, ``image``, ``name`` and ``headers`` matter only to ``independent_tasks``;
+    ``output_dir``, ``max_restarts``, ``wait`` and ``watch`` only to the local modes.
+    """
+    if plan is None:
+        raise ValueError("run() got plan=None: the planner selected nothing; read report.no_valid_strategy_hint")
+    if not isinstance(plan, StrategyPlan):
+        raise TypeError(f"run() takes a StrategyPlan (e.g. flash.plan(request).selected), got {type(plan).__name__}")
+    chosen = plan_workload(plan, workload=workload, command=command)
+    if plan.workload_mode in ("coordinated_training", "local"):
+        launched = (coordinated_workload(plan, chosen) if plan.workload_mode == "coordinated_training"
+                    else chosen.model_copy(update={"mode": "local"}))
+        return submit(launched, output_dir=output_dir, wait=wait, max_restarts=max_restarts, watch=watch)
+    if plan.workload_mode != "independent_tasks":
+        raise ValueError(
+            f"plan {plan.plan_id} has workload_mode={plan.workload_mode!r}; flash.run carries out 'local', "
+            "'coordinated_training' and 'independent_tasks' plans"
+        )
+    url = resolve_coordinator_url(coordinator_url, os.environ)
+    return post_job(url, independent_jobspec(plan, chosen, name=name, image=image), headers)
+
+
+def plan_workload(
+    plan: StrategyPlan, *, workload: CommandWorkload | None = None, command: str | list[str] | None = None
+) -> CommandWorkload:
+    """Exactly one of ``workload`` / ``command``; the plan's checkpoint policy fills a workload
+    without one (a copy: the caller's workload is never changed)."""
+    if (workload is None) == (command is None):
+        raise ValueError(
+            "run() needs exactly one of workload=CommandWorkload(...) or command='python train.py' "
+            f"(got {'both' if workload is not None else 'neither'}): the plan says how to run, not what"
+        )
+    if workload is None:
+        workload = CommandWorkload(command=command)  # type: ignore[arg-type]
+    elif not isinstance(workload, CommandWorkload):
+        raise TypeError(f"workload must be a CommandWorkload, got {type(workload).__name__}")
+    if workload.checkpoint is None and plan.checkpoint is not None:
+        return workload.model_copy(update={"checkpoint": plan.checkpoint.model_copy(deep=True)})
+    return workload
+
+
+def coordinated_workload(plan: StrategyPlan, workload: CommandWorkload) -> CommandWorkload:
+    """``workload`` under single-node torchrun with ``plan.workers`` ranks (pure)."""
+    if not plan.colocated:
+        raise ValueError(
+            f"plan {plan.plan_id} spans several hosts (colocated=False, {plan.workers} workers); flash.run launches "
+            "on this host only. On every host, submit integrations.pytorch.ddp(script, nproc_per_node=<ranks per "
+            "host>, nnodes=..., rdzv_endpoint='host:port') with flash.submit"
+        )
+    if plan.workers < 1:
+        raise ValueError(f"plan {plan.plan_id} has workers={plan.workers}; a coordinated plan needs workers >= 1")
+    argv = workload.argv()
+    if argv and argv[0] in ("python", "python3", sys.executable):
+        argv = argv[1:]
+    if not argv:
+        raise ValueError(f"command {workload.command!r} names no script; pass e.g. command='python train.py'")
+    if argv[0] in _LAUNCHER_TOKENS:
+        raise ValueError(
+            f"command {workload.command!r} already starts {argv[0]}; give the bare script (e.g. 'python train.py') "
+            f"and the plan supplies the launcher with nproc_per_node={plan.workers}"
+        )
+    wrapped = ddp(argv[0], nproc_per_node=plan.workers, script_args=shlex.join(argv[1:]))
+    env = {**workload.env, "FLASHML_PLAN_ID": plan.plan_id, "FLASHML_STRATEGY_FAMILY": plan.strategy_family}
+    return workload.model_copy(update={"command": wrapped.argv(), "env": env, "mode": "coordinated"})
+
+
+def resolve_coordinator_url(argument: str | None, environ: Mapping[str, str]) -> str:
+    """The coordinator's base URL: ``argument``, else ``environ[FLASHML_RUNTIME_API]`` (pure)."""
+    url = argument if argument is not None else environ.get(RUNTIME_API_ENV) or None
+    if url is None:
+        raise ValueError(
+            "an independent_tasks plan runs on a coordinator: pass coordinator_url='http://host:8000' "
+            f"or set {RUNTIME_API_ENV}"
+        )
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(f"coordinator URL must be an http(s) URL such as 'http://host:8000', got {url!r}")
+    return url.rstrip("/")
+
+
+def _image_spec(image: ImageSpec | str | None) -> ImageSpec | None:
+    if image is None or isinstance(image, ImageSpec):
+        return image
+    if not isinstance(image, str):
+        raise TypeError(f"image must be an ImageSpec or 'repository:tag', got {type(image).__name__}")
+    repository, sep, tag = image.rpartition(":")
+    if "@" in image or not sep or not repository or "/" in tag:
+        raise ValueError(f"image {image!r} is not 'repository:tag'; write e.g. 'ghcr.io/acme/train:1.2'")
+    return ImageSpec(repository=repository, tag=tag)
+
+
+def independent_jobspec(
+    plan: StrategyPlan, workload: CommandWorkload, *, name: str | None = None, image: ImageSpec | str | None = None
+) -> JobSpec:
+    """The lease job for an ``independent_tasks`` plan (pure)."""
+    job_name = name if name is not None else "plan-" + plan.plan_id[3:]
+    spec = to_jobspec(workload.model_copy(update={"mode": "independent_tasks"}), job_name, _image_spec(image))
+    current = spec.spec.resources
+    spec.spec.resources = ResourcesSpec(
+        minimumWorkers=1,
+        maximumWorkers=max(1, plan.workers),
+        cpuPerTask=current.cpuPerTask,
+        memoryPerTask=current.memoryPerTask,
+        gpuPerTask=plan.gpus_per_worker,
+    )
+    return spec
+
+
+def post_job(url: str, spec: JobSpec, headers: Mapping[str, str] | None = None) -> JobRecord:
+    """``POST <url>/v1alpha1/jobs`` → the coordinator's ``JobRecord``; HTTP >= 400 → ``RuntimeError``."""
+    endpoint = f"{url}/v1alpha1/jobs"
+    request = urllib.request.Request(
+        endpoint,
+        data=json.dumps(spec.model_dump(mode="json")).encode("utf-8"),
+        method="POST",
+        headers={"Accept": "application/json", "Content-Type": "application/json", **(headers or {})},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        raise RuntimeError(f"POST {endpoint} -> {exc.code}: {error_detail(exc)}") from None
+    except (OSError, http.client.HTTPException) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        raise CoordinatorUnavailable(
+            f"coordinator at {url} is unreachable ({reason}); check coordinator_url or {RUNTIME_API_ENV}"
+        ) from exc
+    return JobRecord.model_validate_json(body)
