@@ -87,11 +87,13 @@ def task_main(
     out_help: str = "output directory (metrics.json)",
     exit_codes: Mapping[type[BaseException], int] | None = None,
     summary: Callable[[Mapping[str, Any]], Any] | None = None,
+    write_metrics: bool = False,
 ) -> int:
     """The task-module CLI: ``python -m flashml_workloads.<name> --spec spec.json --out OUTDIR``.
 
-    ``run(spec, out)`` does the work and leaves ``OUTDIR/metrics.json``; its metrics (or
-    ``summary`` of them) are printed as JSON. A failure prints ``<name>: <Type>: <message>``
+    ``run(spec, out)`` does the work and leaves ``OUTDIR/metrics.json`` (or, with
+    ``write_metrics``, returns the metrics for this function to write, atomically); the
+    metrics (or ``summary`` of them) are printed as JSON. A failure prints ``<name>: <Type>: <message>``
     to stderr, the reason the worker agent reports, and exits 1, or the code ``exit_codes``
     maps its exception type to.
     """
@@ -104,6 +106,8 @@ def task_main(
         if not isinstance(spec, dict):
             raise ValueError(f"{args.spec} must hold a JSON object {{task_id, params, inputs}}")
         metrics = run(spec, Path(args.out))
+        if write_metrics:
+            write_json_atomic(Path(args.out) / "metrics.json", metrics)
     except BaseException as exc:  # the CLI's contract is an exit code plus a readable reason
         code = next((code for kind, code in (exit_codes or {}).items() if isinstance(exc, kind)), None)
         if code is None and not isinstance(exc, Exception):

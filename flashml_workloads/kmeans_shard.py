@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flashml_workloads._task_io import task_main, write_json_atomic
+from flashml_workloads._task_io import task_main
 
 __all__ = ["METRIC_KEYS", "SUMS_DECIMALS", "assign", "check_centroids", "main", "read_rows", "run_shard"]
 
@@ -135,14 +135,8 @@ def run_shard(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Task-module CLI (SPEC §12): ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure."""
-    return task_main("kmeans_shard", argv, _run_and_write,
+    return task_main("kmeans_shard", argv, lambda spec, _out: run_shard(spec), write_metrics=True,
                      summary=lambda metrics: {key: metrics[key] for key in ("task_id", "counts", "inertia", "n")})
-
-
-def _run_and_write(spec: dict[str, Any], out: Path) -> dict[str, Any]:
-    metrics = run_shard(spec)
-    write_json_atomic(out / "metrics.json", metrics)
-    return metrics
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from flashml_workloads._task_io import data_rows, task_main, write_json_atomic
+from flashml_workloads._task_io import data_rows, task_main
 
 __all__ = ["FOLDS", "MODELS", "SEED", "build_model", "load_dataset", "main", "resolve_params", "run_trial"]
 
@@ -198,13 +198,7 @@ def run_trial(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Task-module CLI (SPEC §12): ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure."""
-    return task_main("sklearn_trial", argv, _run_and_write)
-
-
-def _run_and_write(spec: dict[str, Any], out: Path) -> dict[str, Any]:
-    metrics = run_trial(spec)
-    write_json_atomic(out / "metrics.json", metrics)
-    return metrics
+    return task_main("sklearn_trial", argv, lambda spec, _out: run_trial(spec), write_metrics=True)
 
 
 if __name__ == "__main__":

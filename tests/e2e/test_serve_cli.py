@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.service_server import free_port, process_env, wait_healthy
+from tests.service_server import free_port, process_env, stop_process, wait_healthy
 
 pytestmark = pytest.mark.service
 pytest.importorskip("uvicorn")
@@ -52,12 +51,7 @@ def test_serve_then_submit_status_events_cancel_and_a_clean_stop(tmp_path: Path)
         assert (tmp_path / "data" / "flashruntime.db").is_file() and (tmp_path / "data" / "leases.db").is_file()
         assert (tmp_path / "data" / "artifacts").is_dir()
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            out, _ = server.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            out, _ = server.communicate()
+        out = stop_process(server)
     assert server.returncode == 0, out
     assert f"FlashRuntime coordinator on {url}" in out
     unreachable = _cli("status", job["job_id"], env=env)
