@@ -8,6 +8,7 @@ file, and a crash mid-upload leaves at most a stray temp file, never a torn arti
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import tempfile
@@ -17,6 +18,7 @@ from pathlib import Path
 __all__ = ["ArtifactStore", "ArtifactTooLarge", "BadArtifactKey", "check_key", "sha256_of"]
 
 _TMP_PREFIX = ".upload-"
+_BLOCK = 1 << 20  # bytes handed to the writer thread at a time
 
 
 class BadArtifactKey(ValueError):
@@ -59,14 +61,23 @@ class ArtifactStore:
 
     async def write(self, key: str, chunks: AsyncIterator[bytes]) -> tuple[str, int]:
         """Stream ``chunks`` into ``key`` atomically → (sha256, size). Over ``max_bytes``
-        raises ``ArtifactTooLarge`` and leaves the previous content (if any) untouched."""
+        raises ``ArtifactTooLarge`` and leaves the previous content (if any) untouched.
+
+        Hashing, writing and the fsync run on a worker thread, a block at a time, so a large
+        upload never stalls the event loop that serves every other node's heartbeats."""
         target = self.path_of(key)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=target.parent)
         digest = hashlib.sha256()
         size = 0
+        pending = bytearray()
         try:
             with os.fdopen(fd, "wb") as f:
+
+                def sink(block: bytes) -> None:
+                    digest.update(block)
+                    f.write(block)
+
                 async for chunk in chunks:
                     size += len(chunk)
                     if size > self.max_bytes:
@@ -74,11 +85,18 @@ class ArtifactStore:
                             f"artifact {key!r} is larger than the coordinator's limit of "
                             f"{self.max_bytes // (1024 * 1024)} MiB (FLASHML_MAX_ARTIFACT_MB)"
                         )
-                    digest.update(chunk)
-                    f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp_name, target)
+                    pending += chunk
+                    if len(pending) >= _BLOCK:
+                        await asyncio.to_thread(sink, bytes(pending))
+                        pending.clear()
+
+                def finish() -> None:
+                    sink(bytes(pending))
+                    f.flush()
+                    os.fsync(f.fileno())
+
+                await asyncio.to_thread(finish)
+            await asyncio.to_thread(os.replace, tmp_name, target)
         except BaseException:
             Path(tmp_name).unlink(missing_ok=True)
             raise

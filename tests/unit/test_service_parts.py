@@ -187,3 +187,12 @@ def test_dashboard_is_self_contained_and_polls_the_documented_routes() -> None:
     assert "setInterval(refresh, 2000)" in DASHBOARD_HTML
     assert all(f"--{name}:{value};" in DASHBOARD_HTML for name, value in TOKENS.items())
     assert "%(" not in DASHBOARD_HTML  # every template slot was filled
+
+
+def test_large_artifact_writes_span_several_blocks(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path, max_bytes=8 << 20)
+    parts = [bytes([i]) * (700 * 1024) for i in range(5)]  # 3.4 MiB in uneven chunks
+    sha, size = asyncio.run(store.write("jobs/j/t/big.bin", _chunks(*parts)))
+    whole = b"".join(parts)
+    assert (size, sha) == (len(whole), hashlib.sha256(whole).hexdigest())
+    assert (tmp_path / "jobs/j/t/big.bin").read_bytes() == whole
