@@ -78,20 +78,21 @@ def build_model(params: Mapping[str, Any]) -> Any:
 
 def state_to_blob(state: Any, *, compact: bool = False) -> dict[str, Any]:
     """A module or state dict → blob (float64 values, row-major)."""
+    return _blob_of(_float64_state(state), compact=compact)
+
+
+def _float64_state(state: Any) -> dict[str, tuple[list[int], Any]]:
+    """``{name: (shape, flat float64 copy)}`` of a module's or state dict's tensors (row-major)."""
     if hasattr(state, "state_dict"):
         state = state.state_dict()
-    return encode(
-        {name: (list(t.shape), t.detach().to(dtype=_float64()).reshape(-1).tolist()) for name, t in state.items()},
-        compact=compact,
-    )
+    return {name: (list(t.shape), t.detach().to(dtype=_float64()).reshape(-1).clone()) for name, t in state.items()}
 
 
-def _float64_state(model: Any) -> dict[str, tuple[list[int], Any]]:
-    """``{name: (shape, flat float64 copy)}`` of the model's tensors (row-major)."""
-    return {
-        name: (list(t.shape), t.detach().to(dtype=_float64()).reshape(-1).clone())
-        for name, t in model.state_dict().items()
-    }
+def _blob_of(flat_state: Mapping[str, tuple[list[int], Any]], *, compact: bool = False) -> dict[str, Any]:
+    """``_float64_state`` output → blob; compact entries read the tensors' bytes, list entries their values."""
+    if compact:
+        return encode({name: (shape, _buffer_of(flat)) for name, (shape, flat) in flat_state.items()}, compact=True)
+    return encode({name: (shape, flat.tolist()) for name, (shape, flat) in flat_state.items()})
 
 
 def _delta_blob(trained: Mapping[str, Any], start: Mapping[str, Any], *, compact: bool) -> dict[str, Any]:
@@ -99,10 +100,7 @@ def _delta_blob(trained: Mapping[str, Any], start: Mapping[str, Any], *, compact
     subtracts float64 tensors (the same IEEE operation per element) and encodes their bytes
     directly, so no Python float is built for the wire."""
     if not compact:
-        return subtract(
-            encode({name: (shape, flat.tolist()) for name, (shape, flat) in trained.items()}),
-            encode({name: (shape, flat.tolist()) for name, (shape, flat) in start.items()}),
-        )
+        return subtract(_blob_of(trained), _blob_of(start))
     state = {}
     for name, (shape, after) in trained.items():
         before = start[name][1]
@@ -110,8 +108,8 @@ def _delta_blob(trained: Mapping[str, Any], start: Mapping[str, Any], *, compact
         _require_finite(before, name, "subtract: base")
         delta = after - before
         _require_finite(delta, name, "subtract result")
-        state[name] = (shape, _buffer_of(delta))
-    return encode(state, compact=True)
+        state[name] = (shape, delta)
+    return _blob_of(state, compact=True)
 
 
 def _require_finite(flat: Any, name: str, where: str) -> None:

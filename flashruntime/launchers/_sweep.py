@@ -53,7 +53,8 @@ def attempt_processes(marker: bytes, pgids: Iterable[int], extra_pids: Iterable[
     me, my_group = os.getpid(), os.getpgrp()
     found: dict[int, int] = {}
     uid = os.getuid()
-    if proc_available():
+    with_proc = proc_available()
+    if with_proc:
         for entry in _PROC.iterdir():
             if not entry.name.isdigit():
                 continue
@@ -74,7 +75,6 @@ def attempt_processes(marker: bytes, pgids: Iterable[int], extra_pids: Iterable[
                 continue
             if _has_marker(pid, marker):
                 found[pid] = pgid
-    with_proc = proc_available()
     for pid in extra_pids:
         if pid in found or pid == me:
             continue

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-
 import threading
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
-from flashruntime.launchers import LaunchError, LaunchHandle, Launcher, LaunchState
+from flashruntime.launchers import Launcher, LaunchError, LaunchHandle, LaunchState
 from flashruntime.launchers._sweep import attempt_processes, sweep
 from flashruntime.strategies import LaunchSpec
 

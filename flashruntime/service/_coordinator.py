@@ -126,9 +126,12 @@ class Coordinator:
         """The record with its derived state (lease jobs only); persisted when it changed."""
         if record.backend != "leases" or record.state in TERMINAL_JOB_STATES:
             return record
-        with self._jobs_lock:
+        counts, now = self.manager.job_state(record.job_id), self.now()
+        if refreshed(record, counts, now)[0] is record:
+            return record  # the common case: unchanged, so nothing to re-read or write
+        with self._jobs_lock:  # re-read under the lock: a cancel may have frozen it meanwhile
             current = self.ledger.get_job(record.job_id) or record
-            updated, event = refreshed(current, self.manager.job_state(record.job_id), self.now())
+            updated, event = refreshed(current, counts, now)
             if updated is not current:
                 self.ledger.upsert_job(updated)
         if event is not None:

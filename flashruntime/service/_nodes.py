@@ -110,10 +110,13 @@ class NodeRegistry:
 
     def status_counts(self, cordons: Cordons, now: datetime) -> dict[str, int]:
         """Nodes by ``online`` / ``offline``, plus ``cordoned`` (counted besides, not instead)."""
+        clock = self._clock()
+        with self._lock:
+            seen = {node_id: node.last_seen for node_id, node in self._nodes.items()}
         counts = {"online": 0, "offline": 0, "cordoned": 0}
-        for row in self.views(cordons, now):
-            counts["online" if row["online"] else "offline"] += 1
-            if row["cordon_reason"] is not None:
+        for node_id, last_seen in seen.items():
+            counts["online" if clock - last_seen < ONLINE_WINDOW_S else "offline"] += 1
+            if _live_cordon(cordons.get(node_id), now)[1] is not None:
                 counts["cordoned"] += 1
         return counts
 
