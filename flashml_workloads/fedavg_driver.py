@@ -8,18 +8,17 @@ whose ``artifact://`` URI feeds the next round. ``resume_state`` picks a killed 
 
 from __future__ import annotations
 
-import http.client
 import json
 import math
 import numbers
 import re
 import time
-import urllib.error
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypedDict, TypeVar
 
 from flashml_workloads._fedavg_http import HttpCoordinator
 from flashml_workloads.fedavg_weights import apply_delta, decode, encode, reduce_deltas_with_report, require_finite
+from flashruntime._http_text import is_transient
 from flashruntime.errors import ArtifactNotFound, CoordinatorUnavailable, QuorumNotMet
 
 __all__ = [
@@ -108,13 +107,6 @@ def _round_body(
     }
 
 
-def _transient(exc: BaseException) -> bool:
-    """Connection errors and HTTP 5xx are worth retrying; 4xx and everything else is not."""
-    if isinstance(exc, urllib.error.HTTPError):
-        return exc.code >= 500
-    return isinstance(exc, (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException))
-
-
 class _Caller:
     """Retries coordinator calls with exponential backoff (capped at 5 s and at a deadline)."""
 
@@ -130,7 +122,7 @@ class _Caller:
             try:
                 return fn()
             except Exception as exc:
-                if not _transient(exc):
+                if not is_transient(exc):
                     raise
                 if attempt == self.attempts:
                     raise CoordinatorUnavailable(
@@ -293,7 +285,7 @@ def run_fedavg(
         try:
             submitted = coord.submit(plan["body"])
         except Exception as exc:
-            if _transient(exc):  # not retried: a repeated POST could create the round twice
+            if is_transient(exc):  # not retried: a repeated POST could create the round twice
                 raise CoordinatorUnavailable(f"submitting round {r} failed: {exc}; nothing was retried") from exc
             raise
         job_id = str(submitted["job_id"])

@@ -8,7 +8,6 @@ succeed, downloads every shard's partial (``metrics.json``) and reduces them wit
 
 from __future__ import annotations
 
-import http.client
 import json
 import math
 import random
@@ -20,7 +19,7 @@ from typing import Any, TypeVar
 
 from flashml_workloads._fedavg_http import HttpCoordinator
 from flashml_workloads.kmeans_shard import check_centroids
-from flashruntime._http_text import error_detail, quote_key
+from flashruntime._http_text import error_detail, is_transient, quote_key
 
 __all__ = [
     "DEFAULT_IMAGE",
@@ -219,13 +218,6 @@ def _iteration_body(
     }
 
 
-def _transient(exc: BaseException) -> bool:
-    """Connection errors and HTTP 5xx are worth retrying; 4xx and everything else is not."""
-    if isinstance(exc, urllib.error.HTTPError):
-        return exc.code >= 500
-    return isinstance(exc, (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException))
-
-
 class _Iteration:
     """One submitted iteration: its job, its deadline, and reads retried on transient errors until then."""
 
@@ -244,7 +236,7 @@ class _Iteration:
                 return fn()
             except Exception as exc:
                 remaining = self.deadline - self.clock()
-                if not _transient(exc) or remaining <= 0:
+                if not is_transient(exc) or remaining <= 0:
                     raise RuntimeError(f"{self.what}: {label} failed: {exc}") from exc
             self.sleep(min(self.poll_seconds, remaining))
 

@@ -1,5 +1,6 @@
 """Pieces of the coordinator's HTTP protocol that every stdlib client needs (the worker
-agent, the FedAvg and K-means drivers): path quoting and the error detail of a response."""
+agent, the FedAvg and K-means drivers): path quoting, the error detail of a response, and
+which failures are worth retrying."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import urllib.error
 import urllib.parse
 
-__all__ = ["error_detail", "quote_key", "quote_segment"]
+__all__ = ["error_detail", "is_transient", "quote_key", "quote_segment"]
 
 _DETAIL_CHARS = 500
 
@@ -36,3 +37,10 @@ def error_detail(exc: urllib.error.HTTPError) -> str:
     if isinstance(parsed, dict) and "detail" in parsed:
         return str(parsed["detail"])[:_DETAIL_CHARS]
     return str(parsed)[:_DETAIL_CHARS]
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Connection errors and HTTP 5xx are worth retrying; 4xx and everything else is not."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code >= 500
+    return isinstance(exc, (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException))
