@@ -18,6 +18,7 @@ import pytest
 
 from flashml_workloads.kmeans_driver import init_centroids, run_kmeans, shard_and_upload
 from tests._support import REPO_ROOT
+from tests.kmeans_reference import lloyd
 from tests.service_server import process_env, serve_in_thread, settings_for, stop_process
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
@@ -33,26 +34,6 @@ def three_blobs(n: int = 240, seed: int = 11) -> list[list[float]]:
     rng = random.Random(seed)
     centers = [(0.0, 0.0), (8.0, 1.0), (3.0, 9.0)]
     return [[round(rng.gauss(c, 1.2), 6) for c in centers[i % 3]] for i in range(n)]
-
-
-def lloyd(
-    rows: list[list[float]], centroids: list[list[float]], iterations: int
-) -> tuple[list[list[float]], list[float]]:
-    """In-process Lloyd's algorithm (ties → lowest index; an empty cluster keeps its centroid)."""
-    history = []
-    for _ in range(iterations):
-        sums = [[0.0] * len(centroids[0]) for _ in centroids]
-        counts = [0] * len(centroids)
-        inertia = 0.0
-        for row in rows:
-            distances = [sum((x - c) ** 2 for x, c in zip(row, centroid)) for centroid in centroids]
-            j = distances.index(min(distances))
-            counts[j] += 1
-            inertia += distances[j]
-            sums[j] = [s + x for s, x in zip(sums[j], row)]
-        history.append(inertia)
-        centroids = [[s / counts[j] for s in sums[j]] if counts[j] else centroids[j] for j in range(len(centroids))]
-    return centroids, history
 
 
 def get_json(url: str) -> Any:

@@ -19,6 +19,7 @@ import pytest
 from flashml_workloads import kmeans_driver as kd
 from flashml_workloads import kmeans_shard as ks
 from tests._support import REPO_ROOT, FakeClock
+from tests.kmeans_reference import lloyd_step
 
 CENTROIDS = [[0.0, 0.0], [4.0, 0.0], [0.0, 4.0]]
 
@@ -30,23 +31,6 @@ def write_csv(path: Path, rows: list[list[float]]) -> Path:
 
 def shard_spec(path: Path, centroids: Any = CENTROIDS, task_id: str = "it00-shard-000") -> dict[str, Any]:
     return {"task_id": task_id, "params": {"centroids": centroids}, "inputs": {"shard": str(path)}}
-
-
-def lloyd_step(rows: list[list[float]], centroids: list[list[float]]) -> tuple[list[list[float]], float]:
-    """Reference: one single-process Lloyd iteration; → (new centroids, inertia of ``centroids``)."""
-    k, dim = len(centroids), len(centroids[0])
-    sums = [[0.0] * dim for _ in range(k)]
-    counts = [0] * k
-    inertia = 0.0
-    for row in rows:
-        distances = [sum((x - c) ** 2 for x, c in zip(row, centroid)) for centroid in centroids]
-        j = distances.index(min(distances))
-        counts[j] += 1
-        inertia += distances[j]
-        for d in range(dim):
-            sums[j][d] += row[d]
-    new = [[s / counts[j] for s in sums[j]] if counts[j] else list(centroids[j]) for j in range(k)]
-    return new, inertia
 
 
 def blobs(n: int, seed: int) -> list[list[float]]:
