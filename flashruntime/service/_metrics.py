@@ -71,23 +71,20 @@ class Metrics:
             out.append(f"# HELP {name} {help_text}")
             out.append(f"# TYPE {name} {kind}")
 
-        family("flashruntime_tasks", "gauge", "Lease tasks by state.")
-        for state, n in tasks.items():
-            out.append(f"flashruntime_tasks{_labels(state=state)} {n}")
+        def labelled(name: str, kind: str, help_text: str, label: str, values: Mapping[str, int]) -> None:
+            family(name, kind, help_text)
+            out.extend(f"{name}{_labels(**{label: key})} {n}" for key, n in values.items())
+
+        labelled("flashruntime_tasks", "gauge", "Lease tasks by state.", "state", tasks)
         family("flashruntime_live_leases", "gauge", "Leases currently held by a node.")
         out.append(f"flashruntime_live_leases {live_leases}")
-        family("flashruntime_nodes", "gauge", "Registered nodes by status (cordoned counted besides online/offline).")
-        for status, n in nodes.items():
-            out.append(f"flashruntime_nodes{_labels(status=status)} {n}")
+        labelled("flashruntime_nodes", "gauge", "Registered nodes by status (cordoned counted besides online/offline).",
+                 "status", nodes)
         with self._lock:
             claims, commits, expiries = dict(self.claims), dict(self.commits), self.lease_expiries
             requests = {key: list(row) for key, row in self._requests.items()}
-        family("flashruntime_claims_total", "counter", "Claim requests by result.")
-        for result, n in claims.items():
-            out.append(f"flashruntime_claims_total{_labels(result=result)} {n}")
-        family("flashruntime_commits_total", "counter", "Complete requests by result.")
-        for result, n in commits.items():
-            out.append(f"flashruntime_commits_total{_labels(result=result)} {n}")
+        labelled("flashruntime_claims_total", "counter", "Claim requests by result.", "result", claims)
+        labelled("flashruntime_commits_total", "counter", "Complete requests by result.", "result", commits)
         family("flashruntime_lease_expiries_total", "counter", "Leases lost to a missed deadline.")
         out.append(f"flashruntime_lease_expiries_total {expiries}")
         family("flashruntime_http_request_duration_seconds", "histogram", "HTTP request latency by route template.")
