@@ -48,6 +48,24 @@ def _check_repeats(result: dict[str, Any]) -> None:
         )
 
 
+def _pace_text(by_cpu: dict[str, float]) -> str:
+    return ", ".join(f"{cpu} {_fmt(float(ms))}" for cpu, ms in by_cpu.items())
+
+
+def _pace_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per scenario: the host's pace per CPU just before and after it (``benchmarks.pace``)."""
+    seen: dict[str, dict[str, dict[str, float]]] = {}
+    for row in rows:
+        pace = row.get("host_pace_ms")
+        if pace and row["scenario"] not in seen:
+            seen[row["scenario"]] = pace
+    return [
+        f"- {scenario}: host pace (reference workload, ms per CPU) before: {_pace_text(pace['before'])}; "
+        f"after: {_pace_text(pace['after'])}"
+        for scenario, pace in seen.items()
+    ]
+
+
 def render_markdown(result: dict[str, Any]) -> str:
     _check_repeats(result)
     host = result["host"]
@@ -61,6 +79,13 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"filesystem {host.get('fs')}. Run at {result.get('created_at')}.",
         "",
     ]
+    if result.get("host_pace_workload"):
+        lines += [
+            f"Host pace: each scenario's notes give the median time of a fixed reference workload "
+            f"({result['host_pace_workload']}) pinned to each CPU in turn, just before and after it; a larger "
+            "figure means a slower CPU.",
+            "",
+        ]
     for section in SECTIONS:
         rows = [r for r in result["rows"] if r["section"] == section]
         if not rows:
@@ -86,6 +111,7 @@ def render_markdown(result: dict[str, Any]) -> str:
                 f"{_target(row)} | {_fmt(row.get('met'))} |"
             )
         notes = [f"- {r['scenario']}/{r['metric']}: {n}" for r in rows for n in r.get("notes", [])]
+        notes += _pace_notes(rows)
         lines += [""] + (notes + [""] if notes else [])
     return "\n".join(lines).rstrip() + "\n"
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.host import host_info, is_reference_host
+from benchmarks.pace import WORKLOAD, pace_by_cpu
 from benchmarks.registry import SCENARIOS
 from benchmarks.rows import judge
 
@@ -38,6 +39,7 @@ def run_scenarios(names: list[str], repeats: int, smoke: bool, out: Path) -> tup
         scenario = SCENARIOS[name]
         started = time.perf_counter()
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+        pace_before = pace_by_cpu()
         try:
             produced = scenario.run(1 if smoke else repeats, smoke)
         except Exception as exc:  # a scenario bug must not lose the other rows
@@ -49,7 +51,10 @@ def run_scenarios(names: list[str], repeats: int, smoke: bool, out: Path) -> tup
                 "comparator": None, "ratio": None, "target": None, "met": None,
                 "skip_reason": f"scenario raised {type(exc).__name__}: {exc}", "notes": [],
             }]
-        rows.extend(judge(row, reference) for row in produced)
+        pace = {"before": pace_before, "after": pace_by_cpu()}
+        for row in produced:
+            row["host_pace_ms"] = pace
+            rows.append(judge(row, reference))
         print(f"[bench] {name} done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     result = {
         "schema": "bench_v1",
@@ -57,6 +62,7 @@ def run_scenarios(names: list[str], repeats: int, smoke: bool, out: Path) -> tup
         "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "host": host,
         "reference_host": reference,
+        "host_pace_workload": WORKLOAD,
         "rows": rows,
     }
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")

@@ -4,11 +4,16 @@ Eight honest contributions (list blobs in, list blobs out) at 1e5 and 1e6 parame
 path, the numpy fast path (with its bit-identity to the pure path recorded) and the comparator,
 interleaved sample by sample. Plus the compact ``f64le-b64`` round trip of a 1e6-float state,
 ``decode(encode(state, compact=True))`` from a list state, with the same from float64 buffers
-and the JSON-list text round trip as informational rows.
+and the JSON-list text round trip as informational rows. Two more informational rows bound
+what any implementation could reach on the host: the standard library's own work for the
+same values (``array('d')`` from the lists, ``b2a_base64``, ``a2b_base64``: the floor of an
+``f64le-b64`` round trip from a list state) and, for comparison, the same bytes as hex text.
 """
 
 from __future__ import annotations
 
+import array
+import binascii
 import gc
 import json
 import random
@@ -115,8 +120,6 @@ def _compact_rows(n: int, samples: int, smoke: bool) -> list[dict[str, Any]]:
     """SPEC §14's compact round trip, from a list state (what ``subtract`` returns), with the
     issue's target; beside it, informational, the same from ``array('d')`` buffers (what the
     worker encodes from its float64 tensors), sampled alternately; then JSON lists."""
-    import array
-
     from flashml_workloads.fedavg_weights import decode, encode
 
     label = _label(n)
@@ -124,10 +127,16 @@ def _compact_rows(n: int, samples: int, smoke: bool) -> list[dict[str, Any]]:
     state = {f"layer{p}.weight": ([per], _values(per, 7 + p)) for p in range(PARAMS)}
     buffers = {name: (shape, array.array("d", data)) for name, (shape, data) in state.items()}
     target = COMPACT_TARGET if n == 1_000_000 else None
-    samples_ms: dict[str, list[float]] = {"list": [], "buffer": []}
+    forms: dict[str, Callable[[], Any]] = {
+        "list": lambda: decode(encode(state, compact=True)),
+        "buffer": lambda: decode(encode(buffers, compact=True)),
+        "floor": lambda: _stdlib_round_trip(state, binascii.b2a_base64, binascii.a2b_base64),
+        "hex": lambda: _stdlib_round_trip(state, memoryview.hex, bytes.fromhex),
+    }
+    samples_ms: dict[str, list[float]] = {form: [] for form in forms}
     for _ in range(samples):
-        for form, source in (("list", state), ("buffer", buffers)):
-            samples_ms[form].append(_timed_ms(lambda source=source: decode(encode(source, compact=True)))[0])
+        for form, round_trip in forms.items():
+            samples_ms[form].append(_timed_ms(round_trip)[0])
     excluded = "JSON text serialisation excluded (transport)"
     rows = [
         measured_row(NAME, SECTION, f"compact_roundtrip_ms_{label}", "ms", samples_ms["list"], target=target,
@@ -136,12 +145,26 @@ def _compact_rows(n: int, samples: int, smoke: bool) -> list[dict[str, Any]]:
         measured_row(NAME, SECTION, f"compact_roundtrip_ms_{label}_from_buffers", "ms", samples_ms["buffer"],
                      notes=[f"informational: the same {n} floats held in array('d') buffers, the form the worker "
                             "encodes from its float64 tensors (no list conversion); " + excluded]),
+        measured_row(NAME, SECTION, f"stdlib_b64_floor_ms_{label}", "ms", samples_ms["floor"],
+                     notes=[(f"informational: the standard library's share of the compact round trip for the same "
+                             f"{n} floats, array('d', list) + b2a_base64 + a2b_base64 and nothing else (no checks, "
+                             "no blob): the floor of any f64le-b64 implementation on this host")]),
+        measured_row(NAME, SECTION, f"stdlib_hex_floor_ms_{label}", "ms", samples_ms["hex"],
+                     notes=[("informational: the same floor with hex text instead of base64 (array('d', list) + "
+                             "memoryview.hex + bytes.fromhex); hex is not a wire form of this package: its text is "
+                             "1.5x the size of base64's")]),
     ]
     json_samples = 1 if smoke else 3
     json_ms = [_timed_ms(lambda: decode(json.loads(json.dumps(encode(state)))))[0] for _ in range(json_samples)]
     rows.append(measured_row(NAME, SECTION, f"json_lists_roundtrip_ms_{label}", "ms", json_ms,
                              notes=[f"informational: the same {n} floats as JSON list text, dumps + loads + decode"]))
     return rows
+
+
+def _stdlib_round_trip(state: dict[str, Any], to_text: Callable[[Any], Any], from_text: Callable[[Any], bytes]
+                       ) -> list[bytes]:
+    """Per parameter: the list into float64 bytes, to text and back, with no other work."""
+    return [from_text(to_text(memoryview(array.array("d", data)).cast("B"))) for _, data in state.values()]
 
 
 def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ def test_fedavg_reduce_smoke_rows():
     assert scenario.section == "performance"
     rows = {row["metric"]: row for row in scenario.run(1, True)}
     assert set(rows) == {"pure_ms_1e4", "fast_ms_1e4", "compact_roundtrip_ms_1e4", "compact_roundtrip_ms_1e4_from_buffers",
-                         "json_lists_roundtrip_ms_1e4"}
+                         "stdlib_b64_floor_ms_1e4", "stdlib_hex_floor_ms_1e4", "json_lists_roundtrip_ms_1e4"}
     for row in rows.values():
         assert row["scenario"] == "fedavg_reduce" and row["unit"] == "ms"
         if row["status"] == "measured":
@@ -31,6 +31,20 @@ def test_fedavg_reduce_smoke_rows():
     # the 50 ms target is for 1e6 floats; the smoke size carries none rather than a misleading one
     for metric in ("compact_roundtrip_ms_1e4", "compact_roundtrip_ms_1e4_from_buffers"):
         assert rows[metric]["target"] is None and rows[metric]["ratio"] is None
+    for metric in ("stdlib_b64_floor_ms_1e4", "stdlib_hex_floor_ms_1e4"):
+        assert rows[metric]["target"] is None and rows[metric]["notes"][0].startswith("informational")
+
+
+def test_stdlib_floor_round_trips_the_exact_bytes():
+    import array
+    import binascii
+
+    from benchmarks.scenarios.fedavg_reduce import _stdlib_round_trip
+
+    state = {"w": ([3], [1.5, -0.0, 5e-324])}
+    expected = array.array("d", [1.5, -0.0, 5e-324]).tobytes()
+    assert _stdlib_round_trip(state, binascii.b2a_base64, binascii.a2b_base64) == [expected]
+    assert _stdlib_round_trip(state, memoryview.hex, bytes.fromhex) == [expected]
 
 
 def test_full_size_compact_row_carries_the_absolute_target():

@@ -33,10 +33,15 @@ def test_import_time_smoke_writes_a_result_file(tmp_path: Path) -> None:
     assert import_row["target"] == {"op": "<=", "value": 1.5, "unit": "x", "source": "issue 2"}
     assert import_row["ratio"] == pytest.approx(import_row["median"] / import_row["comparator"]["median"])
     assert rows["forbidden_modules_loaded"]["median"] == 0
+    pace = import_row["host_pace_ms"]  # the host's pace around the scenario, on each of its rows
+    assert pace["before"] and all(ms > 0 for ms in [*pace["before"].values(), *pace["after"].values()])
+    assert result["host_pace_workload"]
+    assert all(row["host_pace_ms"] == pace for row in result["rows"])
     assert "smoke run — not representative" in run.stdout
 
     report = _bench("report", str(out))
     assert report.returncode == 0 and "| import_time | import_ms |" in report.stdout
+    assert "- import_time: host pace (reference workload, ms per CPU) before: " in report.stdout
 
 
 def test_unknown_scenario_is_refused(tmp_path: Path) -> None:

@@ -63,3 +63,28 @@ def test_report_has_no_empty_section_and_shows_the_host() -> None:
     text = render_markdown(_result([row], smoke=False))
     assert "### Resilience" in text and "### Performance" not in text
     assert "filesystem ext4" in text and SMOKE_LABEL not in text
+
+
+def test_report_gives_each_scenarios_host_pace_once() -> None:
+    pace = {"before": {"cpu0": 12.5, "cpu1": 40.0}, "after": {"cpu0": 21.25, "cpu1": 22.0}}
+    rows = [dict(measured_row("lease", "performance", m, "ms", [1.0, 2.0, 3.0]), host_pace_ms=pace) for m in "ab"]
+    result = dict(_result(rows, smoke=False), host_pace_workload="a fixed loop")
+    text = render_markdown(result)
+    assert "reference workload (a fixed loop)" in text
+    assert text.count("- lease: host pace (reference workload, ms per CPU) before: cpu0 12.5, cpu1 40.0; "
+                      "after: cpu0 21.2, cpu1 22.0") == 1
+
+
+def test_reference_workload_is_timed_on_every_cpu_and_restores_the_affinity() -> None:
+    import os
+
+    from benchmarks.pace import pace_by_cpu, reference_ms
+
+    assert reference_ms(samples=3, iterations=200) > 0
+    if not hasattr(os, "sched_getaffinity"):
+        assert set(pace_by_cpu()) == {"any"}
+        return
+    allowed = os.sched_getaffinity(0)
+    by_cpu = pace_by_cpu()
+    assert set(by_cpu) == {f"cpu{cpu}" for cpu in allowed} and all(ms > 0 for ms in by_cpu.values())
+    assert os.sched_getaffinity(0) == allowed
