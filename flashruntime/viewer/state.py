@@ -1,0 +1,184 @@
+"""``collect(run_dir)``: everything the run page shows, read from the run directory (SPEC §11).
+
+Total: it never raises. A missing, torn or foreign ``run.json`` gives ``{"error": why}``;
+any other unreadable file just contributes nothing. The run is live while this reads
+it, so every file is tail-read from a bounded window and a line that is torn (being
+written, or cut by the window) is dropped rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from flashruntime.checkpoint.local import MANIFEST_NAME, _read_manifest, verify_manifest
+from flashruntime.protocol.v1alpha1 import CheckpointValidation
+
+__all__ = ["collect"]
+
+CONTRACT = "viewer_v1"
+WINDOW_BYTES = 256 * 1024
+METRICS_RECORDS = 500
+LOG_LINES = 100
+TELEMETRY_TICKS = 150
+
+
+def collect(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``run.json`` document enriched for the page, or ``{"error": why}``."""
+    try:
+        return _collect(Path(run_dir))
+    except Exception as exc:  # noqa: BLE001 (total by contract: the page shows the reason instead)
+        return {"error": f"could not read the run: {type(exc).__name__}: {exc}"}
+
+
+def _collect(run_dir: Path) -> dict[str, Any]:
+    run_json = run_dir / "run.json"
+    try:
+        text = run_json.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {"error": f"no run.json in {run_dir} (not a run directory, or the run has not started)"}
+    except OSError as exc:
+        return {"error": f"cannot read {run_json}: {exc.strerror or exc}"}
+    try:
+        doc = json.loads(text, parse_constant=_no_constant)
+    except ValueError:
+        return {"error": f"{run_json} is not valid JSON (torn or being written); retrying"}
+    if not isinstance(doc, dict) or doc.get("contract") != CONTRACT:
+        found = doc.get("contract") if isinstance(doc, dict) else type(doc).__name__
+        return {"error": f"{run_json} is not a {CONTRACT} document (contract {found!r})"}
+
+    now = time.time()
+    attempts = [a for a in doc.get("attempts") or [] if isinstance(a, dict)]
+    newest_tick: dict[str, Any] | None = None
+    roots: list[Path] = []
+    for attempt in attempts:
+        attempt_dir = _attempt_dir(run_dir, attempt)
+        if attempt_dir is None:
+            attempt.update(metrics=[], log_tail=[], telemetry=[], ranks=[])
+            continue
+        attempt["metrics"] = _json_lines(attempt_dir / "metrics.jsonl", METRICS_RECORDS)
+        attempt["log_tail"] = _text_lines(attempt_dir / "launcher.log", LOG_LINES)
+        telemetry = _json_lines(attempt_dir / "telemetry.jsonl", TELEMETRY_TICKS)
+        attempt["telemetry"] = telemetry
+        attempt["ranks"] = _ranks(attempt_dir / "ranks")
+        if telemetry and (newest_tick is None or _ts(telemetry[-1]) >= _ts(newest_tick)):
+            newest_tick = telemetry[-1]
+        root = attempt_dir.parent / "ckpt"
+        if root not in roots:
+            roots.append(root)
+    if isinstance(doc.get("checkpoint_dir"), str) and doc["checkpoint_dir"]:
+        roots = [Path(os.path.expanduser(doc["checkpoint_dir"]))]
+    doc["attempts"] = attempts
+    doc["checkpoints"] = sorted(
+        (entry for root in roots for entry in _checkpoints(root, now)),
+        key=lambda entry: (entry["job_id"], entry["step"]),
+    )
+    doc["monitor"] = newest_tick
+    doc["now"] = now
+    return doc
+
+
+def _no_constant(name: str) -> None:
+    """NaN and ±Infinity (which Python's json writes) become null: the page gets strict JSON."""
+
+
+def _attempt_dir(run_dir: Path, attempt: dict[str, Any]) -> Path | None:
+    raw = attempt.get("output_dir")
+    if not isinstance(raw, str) or not raw:
+        return None
+    path = Path(raw)
+    return path if path.is_absolute() else run_dir / path
+
+
+def _ts(record: dict[str, Any]) -> float:
+    value = record.get("ts")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("-inf")
+
+
+# --- bounded tail reads -------------------------------------------------------------
+
+
+def _tail_lines(path: Path) -> list[bytes]:
+    """Complete lines of the file's last ``WINDOW_BYTES``: a first line cut by the window
+    and a last line without its newline (still being written) are dropped."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            start = max(0, size - WINDOW_BYTES)
+            handle.seek(start)
+            data = handle.read(WINDOW_BYTES)
+    except OSError:
+        return []
+    lines = data.split(b"\n")
+    lines.pop()  # after the last newline: empty, or a line still being written
+    if start > 0 and lines:
+        lines.pop(0)  # begins mid-line
+    return lines
+
+
+def _json_lines(path: Path, keep: int) -> list[dict[str, Any]]:
+    records = []
+    for line in _tail_lines(path):
+        try:
+            record = json.loads(line, parse_constant=_no_constant)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records[-keep:]
+
+
+def _text_lines(path: Path, keep: int) -> list[str]:
+    return [line.decode("utf-8", errors="replace").rstrip("\r") for line in _tail_lines(path)[-keep:]]
+
+
+def _ranks(ranks_dir: Path) -> list[dict[str, Any]]:
+    found = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(str(ranks_dir)), "rank-*.json"))):
+        try:
+            with open(path, "rb") as handle:
+                record = json.loads(handle.read(WINDOW_BYTES), parse_constant=_no_constant)
+        except (OSError, ValueError):
+            continue  # mid-replace or torn: the next poll sees it
+        if isinstance(record, dict) and isinstance(record.get("rank"), int):
+            found.append(record)
+    return sorted(found, key=lambda record: record["rank"])
+
+
+# --- checkpoints --------------------------------------------------------------------
+
+
+def _checkpoints(root: Path, now: float) -> list[dict[str, Any]]:
+    """Every ``step-*/manifest.json`` under ``root``, verified now (through the hash
+    cache), with ``latest_valid`` on the one ``latest_valid_manifest`` would pick."""
+    try:
+        paths = sorted(glob.glob(os.path.join(glob.escape(str(root)), "step-*", MANIFEST_NAME)))
+    except (OSError, ValueError):
+        return []
+    entries: list[dict[str, Any]] = []
+    best: tuple[int, int] | None = None  # (-step, path index) of the pick, as recovery orders them
+    for index, path in enumerate(paths):
+        manifest = _read_manifest(path)
+        if manifest is None:
+            continue
+        marked_invalid = manifest.validation == CheckpointValidation.INVALID
+        verified = not marked_invalid and verify_manifest(manifest, os.path.dirname(path))
+        entries.append({
+            "job_id": manifest.job_id,
+            "step": manifest.step,
+            "validation": "hash_verified" if verified else "invalid",
+            "parts": len(manifest.parts),
+            "age_s": round(max(0.0, now - manifest.created.timestamp()), 1),
+            "latest_valid": False,
+        })
+        rank = (-manifest.step, index)
+        if verified and (best is None or rank < best):
+            best = rank
+            chosen = entries[-1]
+    if best is not None:
+        chosen["latest_valid"] = True
+    return entries

@@ -1,0 +1,388 @@
+"""SPEC §11: the live run page is one self-contained document (no external assets), its
+inline script is valid JS, and the script's logic behaves on real and odd state documents.
+The JS checks run in node: pure helpers via require(), the live wiring in a vm context with a
+stub DOM and fetch (no browser)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flashruntime.viewer import page
+from flashruntime.viewer.page import TOKENS, render
+
+SECTION_IDS = ("header", "kpis", "topology", "charts", "checkpoints", "events", "logs")
+NODE = shutil.which("node")
+needs_node = pytest.mark.skipif(NODE is None, reason="node is not installed")
+
+T0 = 1767225600.0
+HOSTILE = "<script>alert(1)</script>"
+
+SAMPLE: dict[str, Any] = {
+    "contract": "viewer_v1",
+    "workload": {"command": ["python", "train.py", HOSTILE], "mode": "local", "source": "/home/u/proj"},
+    "state": "RUNNING", "started_at": T0, "finished_at": None, "max_restarts": 2, "checkpoint_dir": None,
+    "now": T0 + 65.4,
+    "attempts": [
+        {"attempt_id": "task-000", "job_id": "local", "state": "FAILED", "pid": "4100", "started_at": T0,
+         "finished_at": T0 + 5, "output_dir": "/r/local/task-000", "exit_code": 1, "metrics": [],
+         "log_tail": ["boom"], "telemetry": [], "ranks": []},
+        {"attempt_id": "task-001", "job_id": "local", "state": "RUNNING", "pid": "4242", "started_at": T0 + 6,
+         "finished_at": None, "output_dir": "/r/local/task-001", "exit_code": None,
+         "metrics": [{"step": 10, "loss": 0.52, "ts": T0 + 10}, {"step": 20, "loss": 0.41, "ts": T0 + 15},
+                     {"step": 30, "loss": 0.33, "ts": T0 + 20}],
+         "log_tail": ["step 10", HOSTILE, "a & b"],
+         "telemetry": [
+             {"ts": T0 + 10, "machine": {"hostname": "box", "cpu_count": 16, "load_avg": None, "cpu_percent": None,
+                                         "mem_total": 64 * 2**30, "mem_used": 16 * 2**30, "limited": False, "gpus": []},
+              "processes": []},
+             {"ts": T0 + 12, "machine": {"hostname": "box", "cpu_count": 16, "load_avg": [0.4, 0.3, 0.2],
+                                         "cpu_percent": 12.5, "mem_total": 64 * 2**30, "mem_used": 16 * 2**30,
+                                         "limited": False,
+                                         "gpus": [{"name": "H100", "util_percent": 80.0, "mem_used_mb": 40000,
+                                                   "mem_total_mb": 81559},
+                                                  {"name": "H100", "util_percent": 90.0, "mem_used_mb": 1000,
+                                                   "mem_total_mb": 81559}]},
+              "processes": []}],
+         "ranks": [{"rank": 0, "local_rank": 0, "pid": 4243, "device": "cuda:0", "backend": "nccl",
+                    "world_size": 2, "step": 30, "ts": T0 + 20},
+                   {"rank": 1, "local_rank": 1, "pid": 4244, "device": HOSTILE, "backend": "nccl",
+                    "world_size": 2, "step": 29, "ts": T0 + 20}]},
+    ],
+    "events": [
+        {"ts": T0, "type": "LAUNCH_STARTED", "message": "task-000 launched (pid 4100)"},
+        {"ts": T0 + 5, "type": "FAILURE_CLASSIFIED", "message": HOSTILE},
+        {"ts": T0 + 6, "type": "RECOVERY_ACTION_SELECTED", "message": "restart"},
+    ],
+    "trials": [],
+    "checkpoints": [
+        {"job_id": "local", "step": 10, "validation": "hash_verified", "parts": 2, "age_s": 80.0, "latest_valid": False},
+        {"job_id": "local", "step": 20, "validation": "hash_verified", "parts": 1, "age_s": 12.5, "latest_valid": True},
+        {"job_id": "local", "step": 30, "validation": "size_mismatch", "parts": 2, "age_s": 1.0, "latest_valid": False},
+    ],
+    "monitor": None,
+}
+SAMPLE["monitor"] = SAMPLE["attempts"][1]["telemetry"][1]
+
+
+def _script() -> str:
+    html = render()
+    start = html.index("<script>") + len("<script>")
+    return html[start:html.index("</script>", start)]
+
+
+def _node(tmp_path: Path, harness: str) -> Any:
+    """Run ``harness`` next to the page script (as ./page.js) and parse the JSON it prints."""
+    (tmp_path / "page.js").write_text(_script())
+    (tmp_path / "harness.js").write_text(harness)
+    proc = subprocess.run([NODE, "harness.js"], check=False, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+# ---- the document --------------------------------------------------------------------------
+
+def test_document_shape() -> None:
+    html = render()
+    assert html.startswith("<!doctype html>")
+    for section in SECTION_IDS:
+        assert f'id="{section}"' in html
+    assert '<header id="header">' in html and 'id="detail"' in html
+    for needle in ('"/api/state"', "2000", "visibilitychange", 'href="/docs/"', "connection lost, retrying"):
+        assert needle in html
+    assert "render" in page.__all__
+
+
+def test_self_contained() -> None:
+    html = render()
+    lowered = html.lower()
+    # the one <link> is an empty inline icon, so the browser does not ask the server for /favicon.ico
+    assert lowered.count("<link") == 1 and '<link rel="icon" href="data:,">' in lowered
+    for forbidden in ("http://", "https://", "<script src", "@import", "<img", "@font-face"):
+        assert forbidden not in lowered
+    css = html[html.index("<style>"):html.index("</style>")]
+    assert "url(" not in css
+    assert lowered.count("<script") == 1
+
+
+def test_palette_is_shared() -> None:
+    html = render()
+    for value in TOKENS.values():
+        assert value in html
+    for state, token in page.STATE_COLOURS.items():
+        assert f".st-{state}{{color:var(--{token})}}" in html
+
+
+def test_render_builds_a_fresh_identical_string() -> None:
+    assert render() == render()
+
+
+@needs_node
+def test_inline_script_passes_node_check(tmp_path: Path) -> None:
+    path = tmp_path / "page.js"
+    path.write_text(_script())
+    proc = subprocess.run([NODE, "--check", str(path)], check=False, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+# ---- pure helpers and views in node --------------------------------------------------------
+
+HELPERS = r"""
+const {H, V} = require("./page.js");
+const out = {
+  esc: H.esc("<script>"), escQuote: H.esc(`"'&`), escNull: H.esc(null), escZero: H.esc(0),
+  dur65: H.fmtDuration(65), dur5: H.fmtDuration(5.9), dur3725: H.fmtDuration(3725), durBad: H.fmtDuration(null),
+  ago: H.fmtAgo(12.5), agoLong: H.fmtAgo(125),
+  lossKey: H.lossKey([{step: 1, ts: 2, acc: 0.9, loss: 0.5}]),
+  lossKeyLater: H.lossKey([{step: 1, acc: 0.9}, {step: 2, loss: 0.4}]),
+  otherKey: H.lossKey([{step: 1, ts: 2, phase: "train", ok: true, acc: 0.9, lr: 0.1}]),
+  noKey: H.lossKey([{step: 1, ts: 2}, null, "x"]),
+  rate: H.stepsPerSec([{step: 0, ts: 100}, {step: 10, ts: 105}, {step: 30, ts: 110}]),
+  rateFallback: H.stepsPerSec([{step: 0, ts: 100}, {step: 30, ts: 110}, {step: 30, ts: 112}]),
+  rateNone: H.stepsPerSec([{step: 5, ts: 100}]),
+  rateNoTs: H.stepsPerSec([{step: 5}, {step: 6}]),
+  stepMetrics: H.latestStep({metrics: [{step: 3}, {step: 4}, {loss: 1}], ranks: [{step: 99}]}),
+  stepRanks: H.latestStep({metrics: [{loss: 1}], ranks: [{step: 7}, {step: 9}, {}]}),
+  stepNone: H.latestStep({}),
+  star: H.latestValidIndex([{latest_valid: false}, {latest_valid: true}, {}]),
+  noStar: H.latestValidIndex([{latest_valid: "true"}]),
+  restarts: [H.restartsUsed([]), H.restartsUsed([{}]), H.restartsUsed([{}, {}, {}])],
+  elapsedRunning: H.elapsed({started_at: 100, now: 165.5}),
+  elapsedDone: H.elapsed({started_at: 100, finished_at: 130, now: 999}),
+  series: H.lossSeries([{step: 1, loss: 2}, {loss: null}, {step: 3, loss: 1}], "loss"),
+  seriesIndex: H.lossSeries([{acc: 1}, {acc: 2}], "acc"),
+  resources: H.resourceSeries([{ts: 1, machine: {cpu_percent: null, mem_used: 1, mem_total: 4}},
+                               {ts: 2, machine: {cpu_percent: 50, mem_used: null, mem_total: 4}}, {machine: {}}]),
+  gpus: H.gpus({gpus: [{util_percent: 80, mem_used_mb: 10, mem_total_mb: 100}, {util_percent: null, mem_used_mb: 5, mem_total_mb: 100}]}),
+  noGpus: H.gpus({gpus: []}),
+  stCls: [H.stCls("RUNNING"), H.stCls("<b x=1>"), H.stCls(null)],
+  chartEmpty: H.chartSvg([{cls: "loss", points: []}]),
+  chartOne: H.chartSvg([{cls: "loss", points: [[5, 1]]}]),
+};
+const sample = JSON.parse(process.argv[2] || "null") || globalThis.SAMPLE;
+out.views = {};
+for (const [name, fn] of Object.entries(V)) out.views[name] = fn(sample, name === "logs" ? new Set(["1"]) : "attempt:1");
+out.rankDetail = V.detail(sample, "rank:1:1");
+out.machineDetail = V.detail(sample, "machine");
+out.goneDetail = V.detail(sample, "rank:0:5");
+const odd = [{}, {attempts: [null, {}, {metrics: "x", ranks: [null], log_tail: [null, 3]}]}, {monitor: {machine: null}},
+             {attempts: "x", events: [null, {}], checkpoints: [null, {}], workload: {command: "a b"}, state: 5},
+             {attempts: [{metrics: [{}], telemetry: [{ts: 1, machine: {gpus: [null]}}]}], monitor: {machine: {gpus: [{}]}}}];
+out.odd = odd.map((st) => Object.fromEntries(Object.entries(V).map(([name, fn]) => [name, fn(st, name === "logs" ? new Set() : "attempt:0")])));
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.fixture(scope="module")
+def helpers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if NODE is None:
+        pytest.skip("node is not installed")
+    harness = HELPERS.replace("globalThis.SAMPLE", json.dumps(SAMPLE))
+    return _node(tmp_path_factory.mktemp("helpers"), harness)
+
+
+def test_escaping(helpers: dict[str, Any]) -> None:
+    assert helpers["esc"] == "&lt;script&gt;"
+    assert helpers["escQuote"] == "&quot;&#39;&amp;"
+    assert (helpers["escNull"], helpers["escZero"]) == ("", "0")
+    # State names become class names: stripped to [A-Za-z0-9_] so they cannot break out of the attribute.
+    assert helpers["stCls"] == ["state st-RUNNING", "state st-bx1", "state"]
+
+
+def test_time_formatting(helpers: dict[str, Any]) -> None:
+    assert helpers["dur65"] == "1m 05s"
+    assert helpers["dur5"] == "5s"
+    assert helpers["dur3725"] == "1h 02m 05s"
+    assert helpers["durBad"] == "—"
+    assert (helpers["ago"], helpers["agoLong"]) == ("12 s ago", "2m 05s ago")
+    assert helpers["elapsedRunning"] == pytest.approx(65.5)
+    assert helpers["elapsedDone"] == 30
+
+
+def test_loss_key(helpers: dict[str, Any]) -> None:
+    assert helpers["lossKey"] == "loss"
+    assert helpers["lossKeyLater"] == "loss"  # any record having loss wins over an earlier numeric key
+    assert helpers["otherKey"] == "acc"       # first numeric key, skipping step/ts, strings and booleans
+    assert helpers["noKey"] is None
+    assert helpers["series"] == {"points": [[1, 2], [3, 1]], "byStep": True}
+    assert helpers["seriesIndex"] == {"points": [[0, 1], [1, 2]], "byStep": False}
+
+
+def test_steps_and_rate(helpers: dict[str, Any]) -> None:
+    assert helpers["rate"] == 4                # last two timed records: 20 steps / 5 s
+    assert helpers["rateFallback"] == 2.5      # last two share a step: first → last, 30 steps / 12 s
+    assert helpers["rateNone"] is None and helpers["rateNoTs"] is None
+    assert helpers["stepMetrics"] == 4
+    assert helpers["stepRanks"] == 9
+    assert helpers["stepNone"] is None
+    assert helpers["restarts"] == [0, 0, 2]
+
+
+def test_checkpoint_star_and_resources(helpers: dict[str, Any]) -> None:
+    assert helpers["star"] == 1 and helpers["noStar"] == -1
+    assert helpers["resources"] == {"cpu": [[2, 50]], "mem": [[1, 25]]}
+    assert helpers["gpus"] == {"count": 2, "util": 80, "used": 15, "total": 200}
+    assert helpers["noGpus"] is None
+    assert helpers["chartEmpty"] == ""
+    assert helpers["chartOne"].startswith('<svg class="chart"') and "<circle" in helpers["chartOne"]
+
+
+def test_views_escape_everything(helpers: dict[str, Any]) -> None:
+    views = helpers["views"]
+    everything = "".join(views.values()) + helpers["rankDetail"] + helpers["machineDetail"]
+    assert "<script" not in everything
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in views["logs"]
+    assert "a &amp; b" in views["logs"]
+    assert "&lt;script&gt;" in views["header"] and "&lt;script&gt;" in views["events"]
+    assert "&lt;script&gt;" in helpers["rankDetail"]
+
+
+def test_view_contents(helpers: dict[str, Any]) -> None:
+    v = helpers["views"]
+    assert 'class="badge state st-RUNNING"' in v["header"]
+    assert "1 / 2" in v["header"]                                  # restarts used / max
+    for text in ("1m 05s", ">30<", "steps/s", ">2<", "step latency", "500 ms", "12.5%", "16.0 / 64.0 GiB (25%)",
+                 "GPU ×2", "85% · 41000 / 163118 MB", "verified checkpoints"):
+        assert text in v["kpis"], text
+    assert 'data-node="machine"' in v["topology"] and ">box<" in v["topology"]
+    assert 'data-node="attempt:0"' in v["topology"] and 'data-node="rank:1:1"' in v["topology"]
+    assert 'data-node="rank:0:0"' not in v["topology"]               # ranks only under the running attempt
+    assert "box state st-RUNNING sel" in v["topology"]
+    assert "<dt>job_id</dt><dd>local</dd>" in v["detail"] and "<dt>pid</dt><dd>4242</dd>" in v["detail"]
+    assert "<dt>backend</dt><dd>nccl</dd>" in helpers["rankDetail"]
+    assert "<dt>world_size</dt><dd>2</dd>" in helpers["rankDetail"]
+    assert helpers["goneDetail"] == ""
+    assert "<code>loss</code> vs step" in v["charts"] and v["charts"].count("<svg") == 2
+    assert v["checkpoints"].count("<li") == 3 and v["checkpoints"].count("★") == 1
+    assert v["checkpoints"].count("hash verified") == 2 and v["checkpoints"].count("invalid") == 1
+    assert "12 s ago" in v["checkpoints"] and "1 part<" in v["checkpoints"]
+    rows = v["events"].split("<tr")[1:]
+    assert [('class="hl"' in r) for r in rows] == [True, True, False]  # newest first
+    assert "RECOVERY_ACTION_SELECTED" in rows[0]
+    assert v["logs"].count("<details") == 2 and '<details data-attempt="1" open>' in v["logs"]
+
+
+def test_views_survive_odd_documents(helpers: dict[str, Any]) -> None:
+    empty = helpers["odd"][0]
+    assert "no metrics yet" in empty["charts"] and "no telemetry yet" in empty["charts"]
+    assert "no checkpoints yet" in empty["checkpoints"] and "no events yet" in empty["events"]
+    assert "this machine" in empty["topology"]
+    assert "GPU" not in empty["kpis"]
+    assert "GPU ×1" in helpers["odd"][4]["kpis"] and "— · 0 / 0 MB" in helpers["odd"][4]["kpis"]
+    assert 'class="badge state st-5"' in helpers["odd"][3]["header"] and ">a b<" in helpers["odd"][3]["header"]
+
+
+# ---- live wiring in a vm with a stub DOM ---------------------------------------------------
+
+LIVE = r"""
+const fs = require("fs"), vm = require("vm");
+const html = fs.readFileSync("page.html", "utf8");
+const sample = JSON.parse(fs.readFileSync("sample.json", "utf8"));
+const ids = [...html.matchAll(/ id="([^"]+)"/g)].map((m) => m[1]);
+const els = {};
+for (const id of ids) {
+  const classes = new Set();
+  els[id] = {id, innerHTML: "", textContent: "", className: "", hidden: false, listeners: {},
+    classList: {add: (c) => classes.add(c), remove: (c) => classes.delete(c), contains: (c) => classes.has(c)},
+    addEventListener(type, fn) { this.listeners[type] = fn; }, querySelectorAll: () => []};
+}
+const docListeners = {};
+const document = {visibilityState: "visible", title: "", getElementById: (id) => els[id] || null,
+  addEventListener: (type, fn) => { docListeners[type] = fn; }};
+let nextTimer = 1;
+const intervals = new Map(), cleared = [];
+let responses = [], fetched = [];
+const fetch = (url, opts) => { fetched.push(url); const r = responses.shift(); return r instanceof Error ? Promise.reject(r) : Promise.resolve(r); };
+const ok = (doc) => ({ok: true, status: 200, json: async () => doc});
+const ctx = vm.createContext({document, fetch, console,
+  setInterval: (fn, ms) => { const id = nextTimer++; intervals.set(id, ms); return id; },
+  clearInterval: (id) => { cleared.push(id); intervals.delete(id); },
+  setTimeout: () => 0, clearTimeout: () => {}, AbortController});
+const settle = () => new Promise((r) => setImmediate(r));
+const snap = () => ({status: els.status.textContent, statusCls: els.status.className, stale: els.main.classList.contains("stale"),
+  kpis: els["kpis-body"].innerHTML, hdr: els["hdr-body"].innerHTML, logs: els["logs-body"].innerHTML,
+  detail: els.detail.innerHTML, detailHidden: els.detail.hidden, title: document.title});
+(async () => {
+  const out = {};
+  responses.push(ok(sample));
+  vm.runInContext(fs.readFileSync("page.js", "utf8"), ctx);
+  await settle(); await settle();
+  out.first = {fetched: [...fetched], intervals: [...intervals.values()], ...snap()};
+
+  const click = (node) => els.topology.listeners.click({target: {closest: (sel) => (sel === "[data-node]" && node ? {dataset: {node}} : null)}});
+  click("attempt:1");
+  out.clicked = snap();
+  els.topology.listeners.click({target: {closest: (sel) => (sel === "[data-close]" ? {} : null)}});
+  out.closed = snap();
+
+  document.visibilityState = "hidden"; docListeners.visibilitychange();
+  out.hidden = {intervals: intervals.size, cleared: cleared.length, fetched: fetched.length};
+  responses.push(new Error("Failed to fetch"));
+  document.visibilityState = "visible"; docListeners.visibilitychange();
+  await settle(); await settle();
+  out.lost = {intervals: [...intervals.values()], fetched: fetched.length, ...snap()};
+
+  responses.push({ok: false, status: 500, json: async () => { throw new SyntaxError("bad json"); }});
+  await ctx.refresh(); out.http500 = snap();
+
+  responses.push({ok: false, status: 503, json: async () => ({error: "run.json is torn <b>"})});
+  await ctx.refresh(); out.error = snap();
+
+  responses.push(ok(sample));
+  await ctx.refresh(); out.recovered = snap();
+  console.log(JSON.stringify(out));
+})();
+"""
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if NODE is None:
+        pytest.skip("node is not installed")
+    tmp = tmp_path_factory.mktemp("live")
+    (tmp / "page.html").write_text(render())
+    (tmp / "sample.json").write_text(json.dumps(SAMPLE))
+    return _node(tmp, LIVE)
+
+
+def test_live_polls_and_draws(live: dict[str, Any]) -> None:
+    first = live["first"]
+    assert first["fetched"] == ["/api/state"] and first["intervals"] == [2000]
+    assert first["status"].startswith("updated ") and not first["stale"]
+    assert "1m 05s" in first["kpis"] and "st-RUNNING" in first["hdr"]
+    assert "&lt;script&gt;" in first["logs"] and "<script" not in first["logs"]
+    assert first["detailHidden"] is True and first["title"].startswith("RUNNING")
+
+
+def test_live_detail_panel(live: dict[str, Any]) -> None:
+    assert live["clicked"]["detailHidden"] is False
+    assert "<dt>output_dir</dt><dd>/r/local/task-001</dd>" in live["clicked"]["detail"]
+    assert live["closed"]["detailHidden"] is True
+
+
+def test_live_pauses_while_hidden_and_survives_failures(live: dict[str, Any]) -> None:
+    assert live["hidden"] == {"intervals": 0, "cleared": 1, "fetched": 1}
+    lost = live["lost"]
+    assert lost["intervals"] == [2000] and lost["fetched"] == 2      # refreshed at once, timer resumed
+    assert lost["status"].startswith("connection lost, retrying") and lost["statusCls"] == "warn"
+    assert lost["stale"] and "1m 05s" in lost["kpis"]               # old data kept, greyed
+    assert live["http500"]["status"].startswith("connection lost, retrying (HTTP 500")
+
+
+def test_live_error_document_clears_sections(live: dict[str, Any]) -> None:
+    err = live["error"]
+    assert err["status"] == "error: run.json is torn <b>" and err["statusCls"] == "bad"  # textContent, not HTML
+    assert err["hdr"] == "" and "1m 05s" not in err["kpis"] and "unavailable" in err["kpis"]
+    assert not err["stale"]
+    rec = live["recovered"]
+    assert rec["status"].startswith("updated ") and "1m 05s" in rec["kpis"]
+
+
+def test_all_template_placeholders_are_filled() -> None:
+    assert not re.search(r"__[A-Z_]+__", render())
