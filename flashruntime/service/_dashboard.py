@@ -12,6 +12,7 @@ _STATE_CSS = "".join(f".st-{state}{{color:var(--{token})}}" for state, token in 
 
 DASHBOARD_HTML = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>FlashRuntime coordinator</title>
+<link rel="icon" href="data:,">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>
 :root{%(vars)s}

@@ -7,21 +7,18 @@ nothing from outside 127.0.0.1 and reach the offline docs.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import textwrap
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from flashruntime.viewer.server import RunViewerServer
+from tests.browser import severe_log_entries, wait_for
 
 pytestmark = pytest.mark.browser
 
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the dev extra)")
 
 TRAIN = textwrap.dedent(
     """
@@ -45,46 +42,6 @@ TRAIN = textwrap.dedent(
 )
 
 
-def _browser_paths() -> tuple[str, str]:
-    browser = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
-    driver = shutil.which("chromedriver")
-    if browser is None or driver is None:
-        pytest.skip("headless Chromium and chromedriver are not installed (Debian: apt-get install chromium "
-                    "chromium-driver; .ci/run installs them)")
-    return browser, driver
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    binary, driver_path = _browser_paths()
-    options = Options()
-    options.binary_location = binary
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1280,1600"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def _wait_for(driver: Any, condition: Any, timeout: float = 30.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition(driver)
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
-
-
 def _text(driver: Any, selector: str) -> str:
     from selenium.webdriver.common.by import By
 
@@ -99,12 +56,12 @@ def test_the_page_follows_a_live_run_to_the_end(browser: Any, tmp_path: Path) ->
                        output_dir=tmp_path / "out", wait=False, watch=False)
     with RunViewerServer(run.output_dir) as server:
         browser.get(server.url + "/")
-        _wait_for(browser, lambda d: "RUNNING" in _text(d, "#header"), what="the RUNNING badge")
-        first_step = int(_wait_for(browser, lambda d: _kpi(d, "step").isdigit() and _kpi(d, "step"),
+        wait_for(browser, lambda d: "RUNNING" in _text(d, "#header"), what="the RUNNING badge")
+        first_step = int(wait_for(browser, lambda d: _kpi(d, "step").isdigit() and _kpi(d, "step"),
                                    what="a step in the KPI strip"))
         assert run.wait(timeout=60).value == "SUCCEEDED"
-        _wait_for(browser, lambda d: "SUCCEEDED" in _text(d, "#header"), what="the SUCCEEDED badge")
-        _wait_for(browser, lambda d: _kpi(d, "step") == "6", what="the last step")
+        wait_for(browser, lambda d: "SUCCEEDED" in _text(d, "#header"), what="the SUCCEEDED badge")
+        wait_for(browser, lambda d: _kpi(d, "step") == "6", what="the last step")
         assert first_step <= 6
 
         checkpoints = _text(browser, "#checkpoints")
@@ -123,8 +80,7 @@ def test_the_page_follows_a_live_run_to_the_end(browser: Any, tmp_path: Path) ->
         origins = browser.execute_script(
             "return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)")
         assert set(origins) <= {server.url}, origins  # nothing fetched from outside the viewer
-        severe = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
-        assert not severe, severe
+        assert not severe_log_entries(browser)
 
 
 def _kpi(driver: Any, label: str) -> str:
@@ -146,10 +102,10 @@ def test_an_unreadable_run_shows_why_and_the_docs_link_works(browser: Any, tmp_p
 
     with RunViewerServer(tmp_path) as server:  # no run.json here
         browser.get(server.url + "/")
-        _wait_for(browser, lambda d: "no run.json" in _text(d, "#status"), what="the error in the status line")
+        wait_for(browser, lambda d: "no run.json" in _text(d, "#status"), what="the error in the status line")
         browser.find_element(By.CSS_SELECTOR, 'a[href="/docs/"]').click()
-        _wait_for(browser, lambda d: "flashruntime documentation" in d.find_element(By.TAG_NAME, "h1").text,
+        wait_for(browser, lambda d: "flashruntime documentation" in d.find_element(By.TAG_NAME, "h1").text,
                   what="the docs contents page")
         browser.find_element(By.LINK_TEXT, "Recovery tables").click()
-        _wait_for(browser, lambda d: "coordinated_training" in d.find_element(By.TAG_NAME, "main").text,
+        wait_for(browser, lambda d: "coordinated_training" in d.find_element(By.TAG_NAME, "main").text,
                   what="the recovery page")

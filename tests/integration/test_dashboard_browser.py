@@ -1,0 +1,49 @@
+"""The coordinator dashboard (``GET /``, SPEC §9.10) in real headless Chromium, against a
+real uvicorn on 127.0.0.1: nodes and jobs appear as they are registered and submitted,
+and clicking a job shows its tasks, events and artifacts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser import severe_log_entries, wait_for
+from tests.integration.test_service_app import _finish, job_spec, registration
+from tests.service_server import serve_in_thread, settings_for
+
+pytestmark = [pytest.mark.browser, pytest.mark.service]
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+
+def _text(driver: Any, selector: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, selector).text
+
+
+def test_dashboard_shows_the_fleet_and_a_jobs_detail(browser: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    with serve_in_thread(settings_for(tmp_path / "data")) as url, httpx.Client(base_url=url, timeout=10) as api:
+        browser.get(url + "/")
+        wait_for(browser, lambda d: "updated" in _text(d, "#status"), what="the first refresh")
+        assert "none" in _text(browser, "#nodes")
+
+        api.post("/v1alpha1/nodes/register", json=registration("node-a")).raise_for_status()
+        job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=2)).json()["job_id"]
+        wait_for(browser, lambda d: "node-a" in _text(d, "#nodes") and job_id in _text(d, "#jobs"),
+                 what="the node and the job")
+        assert "online" in _text(browser, "#nodes") and "2 pending" in _text(browser, "#jobs")
+
+        lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).json()
+        _finish(api, lease)
+        browser.find_element(By.CSS_SELECTOR, f'tr.job[data-job="{job_id}"]').click()
+        wait_for(browser, lambda d: "COMPLETED" in _text(d, "#tasks"), what="the job's tasks")
+        assert "TASK_COMMIT_ACCEPTED" in _text(browser, "#events")
+        assert "metrics.json" in _text(browser, "#artifacts")
+        wait_for(browser, lambda d: "1 completed" in _text(d, "#jobs"), what="the job's task counts")
+        assert not severe_log_entries(browser)
