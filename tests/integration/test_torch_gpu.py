@@ -87,6 +87,12 @@ def test_submit_of_a_cuda_job_collects_metrics_and_gpu_telemetry(gpus: int, tmp_
     evidence = evidence_from_telemetry(telemetry)
     assert evidence.gpu_util_percent_mean is not None and evidence.gpu_util_percent_mean > 0
 
+    from flashruntime.viewer import collect  # the run page's GPU KPI reads the newest tick
+
+    state = collect(tmp_path / "out")
+    assert state["state"] == "SUCCEEDED" and state["monitor"]["machine"]["gpus"]
+    assert state["monitor"]["machine"]["gpus"][0]["name"] == rows[0]["name"]
+
 
 def test_worker_registration_reports_every_visible_gpu(gpus: int) -> None:
     """The agent's registration lists the GPUs nvidia-smi sees (SPEC §9.11 step 1), so the
