@@ -76,7 +76,7 @@ _viewers: list[Any] = []  # kept alive for the process lifetime
 
 def _start_viewer(run: Run) -> None:
     try:
-        from flashruntime.viewer.server import RunViewerServer  # type: ignore[import-not-found]
+        from flashruntime.viewer.server import RunViewerServer
 
         server = RunViewerServer(run.output_dir)
         server.start()

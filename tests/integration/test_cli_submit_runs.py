@@ -86,3 +86,34 @@ def test_runs_on_a_missing_root_exit_2(tmp_path: Path) -> None:
     result = _cli("runs", "--root", str(tmp_path / "nope"))
     assert result.returncode == 2 and "is not a directory" in result.stderr
     assert _cli("runs", "--root", str(tmp_path)).stdout.startswith("no runs under")
+
+
+def test_view_serves_a_finished_run_until_sigterm(tmp_path: Path) -> None:
+    import signal
+    import urllib.request
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "t.py").write_text("print('from the run')")
+    out = tmp_path / "out"
+    assert _cli("submit", f"{PY} t.py", "--source", str(src), "--output-dir", str(out), "--no-watch").returncode == 0
+    viewer = subprocess.Popen([PY, "-m", "flashruntime.service.cli", "view", str(out), "--no-open"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    try:
+        line = viewer.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith("viewer: http://127.0.0.1:") and line.rstrip().endswith("(Ctrl-C to stop)"), line
+        url = line.split()[1]
+        with urllib.request.urlopen(f"{url}/api/state", timeout=10) as response:
+            state = json.load(response)
+        assert state["state"] == "SUCCEEDED" and "from the run" in state["attempts"][0]["log_tail"]
+        viewer.send_signal(signal.SIGTERM)
+        assert viewer.wait(timeout=30) == 0
+    finally:
+        if viewer.poll() is None:
+            viewer.kill()
+            viewer.wait()
+
+
+def test_view_of_a_directory_without_run_json_exit_2(tmp_path: Path) -> None:
+    result = _cli("view", str(tmp_path), "--no-open")
+    assert result.returncode == 2 and "holds no run.json" in result.stderr and "flashruntime runs" in result.stderr

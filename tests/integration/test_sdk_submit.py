@@ -188,7 +188,14 @@ def test_default_output_dir_is_a_fresh_temp_dir() -> None:
         shutil.rmtree(run.output_dir, ignore_errors=True)
 
 
-def test_watch_without_a_viewer_still_runs_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_viewer_that_cannot_start_never_fails_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from flashruntime.viewer.server import RunViewerServer
+
+    def refuse(self: RunViewerServer) -> str:
+        raise OSError(98, "Address already in use")
+
+    monkeypatch.setattr(RunViewerServer, "start", refuse)
     run = submit(CommandWorkload(command=[PY, "-c", "pass"]), output_dir=tmp_path, watch=True)
     assert run.state is LaunchState.SUCCEEDED and run.viewer_url is None
-    assert "viewer: unavailable" in capsys.readouterr().err
+    assert "viewer: unavailable (OSError: [Errno 98] Address already in use)" in capsys.readouterr().err

@@ -8,6 +8,7 @@ needs, so building the parser stays cheap.
 COMMAND_MODULES: tuple[str, ...] = (
     "flashruntime.service.commands.submit",
     "flashruntime.service.commands.runs",
+    "flashruntime.service.commands.view",
     "flashruntime.service.commands.demo",
     "flashruntime.service.commands.plan",
     "flashruntime.service.commands.jobs",
