@@ -48,7 +48,9 @@ def _check_repeats(result: dict[str, Any]) -> None:
         )
 
 
-def _pace_text(by_cpu: dict[str, float]) -> str:
+def _pace_text(by_cpu: dict[str, float] | float) -> str:
+    if not isinstance(by_cpu, dict):  # the first files with a pace timed it once, unpinned
+        by_cpu = {"unpinned": by_cpu}
     return ", ".join(f"{cpu} {_fmt(float(ms))}" for cpu, ms in by_cpu.items())
 
 

@@ -75,6 +75,12 @@ def test_report_gives_each_scenarios_host_pace_once() -> None:
                       "after: cpu0 21.2, cpu1 22.0") == 1
 
 
+def test_report_reads_the_first_unpinned_pace_form() -> None:
+    row = dict(measured_row("lease", "performance", "m", "ms", [1.0, 2.0, 3.0]),
+               host_pace_ms={"before": 22.3, "after": 20.4})
+    assert "before: unpinned 22.3; after: unpinned 20.4" in render_markdown(_result([row], smoke=False))
+
+
 def test_reference_workload_is_timed_on_every_cpu_and_restores_the_affinity() -> None:
     import os
 
