@@ -87,6 +87,7 @@ def _handler_for(run_dir: Path, docs_dir: Path, page: bytes) -> type[BaseHTTPReq
     Handler.run_dir = run_dir
     Handler.docs_dir = docs_dir
     Handler.page = page
+    Handler.state_lock = threading.Lock()
     return Handler
 
 
@@ -94,6 +95,9 @@ class _Handler(BaseHTTPRequestHandler):
     run_dir: Path
     docs_dir: Path
     page: bytes
+    # One collect at a time: the first look at a large checkpoint hashes it, and polls from
+    # several tabs must wait for that pass (then hit the hash cache), not start their own.
+    state_lock: threading.Lock
     server_version = "flashruntime-viewer"
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -104,7 +108,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/":
             self._send(200, "text/html; charset=utf-8", self.page)
         elif path == "/api/state":
-            body = json.dumps(collect(self.run_dir), allow_nan=False, default=str).encode("utf-8")
+            with self.state_lock:
+                body = json.dumps(collect(self.run_dir), allow_nan=False, default=str).encode("utf-8")
             self._send(200, "application/json", body)
         elif path == "/docs" or path.startswith("/docs/"):
             self._docs(path[len("/docs"):])

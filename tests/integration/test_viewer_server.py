@@ -134,3 +134,35 @@ def test_submit_with_watch_serves_the_run_it_started(tmp_path: Path, capsys: pyt
         for server in sdk._viewers:
             server.stop()
         sdk._viewers.clear()
+
+
+def test_concurrent_polls_never_collect_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first collect of a big checkpoint hashes it; other tabs' polls wait for it
+    (and then read the hash cache) instead of hashing the same files in parallel."""
+    import threading
+    import time
+
+    from flashruntime.viewer import server as server_module
+
+    inside = {"now": 0, "most": 0}
+    guard = threading.Lock()
+
+    def slow_collect(run_dir: Path) -> dict[str, object]:
+        with guard:
+            inside["now"] += 1
+            inside["most"] = max(inside["most"], inside["now"])
+        time.sleep(0.3)
+        with guard:
+            inside["now"] -= 1
+        return {"error": "slow"}
+
+    monkeypatch.setattr(server_module, "collect", slow_collect)
+    with RunViewerServer(_run_dir(tmp_path)) as server:
+        assert server.url is not None
+        url = server.url
+        threads = [threading.Thread(target=_get, args=(url, "/api/state")) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert inside["most"] == 1
