@@ -45,6 +45,23 @@ def test_core_only_import_with_every_optional_dependency_refused() -> None:
     assert result.stdout.strip() == "ok"
 
 
+def test_the_service_modules_agents_use_import_with_only_the_core() -> None:
+    """SPEC §0.3: the service package and .cli, .worker, .auth, .modea, .ledger, .checkpoints
+    import without the service extra (fastapi, uvicorn, httpx refused); only .app needs it."""
+    result = run_core_only(
+        "import flashruntime.service, flashruntime.service.cli, flashruntime.service.worker\n"
+        "import flashruntime.service.auth, flashruntime.service.modea, flashruntime.service.ledger\n"
+        "from flashruntime.service.checkpoints import CommitRequest, RegisterPartRequest\n"
+        "from flashruntime.protocol import v1alpha1\n"
+        "assert CommitRequest is v1alpha1.CommitRequest and RegisterPartRequest is v1alpha1.RegisterPartRequest\n"
+        "print('ok')\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+    app = run_core_only("import flashruntime.service.app\n")
+    assert app.returncode != 0 and "refused: core-only test" in app.stderr
+
+
 def test_the_blocker_really_blocks() -> None:
     result = run_core_only("import yaml\n")
     assert result.returncode != 0 and "refused: core-only test" in result.stderr
