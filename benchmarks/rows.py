@@ -141,6 +141,12 @@ def skipped_row(
     }
 
 
+
+def skipped_rows(scenario: str, section: str, metrics: Sequence[tuple[str, str]], reason: str) -> list[dict[str, Any]]:
+    """One skipped row per ``(metric, unit)``, all for the same reason (e.g. a missing extra)."""
+    return [skipped_row(scenario, section, metric, unit, reason) for metric, unit in metrics]
+
+
 def judge(row: dict[str, Any], on_reference_host: bool) -> dict[str, Any]:
     """Fill ``met``: null when skipped, without target, or off the reference host."""
     target = row.get("target")

@@ -33,7 +33,7 @@ from typing import Any
 
 from benchmarks.host import filesystem_type
 from benchmarks.registry import Scenario
-from benchmarks.rows import measured_row, quantile, skipped_row
+from benchmarks.rows import measured_row, quantile, skipped_rows
 from benchmarks.scenarios import _coordinator_http as http
 
 NAME = "coordinator_claims"
@@ -179,14 +179,10 @@ def _in_process_drain(work_dir: Path, sample: int, tasks: int, node_ids: list[st
         store.close()
 
 
-def _skipped(reason: str) -> list[dict[str, Any]]:
-    return [skipped_row(NAME, SECTION, metric, unit, reason) for metric, unit in METRICS]
-
-
 def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
     missing = http.service_missing()
     if missing:
-        return _skipped(missing)
+        return skipped_rows(NAME, SECTION, METRICS, missing)
     from flashruntime.service.settings import RuntimeSettings
 
     samples = 1 if smoke else max(repeats, MIN_SAMPLES)

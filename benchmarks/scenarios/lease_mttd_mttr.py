@@ -39,7 +39,7 @@ from typing import Any
 
 from benchmarks.host import filesystem_type
 from benchmarks.registry import Scenario
-from benchmarks.rows import measured_row, quantile, skipped_row
+from benchmarks.rows import measured_row, quantile, skipped_row, skipped_rows
 from benchmarks.scenarios import _coordinator_http as http
 
 NAME = "lease_mttd_mttr"
@@ -207,14 +207,10 @@ def _one_kill(url: str, rescuer: Any, index: int) -> dict[str, Any]:
     return result
 
 
-def _skipped(reason: str) -> list[dict[str, Any]]:
-    return [skipped_row(NAME, SECTION, metric, unit, reason) for metric, unit in METRICS]
-
-
 def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
     missing = http.service_missing()
     if missing:
-        return _skipped(missing)
+        return skipped_rows(NAME, SECTION, METRICS, missing)
     kills = 1 if smoke else max(repeats, MIN_KILLS)
     work_dir = http.make_work_dir(NAME)
     outcomes: list[dict[str, Any]] = []
