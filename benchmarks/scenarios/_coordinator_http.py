@@ -31,26 +31,8 @@ SERVICE_MODULES = ("fastapi", "uvicorn", "httpx")
 # Coordinator settings a developer's shell may carry; a benchmark coordinator runs open, on its own paths.
 _COORDINATOR_ENV = (
     "FLASHML_NODE_TOKENS", "FLASHML_OPERATOR_TOKENS", "FLASHML_JOIN_CODE", "FLASHML_RUNTIME_API",
-    "FLASHML_LEDGER_PATH", "FLASHML_LOCAL_ARTIFACTS_DIR", "FLASHML_REQUIRE_NODE_AUTH",
+    "FLASHML_LEDGER_PATH", "FLASHML_LOCAL_ARTIFACTS_DIR", "FLASHML_REQUIRE_NODE_AUTH", "FLASHML_SWEEP_INTERVAL_S",
 )
-
-# ``sweep_interval_s`` has no environment variable (SPEC §9.1 table: "—") and ``serve`` no
-# flag, so this launcher runs the real ``flashruntime serve`` command with ``from_env``
-# wrapped to set it: argv = [sweep_interval_s, "serve", ...].
-_SERVE_WITH_SWEEP = """\
-import sys
-from flashruntime.service import settings as _settings
-_sweep = float(sys.argv[1])
-_from_env = _settings.RuntimeSettings.from_env.__func__
-def _with_sweep(cls, env=None):
-    built = _from_env(cls, env)
-    built.sweep_interval_s = _sweep
-    return built
-_settings.RuntimeSettings.from_env = classmethod(_with_sweep)
-from flashruntime.service.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
-
 
 def service_missing() -> str | None:
     """Why the coordinator cannot run here (a skip reason), or None when it can."""
@@ -106,16 +88,19 @@ class ServeProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
-        serve = ["serve", "--host", "127.0.0.1", "--port", str(self.port), "--data-dir", str(self.data_dir),
-                 "--log-level", "warning"]
-        if self.sweep_interval_s is None:
-            return [sys.executable, "-m", "flashruntime.service.cli", *serve]
-        return [sys.executable, "-c", _SERVE_WITH_SWEEP, repr(float(self.sweep_interval_s)), *serve]
+        return [sys.executable, "-m", "flashruntime.service.cli", "serve", "--host", "127.0.0.1", "--port",
+                str(self.port), "--data-dir", str(self.data_dir), "--log-level", "warning"]
+
+    def env(self) -> dict[str, str]:
+        env = subprocess_env()
+        if self.sweep_interval_s is not None:
+            env["FLASHML_SWEEP_INTERVAL_S"] = repr(float(self.sweep_interval_s))
+        return env
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(self.argv(), env=subprocess_env(), cwd=str(self.data_dir.parent),
+            self.process = subprocess.Popen(self.argv(), env=self.env(), cwd=str(self.data_dir.parent),
                                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         try:
             self._wait_healthy()

@@ -3,9 +3,8 @@ coordinator on loopback; how long until the coordinator notices, and until the t
 output is committed by someone else.
 
 One ``flashruntime serve`` subprocess on 127.0.0.1 for the run (data under
-``benchmarks/.work``) with the sweep interval set to ``SWEEP_INTERVAL_S`` (the setting
-has no environment variable, SPEC §9.1, so the launcher sets it on the settings
-``serve`` builds). Per kill: a fresh one-task ``hyperparameter_search`` job with
+``benchmarks/.work``) with the sweep interval set to ``SWEEP_INTERVAL_S`` through
+``FLASHML_SWEEP_INTERVAL_S``. Per kill: a fresh one-task ``hyperparameter_search`` job with
 ``lease_seconds = LEASE_SECONDS``; a worker subprocess (``_VICTIM`` below: register,
 claim, heartbeat every ``HEARTBEAT_S``) is SIGKILLed right after its
 ``HEARTBEATS_BEFORE_KILL``-th heartbeat answer. A rescuer client, registered beforehand,
@@ -232,7 +231,7 @@ def _rows(outcomes: list[dict[str, Any]], kills: int, fs: str) -> list[dict[str,
     over = [value for value in mttd if value > BOUND_S]
     failures = [o["why"] for o in outcomes if not o["recovered"]]
     setup = (f"`flashruntime serve` subprocess on 127.0.0.1 (data on {fs} under benchmarks/.work), sweep interval "
-             f"{SWEEP_INTERVAL_S:g} s (set by the benchmark's launcher: the setting has no env var), one-task "
+             f"{SWEEP_INTERVAL_S:g} s (FLASHML_SWEEP_INTERVAL_S), one-task "
              f"hyperparameter_search job per kill with lease_seconds {LEASE_SECONDS:g}; the worker subprocess heartbeats "
              f"every {HEARTBEAT_S:g} s and is SIGKILLed right after heartbeat answer number {HEARTBEATS_BEFORE_KILL}")
     count = f"{recovered} of {kills} expired leases re-claimed by a second client and committed (accepted, job SUCCEEDED)"

@@ -7,6 +7,7 @@ environment first. ``from_env`` is the same plus the two node-selector strings p
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,6 +51,17 @@ def _max_artifact_mb(env: Mapping[str, str] | None = None) -> int:
     return value
 
 
+def _sweep_interval_s(env: Mapping[str, str] | None = None) -> float:
+    raw = _env("FLASHML_SWEEP_INTERVAL_S", "2.0", env)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"FLASHML_SWEEP_INTERVAL_S must be a number of seconds, got {raw!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"FLASHML_SWEEP_INTERVAL_S must be finite and > 0, got {raw!r}")
+    return value
+
+
 @dataclass
 class RuntimeSettings:
     """What ``create_app`` wires; every default comes from the environment (SPEC §9.1 table)."""
@@ -64,7 +76,9 @@ class RuntimeSettings:
     standard_node_selector: dict[str, str] = field(default_factory=dict)
     sandbox_node_selector: dict[str, str] = field(default_factory=dict)
     sandbox_runtime_class: str | None = field(default_factory=lambda: _optional_env("FLASHML_RUNTIME_CLASS"))
-    sweep_interval_s: float = 2.0
+    # How often the sweeper expires silent leases: a killed worker's lease is released within
+    # lease_seconds + this. An addition to SPEC §9.1's table, which gives it no variable.
+    sweep_interval_s: float = field(default_factory=_sweep_interval_s)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RuntimeSettings:
@@ -85,6 +99,7 @@ class RuntimeSettings:
                 _env("FLASHML_SANDBOX_NODE_SELECTOR", "", env), name="FLASHML_SANDBOX_NODE_SELECTOR"
             ),
             sandbox_runtime_class=_optional_env("FLASHML_RUNTIME_CLASS", env),
+            sweep_interval_s=_sweep_interval_s(env),
         )
 
     @property

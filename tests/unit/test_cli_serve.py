@@ -19,7 +19,7 @@ from flashruntime.errors import AuthConfigError
 from flashruntime.service.commands import serve
 from flashruntime.service.settings import RuntimeSettings
 
-ENV_NAMES = ("FLASHML_LEDGER_PATH", "FLASHML_LOCAL_ARTIFACTS_DIR", "FLASHML_MAX_ARTIFACT_MB",
+ENV_NAMES = ("FLASHML_LEDGER_PATH", "FLASHML_LOCAL_ARTIFACTS_DIR", "FLASHML_MAX_ARTIFACT_MB", "FLASHML_SWEEP_INTERVAL_S",
              "FLASHML_STANDARD_NODE_SELECTOR", "FLASHML_SANDBOX_NODE_SELECTOR", "FLASHML_PROFILE")
 
 
@@ -144,6 +144,9 @@ def test_serve_defaults_and_env_paths_each_resolve_on_their_own(
 @pytest.mark.parametrize(("name", "value", "message"), [
     ("FLASHML_MAX_ARTIFACT_MB", "lots", "FLASHML_MAX_ARTIFACT_MB must be a whole number of MiB, got 'lots'"),
     ("FLASHML_STANDARD_NODE_SELECTOR", "gpu", "FLASHML_STANDARD_NODE_SELECTOR: 'gpu' is not a key=value pair"),
+    ("FLASHML_SWEEP_INTERVAL_S", "soon", "FLASHML_SWEEP_INTERVAL_S must be a number of seconds, got 'soon'"),
+    ("FLASHML_SWEEP_INTERVAL_S", "0", "FLASHML_SWEEP_INTERVAL_S must be finite and > 0, got '0'"),
+    ("FLASHML_SWEEP_INTERVAL_S", "nan", "FLASHML_SWEEP_INTERVAL_S must be finite and > 0, got 'nan'"),
 ])
 def test_invalid_settings_exit_2_before_anything_starts(
     fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],

@@ -29,7 +29,7 @@ T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
 def test_settings_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("FLASHML_PROFILE", "FLASHML_LEDGER_PATH", "FLASHML_MAX_ARTIFACT_MB", "FLASHML_JOIN_CODE",
-                 "FLASHML_ENABLE_KUBERAY", "FLASHML_STANDARD_NODE_SELECTOR"):
+                 "FLASHML_ENABLE_KUBERAY", "FLASHML_STANDARD_NODE_SELECTOR", "FLASHML_SWEEP_INTERVAL_S"):
         monkeypatch.delenv(name, raising=False)
     defaults = RuntimeSettings.from_env()
     assert (defaults.profile, defaults.namespace, defaults.ledger_path, defaults.artifacts_dir) == (
@@ -38,8 +38,10 @@ def test_settings_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> N
         True, None, 256, 2.0)
     env = {"FLASHML_PROFILE": "edge", "FLASHML_LEDGER_PATH": "/srv/x/ledger.db", "FLASHML_ENABLE_KUBERAY": "0",
            "FLASHML_JOIN_CODE": "abc", "FLASHML_MAX_ARTIFACT_MB": "8",
-           "FLASHML_STANDARD_NODE_SELECTOR": "pool=a, zone = b ,", "FLASHML_RUNTIME_CLASS": "gvisor"}
+           "FLASHML_STANDARD_NODE_SELECTOR": "pool=a, zone = b ,", "FLASHML_RUNTIME_CLASS": "gvisor",
+           "FLASHML_SWEEP_INTERVAL_S": "0.25"}
     settings = RuntimeSettings.from_env(env)
+    assert settings.sweep_interval_s == 0.25
     assert (settings.profile, settings.enable_kuberay, settings.join_code, settings.max_artifact_mb) == (
         "edge", False, "abc", 8)
     assert settings.standard_node_selector == {"pool": "a", "zone": "b"} and settings.sandbox_node_selector == {}
