@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flashruntime.checkpoint.local import MANIFEST_NAME, _read_manifest, verify_manifest
+from flashruntime.checkpoint.local import MANIFEST_NAME, _read_manifest, latest_valid_manifest, verify_manifest
 from flashruntime.protocol.v1alpha1 import CheckpointValidation
 
 __all__ = ["collect"]
@@ -154,31 +154,28 @@ def _ranks(ranks_dir: Path) -> list[dict[str, Any]]:
 
 def _checkpoints(root: Path, now: float) -> list[dict[str, Any]]:
     """Every ``step-*/manifest.json`` under ``root``, verified now (through the hash
-    cache), with ``latest_valid`` on the one ``latest_valid_manifest`` would pick."""
+    cache), with ``latest_valid`` on the one recovery picks (``latest_valid_manifest``)."""
     try:
         paths = sorted(glob.glob(os.path.join(glob.escape(str(root)), "step-*", MANIFEST_NAME)))
     except (OSError, ValueError):
         return []
+    pick = latest_valid_manifest(root) if paths else None  # re-verifies from the hash cache
     entries: list[dict[str, Any]] = []
-    best: tuple[int, int] | None = None  # (-step, path index) of the pick, as recovery orders them
-    for index, path in enumerate(paths):
+    for path in paths:
         manifest = _read_manifest(path)
         if manifest is None:
             continue
-        marked_invalid = manifest.validation == CheckpointValidation.INVALID
-        verified = not marked_invalid and verify_manifest(manifest, os.path.dirname(path))
+        verified = manifest.validation != CheckpointValidation.INVALID and verify_manifest(
+            manifest, os.path.dirname(path))
+        starred = verified and pick is not None and (manifest.manifest_id, manifest.step) == (pick.manifest_id, pick.step)
         entries.append({
             "job_id": manifest.job_id,
             "step": manifest.step,
             "validation": "hash_verified" if verified else "invalid",
             "parts": len(manifest.parts),
             "age_s": round(max(0.0, now - manifest.created.timestamp()), 1),
-            "latest_valid": False,
+            "latest_valid": starred,
         })
-        rank = (-manifest.step, index)
-        if verified and (best is None or rank < best):
-            best = rank
-            chosen = entries[-1]
-    if best is not None:
-        chosen["latest_valid"] = True
+        if starred:
+            pick = None  # one star, on the first directory in recovery's order
     return entries
