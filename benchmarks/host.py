@@ -59,6 +59,15 @@ def _gpu() -> str | None:
     return out.replace("\n", ", ") or None
 
 
+def torch_importable() -> bool:
+    """Whether ``import torch`` works in this process (a scenario's torch rows skip otherwise)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def filesystem_type(path: str | Path) -> str:
     """Type of the filesystem holding ``path`` (longest matching mount point)."""
     target = os.path.realpath(path)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from benchmarks.host import torch_importable
 from benchmarks.registry import Scenario
 from benchmarks.rows import measured_row, skipped_row
 
@@ -37,14 +38,6 @@ COMPARATOR = "bare torch.save"
 SIZES = (("1mb", 1, 512), ("100mb", 4, 2560))
 
 _ENV_KEYS = ("FLASHML_CKPT_DIR", "FLASHML_OUTPUT_DIR", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-
-
-def _torch_available() -> bool:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 @contextlib.contextmanager
@@ -141,7 +134,7 @@ def _measure(label: str, layers: int, width: int, samples: int, base: Path):
 def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
     samples = 1 if smoke else max(repeats, MIN_SAMPLES)
     sizes = SIZES[:1] if smoke else SIZES
-    if not _torch_available():
+    if not torch_importable():
         reason = "torch is not importable here: ft.checkpoint and torch.save need it (skipped, never estimated)"
         return [skipped_row(NAME, SECTION, f"ms_per_checkpoint_{label}", "ms", reason) for label, _, _ in sizes]
 

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.host import torch_importable
 from benchmarks.registry import Scenario
 from benchmarks.rows import measured_row, skipped_row
 
@@ -323,21 +324,13 @@ def _describe(results: list[dict[str, Any]], good: Callable[[dict[str, Any]], in
     return "; ".join(parts)
 
 
-def _torch_available() -> bool:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
     if smoke:
         batches, per_batch, calibration = 1, SMOKE_KILLS, SMOKE_CALIBRATION_WRITES
     else:
         batches, calibration = BATCHES, CALIBRATION_WRITES
         per_batch = math.ceil(max(repeats, MIN_KILLS) / BATCHES)
-    naive_mode = "torch" if _torch_available() else "pickle"
+    naive_mode = "torch" if torch_importable() else "pickle"
     comparator = "naive torch.save" if naive_mode == "torch" else "naive pickle write"
     rng = random.Random()
     WORK_DIR.mkdir(parents=True, exist_ok=True)
