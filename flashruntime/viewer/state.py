@@ -54,12 +54,13 @@ def _collect(run_dir: Path) -> dict[str, Any]:
     now = time.time()
     attempts = [a for a in doc.get("attempts") or [] if isinstance(a, dict)]
     newest_tick: dict[str, Any] | None = None
-    roots: list[Path] = []
+    attempt_dirs: list[Path] = []
     for attempt in attempts:
         attempt_dir = _attempt_dir(run_dir, attempt)
         if attempt_dir is None:
             attempt.update(metrics=[], log_tail=[], telemetry=[], ranks=[])
             continue
+        attempt_dirs.append(attempt_dir)
         attempt["metrics"] = _json_lines(attempt_dir / "metrics.jsonl", METRICS_RECORDS)
         attempt["log_tail"] = _text_lines(attempt_dir / "launcher.log", LOG_LINES)
         telemetry = _json_lines(attempt_dir / "telemetry.jsonl", TELEMETRY_TICKS)
@@ -67,11 +68,11 @@ def _collect(run_dir: Path) -> dict[str, Any]:
         attempt["ranks"] = _ranks(attempt_dir / "ranks")
         if telemetry and (newest_tick is None or _ts(telemetry[-1]) >= _ts(newest_tick)):
             newest_tick = telemetry[-1]
-        root = attempt_dir.parent / "ckpt"
-        if root not in roots:
-            roots.append(root)
-    if isinstance(doc.get("checkpoint_dir"), str) and doc["checkpoint_dir"]:
-        roots = [Path(os.path.expanduser(doc["checkpoint_dir"]))]
+    shared = doc.get("checkpoint_dir")
+    if isinstance(shared, str) and shared:
+        roots = [Path(os.path.expanduser(shared))]
+    else:  # each job's own tree, shared by its attempts: listed once
+        roots = list(dict.fromkeys(attempt_dir.parent / "ckpt" for attempt_dir in attempt_dirs))
     doc["attempts"] = attempts
     doc["checkpoints"] = sorted(
         (entry for root in roots for entry in _checkpoints(root, now)),
