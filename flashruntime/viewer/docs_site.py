@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from flashruntime.viewer._markdown import to_html
+from flashruntime.viewer._markdown import LinkMap, to_html
 from flashruntime.viewer.page import TOKENS
 
 __all__ = ["build", "recovery_markdown", "render_site"]
@@ -91,7 +91,7 @@ def _sources(source_dir: Path, readme: Path) -> list[tuple[str, str, str]]:
     return pages
 
 
-def _link_map(names: set[str]):  # type: ignore[no-untyped-def]
+def _link_map(names: set[str]) -> LinkMap:
     def link(target: str) -> str | None:
         if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
             return target  # an absolute URL (a hyperlink, not an asset) or an anchor
