@@ -34,6 +34,11 @@ def test_smoke_run_rows() -> None:
     memory = by_metric["cycles_per_s_memory_n1000"]
     assert memory["status"] == "measured" and memory["median"] > 0 and memory["comparator"] is None
     assert memory["target"] == {"op": ">=", "value": 100_000, "unit": "cycles/s", "source": "issue 3"}
+    assert any(note.startswith("each round pinned to the CPU") for note in memory["notes"])
+
+    floor = by_metric["cycles_per_s_memory_floor_n1000"]  # informational: the host's speed beside the store's
+    assert floor["status"] == "measured" and floor["median"] > 0 and floor["target"] is None
+    assert floor["repeats"] == memory["repeats"] and floor["notes"][0].startswith("informational, no target")
 
     sqlite = by_metric["cycles_per_s_sqlite_n1000"]
     assert sqlite["status"] == "measured" and sqlite["median"] > 0
@@ -84,6 +89,10 @@ def test_flatness_row_is_the_ratio_of_medians(monkeypatch: pytest.MonkeyPatch) -
         assert flatness["ratio"] == pytest.approx(flatness["median"] / flatness["comparator"]["median"])
         assert flatness["target"] == {"op": "<=", "value": 1.3, "unit": "x", "source": "issue 3"}
         assert rows[f"cycles_per_s_{kind}_n10000_gc_enabled"]["repeats"] == 2
+    for n in (1_000, 10_000, 100_000):  # one memory_floor drain after each in-memory drain
+        assert rows[f"cycles_per_s_memory_floor_n{n}"]["repeats"] == expected[("memory", n)]
+    pinning = [note for note in rows["cycles_per_s_memory_n1000"]["notes"] if note.startswith("each round pinned")]
+    assert len(pinning) == 1 and pinning[0].count(" ms") == lease_throughput.MEMORY_ROUNDS
 
 
 @pytest.mark.bench_stress

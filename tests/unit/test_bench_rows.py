@@ -94,3 +94,26 @@ def test_reference_workload_is_timed_on_every_cpu_and_restores_the_affinity() ->
     by_cpu = pace_by_cpu()
     assert set(by_cpu) == {f"cpu{cpu}" for cpu in allowed} and all(ms > 0 for ms in by_cpu.values())
     assert os.sched_getaffinity(0) == allowed
+
+
+def test_pinned_to_quietest_cpu_pins_the_fastest_and_restores_the_affinity(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from benchmarks import pace
+
+    if not hasattr(os, "sched_getaffinity"):
+        monkeypatch.setattr(pace, "pace_by_cpu", lambda: {"any": 21.0})
+        with pace.pinned_to_quietest_cpu() as (label, ms):
+            assert (label, ms) == ("any", 21.0)
+        return
+    allowed = os.sched_getaffinity(0)
+    quietest = max(allowed)
+    fake = {f"cpu{cpu}": (20.0 if cpu == quietest else 40.0 + cpu) for cpu in allowed}
+    monkeypatch.setattr(pace, "pace_by_cpu", lambda: fake)
+    with pace.pinned_to_quietest_cpu() as (label, ms):
+        assert (label, ms) == (f"cpu{quietest}", 20.0)
+        assert os.sched_getaffinity(0) == {quietest}
+    assert os.sched_getaffinity(0) == allowed
+    with pytest.raises(RuntimeError), pace.pinned_to_quietest_cpu():
+        raise RuntimeError("a failing measurement still gives the CPUs back")
+    assert os.sched_getaffinity(0) == allowed
