@@ -10,6 +10,11 @@ from flashruntime.leases.store import TaskRecord
 from flashruntime.protocol.v1alpha1 import TaskSpec, TaskState
 
 _COMPLETED = TaskState.COMPLETED
+
+# The lease lengths a task may ask for: below a microsecond the deadline rounds to ``now``
+# (a lease dead when issued); beyond ten years ``now + lease_seconds`` nears datetime's last date.
+SHORTEST_LEASE_SECONDS = 1e-6
+LONGEST_LEASE_SECONDS = 10 * 365 * 86_400
 _FAILED = TaskState.FAILED
 _CANCELLED = TaskState.CANCELLED
 
@@ -32,6 +37,16 @@ def _check_spec(spec: TaskSpec) -> None:
         raise ValueError(f"lease_seconds must be a number, got {lease_seconds!r}")
     if not math.isfinite(lease_seconds) or lease_seconds <= 0:
         raise ValueError(f"lease_seconds must be finite and > 0, got {lease_seconds!r}")
+    if lease_seconds < SHORTEST_LEASE_SECONDS:
+        raise ValueError(
+            f"lease_seconds must be at least {SHORTEST_LEASE_SECONDS:g} (the clock's resolution), got "
+            f"{lease_seconds!r}: a shorter lease would be dead when issued"
+        )
+    if lease_seconds > LONGEST_LEASE_SECONDS:
+        raise ValueError(
+            f"lease_seconds must be at most {LONGEST_LEASE_SECONDS} (10 years), got {lease_seconds!r}: a deadline "
+            "must stay a date; hold a task longer by heartbeating"
+        )
     for name in ("max_attempts", "max_expiries"):
         value = getattr(spec, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

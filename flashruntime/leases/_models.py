@@ -9,6 +9,7 @@ cheaper: the claim -> heartbeat -> complete cycle builds two leases.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from datetime import datetime, timedelta, timezone
@@ -65,6 +66,23 @@ def make_lease(
     _set_extra(lease, None)
     _set_private(lease, None)
     return lease
+
+
+_SHARED_AS_IS = frozenset((str, int, float, bool, type(None)))
+
+
+def copy_payload(value: Any) -> Any:
+    """A deep copy of a JSON-shaped value (dicts, lists, scalars), fast for those shapes;
+    anything else goes through ``copy.deepcopy``. A lease's payload is such a copy of its
+    task's, so that changing the payload of a lease never changes the task."""
+    cls = value.__class__
+    if cls in _SHARED_AS_IS:
+        return value
+    if cls is dict:
+        return {key: copy_payload(item) for key, item in value.items()}
+    if cls is list:
+        return [copy_payload(item) for item in value]
+    return copy.deepcopy(value)
 
 
 def renewed(lease: Lease, deadline: datetime) -> Lease:

@@ -24,6 +24,7 @@ from flashruntime.leases._models import (
     LeaseIds,
     coerce_instant,
     coerce_now,
+    copy_payload,
     make_event,
     make_lease,
     renewed,
@@ -181,18 +182,32 @@ class LeaseManager:
         lease = None
         with self._tx:
             expired = self._expired(now)
-            if expired:
-                self._release_expired(expired, now, events)
-            cordon = self._cordon_for(node_id)
-            if cordon is not None and (cordon[0] is None or cordon[0] > now):
+            if expired and self._release_expired(expired, now, events):
+                swept = True
                 record = None
-            elif policy is None:
-                record = self._next_pending(job_id)
             else:
-                record = self._select(policy, node_id, node, job_id)
+                swept = False
+                cordon = self._cordon_for(node_id)
+                if cordon is not None and (cordon[0] is None or cordon[0] > now):
+                    record = None
+                elif policy is None:
+                    record = self._next_pending(job_id)
+                else:
+                    record = self._select(policy, node_id, node, job_id)
             if record is not None:
                 spec = record.spec
                 values = spec.__dict__  # plain reads of the validated fields
+                lease_seconds = values["lease_seconds"]
+                try:  # before any change to the record: a refused claim leaves it as it was
+                    deadline = now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds))
+                except OverflowError:
+                    raise ValueError(
+                        f"task {spec.task_id} (job {spec.job_id}) cannot be leased at {now.isoformat()}: "
+                        f"now + lease_seconds ({lease_seconds:g} s) is past the last date a datetime can hold"
+                    ) from None
+                payload = values["payload"]
+                if payload:  # the lease's own copy: changing a lease's payload never changes its task
+                    payload = copy_payload(payload)
                 attempt = record.attempts_used + 1
                 record.attempts_used = attempt
                 lease_id = self._ids()
@@ -200,41 +215,37 @@ class LeaseManager:
                 if has_lease is not None:
                     while has_lease(lease_id):  # 48 random bits: practically never
                         lease_id = self._ids()
-                lease_seconds = values["lease_seconds"]
-                # The payload is shared, as model_construct would: leases are views of their task.
                 lease = make_lease(
-                    lease_id,
-                    values["task_id"],
-                    values["job_id"],
-                    node_id,
-                    attempt,
-                    now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds)),
-                    values["payload"],
-                    lease_seconds,
+                    lease_id, values["task_id"], values["job_id"], node_id, attempt, deadline, payload, lease_seconds
                 )
                 record.state = _LEASED
                 record.active_lease = lease
                 record.lease_history[lease_id] = lease
                 self._save(record)
                 if events is not None:
-                    deadline = lease.deadline.isoformat()
+                    deadline_text = deadline.isoformat()
                     events.append(
                         make_event(
                             EventType.LEASE_CLAIMED,
                             spec.job_id,
                             now,
-                            f"attempt {attempt} of task {spec.task_id} leased to {node_id} until {deadline}",
+                            f"attempt {attempt} of task {spec.task_id} leased to {node_id} until {deadline_text}",
                             {
                                 "task_id": spec.task_id,
                                 "node_id": node_id,
                                 "lease_id": lease_id,
                                 "attempt_number": attempt,
-                                "deadline": deadline,
+                                "deadline": deadline_text,
                             },
                         )
                     )
         if events:
             _emit(on_event, events)  # type: ignore[arg-type]
+        if swept:
+            # The sweep committed as a transition of its own and its events are out; the claim
+            # proper runs in a fresh transaction, so a claim that then fails (a raising policy)
+            # can neither lose the sweep's events nor, on a store that rolls back, undo it.
+            return self.claim(node_id, job_id, now, policy, node)
         return lease
 
     def heartbeat(self, lease_id: str, now: datetime | None = None) -> Lease:

@@ -783,6 +783,67 @@ def test_bad_lease_seconds_rejected_and_nothing_stored(hm: Harness, bad: float) 
     assert hm.mgr.records() == [] and hm.take() == []
 
 
+@pytest.mark.parametrize("length", [1e13, 10 * 365 * 86_400 + 1, 4e-7])
+def test_unrepresentable_lease_lengths_are_refused_at_add(hm: Harness, length: float) -> None:
+    """Finite and > 0 is not enough: a deadline past datetime's last date would make every
+    claim raise (blocking the queue), and one under a microsecond is dead when issued."""
+    with pytest.raises(ValueError, match="lease_seconds must be at (most|least)"):
+        hm.mgr.add_task(spec(lease_seconds=length), now=at(0))
+    assert hm.mgr.records() == [] and hm.take() == []
+    hm.mgr.add_task(spec(lease_seconds=10 * 365 * 86_400), now=at(0))  # the longest allowed
+    lease = hm.mgr.claim("n", now=at(0))
+    assert lease is not None and lease.deadline == at(10 * 365 * 86_400)
+
+
+def test_claim_whose_deadline_overflows_is_refused_and_changes_nothing(hm: Harness) -> None:
+    hm.mgr.add_task(spec(lease_seconds=3600), now=at(0))
+    hm.take()
+    before = _snapshot(hm)
+    late = datetime.max.replace(tzinfo=timezone.utc) - timedelta(seconds=10)
+    with pytest.raises(ValueError, match="past the last date"):
+        hm.mgr.claim("n", now=late)
+    assert _snapshot(hm) == before and hm.take() == []
+    lease = hm.mgr.claim("n", now=at(1))  # the queue is not blocked
+    assert lease is not None and lease.attempt_number == 1
+
+
+def test_a_lease_payload_is_the_leases_own(hm: Harness) -> None:
+    """Changing a lease's payload (even deep inside) never changes its task: the next
+    attempt, and the placement gates that read the payload, see the task as queued."""
+    queued = {"argv": ["python", "train.py"], "pool": "gpu", "isolation": {"allowFallback": False}}
+    hm.mgr.add_task(spec(payload=queued, lease_seconds=10), now=at(0))
+    lease = hm.mgr.claim("n", now=at(0))
+    assert lease is not None and lease.payload == queued
+    lease.payload["argv"].append("--evil")
+    lease.payload["isolation"]["allowFallback"] = True
+    lease.payload["pool"] = "other"
+    assert state_of(hm).spec.payload == queued
+    hm.mgr.fail(lease.lease_id, "boom", now=at(1))
+    again = hm.mgr.claim("n", now=at(2))
+    assert again is not None and again.payload == queued
+
+
+def test_a_claim_that_fails_after_sweeping_keeps_the_sweep_and_its_events(hm: Harness) -> None:
+    """The sweep a claim starts with is a transition of its own: a policy raising during
+    the claim proper neither loses the expiry's events nor (on any store) the expiry."""
+    hm.mgr.add_task(spec("t0", lease_seconds=5), now=at(0))
+    hm.mgr.add_task(spec("t1", lease_seconds=5), now=at(0))
+    assert hm.mgr.claim("n1", now=at(0)) is not None
+    hm.take()
+
+    class Raising:
+        def choose(self, pending: Any, node: Any) -> TaskSpec:
+            raise RuntimeError("policy bug")
+
+    with pytest.raises(RuntimeError, match="policy bug"):
+        hm.mgr.claim("n2", now=at(5), policy=Raising())
+    assert hm.take() == ["LEASE_EXPIRED", "TASK_REQUEUED"]
+    record = state_of(hm, task_id="t0")
+    assert record.state is TaskState.PENDING and record.expiries_seen == 1 and record.active_lease is None
+    lease = hm.mgr.claim("n2", now=at(5))
+    assert lease is not None and lease.task_id == "t0" and hm.take() == ["LEASE_CLAIMED"]
+
+
 def test_bad_input_errors_are_typed_and_change_nothing(hm: Harness) -> None:
     hm.mgr.add_task(spec(lease_seconds=10), now=at(0))
     lease = hm.mgr.claim("n", now=at(0))
