@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.registry import Scenario
-from benchmarks.rows import Target, measured_row
+from benchmarks.rows import measured_row
 
 NAME, SECTION = "auto_resume", "performance"
 STEPS, EVERY = 40, 10  # the crash (SystemExit) lands at STEPS // 2 = 20, right after the step-20 checkpoint

@@ -3,7 +3,6 @@ one typed outcome (final state, failure class, action, resume point)."""
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path

@@ -298,8 +298,8 @@ def _store_rows(
                f"(benchmarks.pace): {', '.join(pins)}")
     rows: list[dict[str, Any]] = []
     for n in sizes:
-        notes = [f"{label}, N={n}, claim -> heartbeat -> complete, on_event=None, GC disabled, "
-                 f"{len(rates[n])} drains (median of the drains)", pinning]
+        notes = [(f"{label}, N={n}, claim -> heartbeat -> complete, on_event=None, GC disabled, "
+                 f"{len(rates[n])} drains (median of the drains)"), pinning]
         if kind == "sqlite":
             notes.append(fs_note)
             notes.append("same now for the three calls: the renewal changes no column, so it writes no page")
@@ -322,10 +322,10 @@ def _store_rows(
             rows.append(
                 measured_row(
                     NAME, SECTION, f"cycles_per_s_memory_floor_n{n}", "cycles/s", floor_rates[n],
-                    notes=[f"informational, no target: memory_floor, N={n}, the least an in-memory cycle with "
+                    notes=[(f"informational, no target: memory_floor, N={n}, the least an in-memory cycle with "
                            "this API costs (a lock per call, a FIFO, a lease-id dict, the same Lease builders; "
                            "no sweep, cordons, indexes or checks), drained after each InMemoryLeaseStore drain: "
-                           "the host's speed at that moment", pinning],
+                           "the host's speed at that moment"), pinning],
                 )
             )
     if 1_000 in medians and 100_000 in medians:

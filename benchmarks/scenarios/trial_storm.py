@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.registry import Scenario
-from benchmarks.rows import measured_row, Target
+from benchmarks.rows import Target, measured_row
 
 NAME, SECTION = "trial_storm", "resilience"
 TRIALS, STEPS, EVERY = 16, 20, 5

@@ -3,7 +3,6 @@ assert on timings (DESIGN.md): only on shape, targets and honesty."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from benchmarks.registry import SCENARIOS
