@@ -4,6 +4,8 @@ writes with a streaming sha256, reads and listings. Standard library only.
 A write goes to a temporary file beside its target and is renamed into place after
 fsync, so a reader (or a ``complete`` validating ``metrics.json``) never sees half a
 file, and a crash mid-upload leaves at most a stray temp file, never a torn artifact.
+A write refused after its body arrived (too large, out of scope, a clash) leaves the
+previous content as it was.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ import asyncio
 import hashlib
 import os
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-__all__ = ["ArtifactStore", "ArtifactTooLarge", "BadArtifactKey", "check_key", "sha256_of"]
+__all__ = ["ArtifactConflict", "ArtifactStore", "ArtifactTooLarge", "BadArtifactKey", "check_key", "sha256_of"]
 
 _TMP_PREFIX = ".upload-"
 _BLOCK = 1 << 20  # bytes handed to the writer thread at a time
@@ -27,6 +29,11 @@ class BadArtifactKey(ValueError):
 
 class ArtifactTooLarge(ValueError):
     """A body over ``max_bytes`` (→ 413)."""
+
+
+class ArtifactConflict(ValueError):
+    """A key whose path clashes with existing artifacts: it would be both a file and a
+    directory of other keys (→ 409)."""
 
 
 def check_key(key: str) -> str:
@@ -59,14 +66,25 @@ class ArtifactStore:
     def path_of(self, key: str) -> Path:
         return self.root.joinpath(*check_key(key).split("/"))
 
-    async def write(self, key: str, chunks: AsyncIterator[bytes]) -> tuple[str, int]:
-        """Stream ``chunks`` into ``key`` atomically → (sha256, size). Over ``max_bytes``
-        raises ``ArtifactTooLarge`` and leaves the previous content (if any) untouched.
+    async def write(
+        self, key: str, chunks: AsyncIterator[bytes], *, commit_check: Callable[[], None] | None = None
+    ) -> tuple[str, int]:
+        """Stream ``chunks`` into ``key`` atomically → (sha256, size).
+
+        ``commit_check`` runs once the whole body is on disk, just before the rename that
+        publishes it; whatever it raises propagates. Refused that way, over ``max_bytes``
+        (``ArtifactTooLarge``) or clashing with existing keys (``ArtifactConflict``), the
+        write removes its temp file and leaves the previous content (if any) untouched.
 
         Hashing, writing and the fsync run on a worker thread, a block at a time, so a large
         upload never stalls the event loop that serves every other node's heartbeats."""
         target = self.path_of(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        self._refuse_clash(key, target)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):  # a file took a parent's place meanwhile
+            self._refuse_clash(key, target)
+            raise
         fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=target.parent)
         digest = hashlib.sha256()
         size = 0
@@ -96,19 +114,54 @@ class ArtifactStore:
                     os.fsync(f.fileno())
 
                 await asyncio.to_thread(finish)
-            await asyncio.to_thread(os.replace, tmp_name, target)
+
+            def commit() -> None:  # the check and the rename on one thread, with nothing between
+                if commit_check is not None:
+                    commit_check()
+                try:
+                    os.replace(tmp_name, target)
+                except IsADirectoryError:  # another upload made the key a directory meanwhile
+                    self._refuse_clash(key, target)
+                    raise
+
+            await asyncio.to_thread(commit)
         except BaseException:
             Path(tmp_name).unlink(missing_ok=True)
             raise
         return digest.hexdigest(), size
+
+    def _refuse_clash(self, key: str, target: Path) -> None:
+        """Raise ``ArtifactConflict`` when ``key`` cannot be a file: an existing artifact
+        sits where one of its directories would be, or its path is a directory of other keys."""
+        parent = self.root
+        for part in key.split("/")[:-1]:
+            parent = parent / part
+            if parent.exists() and not parent.is_dir():
+                existing = parent.relative_to(self.root).as_posix()
+                raise ArtifactConflict(
+                    f"artifact key {key!r} clashes with the existing artifact {existing!r}: a key cannot lie "
+                    f"under another artifact's key; choose a key that does not start with {existing + '/'!r}"
+                )
+        if target.is_dir():
+            inside = next((found for found, _ in self.list(key + "/")), None)
+            what = f"existing artifacts under {key + '/'!r} (such as {inside!r})" if inside is not None \
+                else f"the directory {key + '/'!r}"
+            raise ArtifactConflict(
+                f"artifact key {key!r} clashes with {what}: a key cannot also be the directory of other keys; "
+                "choose another key"
+            )
 
     def read_path(self, key: str) -> Path | None:
         path = self.path_of(key)
         return path if path.is_file() else None
 
     def list(self, prefix: str) -> list[tuple[str, int]]:
-        """(key, size) of every file under ``prefix`` (a directory key ending in ``/``), sorted by key."""
-        base = self.root.joinpath(*[p for p in prefix.split("/") if p])
+        """(key, size) of every file under ``prefix`` (a directory key ending in ``/``), sorted by key.
+        A prefix that is not a checked key plus ``/`` raises ``BadArtifactKey``: a listing never
+        leaves the directory it names."""
+        if not prefix.endswith("/"):
+            raise BadArtifactKey(f"artifact prefix {prefix!r} must name a directory: end it with '/'")
+        base = self.path_of(prefix[:-1])
         if not base.is_dir():
             return []
         found = []

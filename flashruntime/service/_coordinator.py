@@ -19,7 +19,7 @@ from typing import Any
 
 from flashruntime.checkpoint import CheckpointCatalog
 from flashruntime.checkpoint.sqlite_store import SqliteManifestStore
-from flashruntime.errors import LeaseError
+from flashruntime.errors import ExpansionError, LeaseError
 from flashruntime.leases import LeaseManager, SqliteLeaseStore
 from flashruntime.protocol.v1alpha1 import (
     CompleteRequest,
@@ -73,6 +73,7 @@ class Coordinator:
         self.artifacts = ArtifactStore(settings.artifacts_dir, settings.max_artifact_mb * 1024 * 1024)
         self.placement = IsolationAwarePlacement()
         self._jobs_lock = threading.Lock()  # serialises the read-refresh-write of job records
+        self._held = threading.local()  # .events: this thread's events held back until its submit commits
 
     def close(self) -> None:
         self.manager.store.close()  # type: ignore[attr-defined]
@@ -83,22 +84,35 @@ class Coordinator:
     # --- events ---------------------------------------------------------------
 
     def record_event(self, event: Event) -> None:
-        """Ledger append plus one JSON log line; counts lease expiries for /metrics."""
+        """Ledger append plus one JSON log line; counts lease expiries for /metrics. While this
+        thread is inside ``submit``, the event is held back and stored with the job instead."""
+        held = getattr(self._held, "events", None)
+        if held is not None:
+            held.append(event)
+            return
         self.ledger.append_event(event)
+        self._observe(event)
+
+    def _observe(self, event: Event) -> None:
+        """What follows a stored event: the expiry counter and the JSON log line."""
         if event.type is EventType.LEASE_EXPIRED:
             self.metrics.count_expiries()
         if EVENTS_LOGGER.isEnabledFor(logging.INFO):
             EVENTS_LOGGER.info(json.dumps(event.model_dump(mode="json"), sort_keys=True))
 
-    def _service_event(self, job_id: str, type_: EventType, message: str, data: dict[str, Any]) -> None:
-        self.record_event(Event(job_id=job_id, type=type_, timestamp=self.now(), source=SERVICE_SOURCE,
-                                message=message, data=data))
+    def _service_event(self, job_id: str, type_: EventType, message: str, data: dict[str, Any]) -> Event:
+        return Event(job_id=job_id, type=type_, timestamp=self.now(), source=SERVICE_SOURCE, message=message,
+                     data=data)
 
     # --- jobs -----------------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> JobRecord:
-        """Accept a job: expand it into tasks (``ExpansionError`` → nothing stored), record
-        it RUNNING with its two service events, then queue every task in one transaction."""
+        """Accept a job, all or nothing: expand it into tasks (``ExpansionError`` → nothing
+        stored), then queue every task in one lease-store transaction and, inside it, record
+        the job RUNNING with its two service events and the TASK_CREATED events in one ledger
+        transaction. A task the lease store refuses rolls the queue back before the ledger is
+        written (``ExpansionError``), and a failed ledger write rolls the queue back too; only
+        a failure of the lease store's final COMMIT could leave a job without its tasks."""
         if spec.spec.execution.backend != "leases":
             raise NoBackend(
                 f"backend {spec.spec.execution.backend!r} is not configured on this coordinator; "
@@ -109,17 +123,29 @@ class Coordinator:
         now = self.now()
         record = JobRecord(job_id=job_id, spec=spec, state=JobState.RUNNING, backend="leases",
                            deployment_profile=self.settings.profile, created_at=now, artifacts=[])
-        with self._jobs_lock:
-            self.ledger.upsert_job(record)
-        self._service_event(job_id, EventType.JOB_ACCEPTED, f"job {spec.metadata.name} accepted as {job_id}",
-                            {"name": spec.metadata.name})
-        self._service_event(job_id, EventType.BACKEND_SELECTED,
-                            f"backend: leases ({len(tasks)} independent tasks)",
-                            {"backend": "leases", "tasks": len(tasks)})
-        store = self.manager.store
-        with store.transaction():  # type: ignore[attr-defined]
-            for task in tasks:
-                self.manager.add_task(task, now=now)
+        events = [
+            self._service_event(job_id, EventType.JOB_ACCEPTED, f"job {spec.metadata.name} accepted as {job_id}",
+                                {"name": spec.metadata.name}),
+            self._service_event(job_id, EventType.BACKEND_SELECTED, f"backend: leases ({len(tasks)} independent tasks)",
+                                {"backend": "leases", "tasks": len(tasks)}),
+        ]
+        created: list[Event] = []
+        self._held.events = created  # add_task's TASK_CREATED events follow the job's own into the ledger
+        try:
+            with self.manager.store.transaction():  # type: ignore[attr-defined]
+                for task in tasks:
+                    try:
+                        self.manager.add_task(task, now=now)
+                    except ValueError as exc:
+                        raise ExpansionError(
+                            f"task {task.task_id!r} of workload.type {spec.spec.workload.type!r} cannot be queued: "
+                            f"{exc}; fix the task its expansion builds"
+                        ) from exc
+                self.ledger.add_job(record, [*events, *created])
+        finally:
+            self._held.events = None
+        for event in (*events, *created):
+            self._observe(event)
         return record
 
     def refresh(self, record: JobRecord) -> JobRecord:

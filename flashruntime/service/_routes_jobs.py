@@ -17,7 +17,7 @@ from flashruntime.protocol.v1alpha1 import (
     RegisterPartRequest,
     TaskState,
 )
-from flashruntime.service._artifacts import ArtifactTooLarge, BadArtifactKey, check_key
+from flashruntime.service._artifacts import ArtifactConflict, ArtifactTooLarge, BadArtifactKey, check_key
 from flashruntime.service._coordinator import Coordinator, NoBackend
 from flashruntime.service._dashboard import DASHBOARD_HTML
 from flashruntime.service._metrics import CONTENT_TYPE
@@ -46,12 +46,13 @@ def jobs_router(coordinator: Coordinator) -> APIRouter:
             return set()
         return coordinator.manager.live_leases_for_node(identity.node_id, now=coordinator.now())
 
-    def check_artifact_write(request: Request, key: str) -> None:
+    def check_artifact_write(request: Request, key: str, *, received: bool = False) -> None:
         if not enforcing:
             return
         identity = identity_of(coordinator, request)
         if not write_allowed(identity, key, live_pairs(identity)):
-            raise AuthFailure(403, f"writing {key!r} needs a live lease on its jobs/<job>/<task>/ prefix")
+            late = "; the lease ended while the body was uploading, so nothing was stored" if received else ""
+            raise AuthFailure(403, f"writing {key!r} needs a live lease on its jobs/<job>/<task>/ prefix{late}")
 
     def check_task_write(request: Request, job_id: str, task_id: str) -> None:
         if not enforcing:
@@ -106,10 +107,12 @@ def jobs_router(coordinator: Coordinator) -> APIRouter:
 
     @router.get("/v1alpha1/jobs/{job_id}/artifacts")
     def job_artifacts(job_id: str) -> list[dict[str, Any]]:
-        return [
-            {"uri": f"artifact://{key}", "key": key, "size_bytes": size}
-            for key, size in coordinator.artifacts.list(f"jobs/{job_id}/")
-        ]
+        job_or_404(job_id)  # only a job's own directory: an id like '..' is no job
+        try:
+            listed = coordinator.artifacts.list(f"jobs/{job_id}/")
+        except BadArtifactKey as exc:
+            raise HTTPException(400, str(exc)) from None
+        return [{"uri": f"artifact://{key}", "key": key, "size_bytes": size} for key, size in listed]
 
     @router.put("/v1alpha1/artifacts/{key:path}", response_model=None)
     async def put_artifact(key: str, request: Request) -> JSONResponse:
@@ -122,11 +125,14 @@ def jobs_router(coordinator: Coordinator) -> APIRouter:
         if declared is not None and declared.isdigit() and int(declared) > coordinator.artifacts.max_bytes:
             raise HTTPException(413, f"artifact {key!r} ({declared} bytes) is over the coordinator's limit of "
                                      f"{coordinator.settings.max_artifact_mb} MiB")
-        try:
-            sha256, size = await coordinator.artifacts.write(key, request.stream())
+        try:  # ... and after, before the rename: the lease may have ended during the upload
+            sha256, size = await coordinator.artifacts.write(
+                key, request.stream(), commit_check=lambda: check_artifact_write(request, key, received=True)
+            )
         except ArtifactTooLarge as exc:
             raise HTTPException(413, str(exc)) from None
-        check_artifact_write(request, key)  # ... and after: the lease may have ended meanwhile
+        except ArtifactConflict as exc:
+            raise HTTPException(409, str(exc)) from None
         record = ArtifactRecord(uri=f"artifact://{key}", backend="local", bucket=str(coordinator.artifacts.root),
                                 object_key=key, sha256=sha256, size_bytes=size)
         return JSONResponse(record.model_dump(mode="json"))

@@ -12,7 +12,7 @@ import math
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -123,6 +123,28 @@ class Ledger:
                 "ON CONFLICT(job_id) DO UPDATE SET record = excluded.record, state = excluded.state, "
                 "created_at = excluded.created_at",
                 (record.job_id, record.model_dump_json(), record.state.value, _timestamp(record.created_at)),
+            )
+
+    def add_job(self, record: JobRecord, events: Sequence[Event]) -> None:
+        """Store a new job together with its first ``events`` (in order) in one transaction:
+        either all of it is committed or none of it is. A ``job_id`` already stored raises
+        ``ValueError`` and changes nothing."""
+        if not isinstance(record, JobRecord):
+            raise TypeError(f"record must be a JobRecord, got {type(record).__name__}")
+        for event in events:
+            if not isinstance(event, Event):
+                raise TypeError(f"events must be Events, got a {type(event).__name__}")
+        with self._connect(write=True) as conn:
+            try:
+                conn.execute(
+                    "INSERT INTO jobs (job_id, record, state, created_at) VALUES (?, ?, ?, ?)",
+                    (record.job_id, record.model_dump_json(), record.state.value, _timestamp(record.created_at)),
+                )
+            except sqlite3.IntegrityError:
+                raise ValueError(f"job {record.job_id!r} is already in the ledger; submit it under a new id") from None
+            conn.executemany(
+                "INSERT INTO events (job_id, type, timestamp, payload) VALUES (?, ?, ?, ?)",
+                [(e.job_id, e.type.value, _timestamp(e.timestamp), e.model_dump_json()) for e in events],
             )
 
     def get_job(self, job_id: str) -> JobRecord | None:

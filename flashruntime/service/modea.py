@@ -45,10 +45,47 @@ def expand_tasks(job_id: str, spec: JobSpec) -> list[TaskSpec]:
             raise ExpansionError(
                 f"unknown workload.type {kind!r}: it is none of the built-in types ({builtins}), and {missing}"
             ) from None
-        return builtin(job_id, spec)
+        return _queueable(kind, job_id, builtin(job_id, spec))
     try:
-        return recipe.expand(job_id, spec)
+        tasks = recipe.expand(job_id, spec)
     except ExpansionError:
         raise
     except ValueError as exc:
         raise ExpansionError(str(exc)) from exc
+    return _queueable(kind, job_id, tasks)
+
+
+def _queueable(kind: str, job_id: str, tasks: object) -> list[TaskSpec]:
+    """``tasks`` if they can all be queued for ``job_id``, else ``ExpansionError``: checked
+    before the coordinator stores anything, so a refused job leaves no trace. A task id is
+    one path segment because ``jobs/<job>/<task>/`` is its write scope (SPEC §9.4), which
+    must not contain another task's."""
+    source = f"the expansion of workload.type {kind!r}"
+    if not isinstance(tasks, (list, tuple)):
+        raise ExpansionError(f"{source} returned {type(tasks).__name__}, not a list of TaskSpec; fix its expand()")
+    seen: set[str] = set()
+    duplicates: list[str] = []
+    for task in tasks:
+        if not isinstance(task, TaskSpec):
+            raise ExpansionError(f"{source} returned a {type(task).__name__}, not a TaskSpec; fix its expand()")
+        if task.job_id != job_id:
+            raise ExpansionError(
+                f"{source} returned task {task.task_id!r} for job {task.job_id!r}, not for the submitted job "
+                f"{job_id!r}; build every task with the job_id passed to expand()"
+            )
+        task_id = task.task_id
+        if not isinstance(task_id, str) or not task_id or task_id in (".", "..") or "/" in task_id or "\\" in task_id or "\x00" in task_id:
+            raise ExpansionError(
+                f"{source} returned task id {task_id!r}: a task id must be a non-empty name without '/', "
+                "'\\' or NUL that is not '.' or '..' (it names the task's jobs/<job>/<task>/ directory)"
+            )
+        if task_id in seen and task_id not in duplicates:
+            duplicates.append(task_id)
+        seen.add(task_id)
+    if duplicates:
+        listed = ", ".join(repr(task_id) for task_id in duplicates)
+        raise ExpansionError(
+            f"{source} returned duplicate task ids ({listed}) among its {len(tasks)} tasks: task ids must be "
+            "unique within a job; give each task its own id (e.g. task-000, task-001, ...)"
+        )
+    return list(tasks)

@@ -77,7 +77,8 @@ class RuntimeSettings:
     sandbox_node_selector: dict[str, str] = field(default_factory=dict)
     sandbox_runtime_class: str | None = field(default_factory=lambda: _optional_env("FLASHML_RUNTIME_CLASS"))
     # How often the sweeper expires silent leases: a killed worker's lease is released within
-    # lease_seconds + this. An addition to SPEC §9.1's table, which gives it no variable.
+    # lease_seconds + this. FLASHML_SWEEP_INTERVAL_S sets it, an addition to SPEC §9.1's table
+    # (which gives the field no variable).
     sweep_interval_s: float = field(default_factory=_sweep_interval_s)
 
     @classmethod

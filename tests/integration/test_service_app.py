@@ -7,8 +7,10 @@ and a kill -9 of the coordinator process between a claim and its commit.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -214,6 +216,89 @@ def test_artifact_size_limit(tmp_path: Path) -> None:
         assert httpx.put(f"{url}/v1alpha1/artifacts/jobs/j/t/blob.bin", content=b"x" * 1024).status_code == 200
 
 
+def test_artifact_keys_that_clash_as_file_and_directory_are_409(api: Any) -> None:
+    assert api.put("/v1alpha1/artifacts/col/a", content=b"file").status_code == 200
+    assert api.put("/v1alpha1/artifacts/col2/d/e", content=b"inner").status_code == 200
+    under_file = api.put("/v1alpha1/artifacts/col/a/b", content=b"x")
+    assert under_file.status_code == 409, under_file.text
+    assert under_file.json()["detail"] == (
+        "artifact key 'col/a/b' clashes with the existing artifact 'col/a': a key cannot lie under another "
+        "artifact's key; choose a key that does not start with 'col/a/'")
+    assert api.put("/v1alpha1/artifacts/col/a/x/y", content=b"x").status_code == 409
+    over_dir = api.put("/v1alpha1/artifacts/col2/d", content=b"x")
+    assert over_dir.status_code == 409, over_dir.text
+    assert "existing artifacts under 'col2/d/' (such as 'col2/d/e')" in over_dir.json()["detail"]
+    assert api.get("/v1alpha1/artifacts/col/a").content == b"file"
+    assert api.get("/v1alpha1/artifacts/col2/d/e").content == b"inner"
+    assert not list((api.data_dir / "artifacts").rglob(".upload-*"))  # no temp file left behind
+
+
+def test_job_artifact_listings_need_a_known_job(api: Any) -> None:
+    """Only a job's own ``jobs/<id>/`` is listed: an id like '..' is no job (404), never the store."""
+    job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=1)).json()["job_id"]
+    for key in ("secret/x.txt", "jobs/abc/t/m.json", f"jobs/{job_id}/trial-000/m.json"):
+        assert api.put(f"/v1alpha1/artifacts/{key}", content=b"1").status_code == 200
+    for other in ("%2E%2E", "%2E", "abc", "000000000000"):
+        listed = api.get(f"/v1alpha1/jobs/{other}/artifacts")
+        assert listed.status_code == 404, (other, listed.text)
+        assert listed.json()["detail"].startswith("unknown job")
+    assert [a["key"] for a in api.get(f"/v1alpha1/jobs/{job_id}/artifacts").json()] == [
+        f"jobs/{job_id}/trial-000/m.json"]
+
+
+def test_a_refused_submit_stores_no_job_no_event_and_no_task(api: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC §9.2/§9.6: a refused expansion is a 422 and leaves no trace, even when the
+    refusal comes from the lease store part-way through queueing the tasks."""
+    from flashruntime.protocol.v1alpha1 import TaskSpec
+    from flashruntime.recipes import WorkloadRecipe, base, register_recipe
+    from flashruntime.recipes.base import lease_task
+
+    class Recipe(WorkloadRecipe):
+        def __init__(self, kind: str, build: Any) -> None:
+            self.kind, self.build = kind, build
+
+        def expand(self, job_id: str, spec: Any) -> list[TaskSpec]:
+            return self.build(job_id, spec)
+
+        def validate_output(self, metrics: Any) -> None:
+            return None
+
+    def unqueueable(job_id: str, spec: Any) -> list[TaskSpec]:  # the lease store refuses the second task
+        good = lease_task(job_id, "task-000", spec, {}, 60.0)
+        return [good, TaskSpec.model_construct(**{**dict(good), "task_id": "task-001", "lease_seconds": -1.0})]
+
+    monkeypatch.setattr(base, "_RECIPES", dict(base._RECIPES))
+    register_recipe(Recipe("dup_ids", lambda job_id, spec: [lease_task(job_id, "t", spec, {}, 60.0)] * 2))
+    register_recipe(Recipe("other_job", lambda job_id, spec: [lease_task("0" * 12, "t", spec, {}, 60.0)]))
+    register_recipe(Recipe("nested_id", lambda job_id, spec: [lease_task(job_id, "a/b", spec, {}, 60.0)]))
+    register_recipe(Recipe("unqueueable", unqueueable))
+
+    def submit(kind: str) -> Any:
+        body = job_spec()
+        body["spec"]["workload"] = {"type": kind, "parameters": {}}
+        return api.post("/v1alpha1/jobs", json=body)
+
+    expected = {
+        "dup_ids": "returned duplicate task ids ('t') among its 2 tasks: task ids must be unique within a job",
+        "other_job": "for job '000000000000', not for the submitted job",
+        "nested_id": "returned task id 'a/b': a task id must be a non-empty name without '/'",
+        "unqueueable": "task 'task-001' of workload.type 'unqueueable' cannot be queued: lease_seconds must be",
+    }
+    for kind, detail in expected.items():
+        refused = submit(kind)
+        assert refused.status_code == 422, (kind, refused.text)
+        assert detail in refused.json()["detail"], (kind, refused.json())
+    assert api.get("/v1alpha1/jobs").json() == []
+    assert 'flashruntime_tasks{state="PENDING"} 0' in api.get("/metrics").text
+    with contextlib.closing(sqlite3.connect(api.data_dir / "flashruntime.db")) as ledger:
+        assert ledger.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 0
+    # a good submit afterwards is whole: its job, its events in order, its tasks
+    job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=2)).json()["job_id"]
+    types = [e["type"] for e in api.get(f"/v1alpha1/jobs/{job_id}/events").json()]
+    assert types == ["JOB_ACCEPTED", "BACKEND_SELECTED", "TASK_CREATED", "TASK_CREATED"]
+    assert [t["task_id"] for t in api.get(f"/v1alpha1/jobs/{job_id}/tasks").json()] == ["trial-000", "trial-001"]
+
+
 TOKENS = {"FLASHML_NODE_TOKENS": "node-a:tok-a,node-b:tok-b", "FLASHML_OPERATOR_TOKENS": "driver:tok-op"}
 
 
@@ -262,6 +347,38 @@ def test_auth_when_enforcing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         # a header-less operator writes anywhere (the FedAvg driver publishing weights)
         assert api.put(f"/v1alpha1/artifacts/jobs/{job_id}/round-1/weights.json", content=b"{}",
                        headers=as_("tok-op")).status_code == 200
+
+
+def test_an_upload_refused_after_its_body_arrived_changes_nothing(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC §9.2/§9.4: the write scope is checked again once the body is in, before the
+    rename, so a node whose lease ends mid-upload gets a 403 and the old content stays."""
+    for name, value in TOKENS.items():
+        monkeypatch.setenv(name, value)
+    node_a = {"Authorization": "Bearer tok-a"}
+    data = tmp_path / "data"
+    with serve_in_thread(settings_for(data)) as url, httpx.Client(base_url=url, timeout=10) as api:
+        api.post("/v1alpha1/nodes/register", json=registration(), headers=node_a)
+        job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=1)).json()["job_id"]
+        lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}, headers=node_a).json()
+        key = lease["payload"]["output_prefix"] + "metrics.json"
+        assert api.put(f"/v1alpha1/artifacts/{key}", content=b'{"v": 1}', headers=node_a).status_code == 200
+        task_dir = data / "artifacts" / lease["payload"]["output_prefix"]
+
+        def body_outliving_the_lease() -> Any:
+            yield b'{"v": '
+            deadline = time.monotonic() + 10
+            while not list(task_dir.glob(".upload-*")):  # the first check passed: the body is being received
+                assert time.monotonic() < deadline, "the upload never started"
+                time.sleep(0.01)
+            assert httpx.post(f"{url}/v1alpha1/jobs/{job_id}/cancel").json()["state"] == "CANCELLED"
+            yield b"2}"
+
+        late = api.put(f"/v1alpha1/artifacts/{key}", content=body_outliving_the_lease(), headers=node_a)
+        assert late.status_code == 403, late.text
+        assert api.get(f"/v1alpha1/artifacts/{key}").content == b'{"v": 1}'  # the old content stays
+        assert sorted(p.name for p in task_dir.iterdir()) == ["metrics.json"]  # and no temp file
+        assert "the lease ended while the body was uploading, so nothing was stored" in late.json()["detail"]
 
 
 def test_join_code_gates_registration(tmp_path: Path) -> None:

@@ -186,6 +186,18 @@ def test_events_round_trip_in_seq_order_per_job(ledger: Ledger) -> None:
     assert ledger.events_for("j1")[1].data == {"nested": {"list": [1, 2.5, None, "x"]}, "ok": True}
 
 
+def test_add_job_stores_the_job_and_its_first_events_together_or_not_at_all(ledger: Ledger) -> None:
+    events = [_event("j1", EventType.JOB_ACCEPTED), _event("j1", EventType.BACKEND_SELECTED), _event("j1", task_id="t")]
+    ledger.add_job(_job("j1"), events)
+    assert ledger.get_job("j1") == _job("j1") and ledger.events_for("j1") == events
+    with pytest.raises(ValueError, match="job 'j1' is already in the ledger; submit it under a new id"):
+        ledger.add_job(_job("j1", state=JobState.FAILED), [_event("j1", EventType.JOB_FAILED)])
+    assert ledger.get_job("j1") == _job("j1") and ledger.events_for("j1") == events  # nothing changed
+    with pytest.raises(TypeError, match="events must be Events, got a str"):
+        ledger.add_job(_job("j2"), [_event("j2", EventType.JOB_ACCEPTED), "TASK_CREATED"])  # type: ignore[list-item]
+    assert ledger.get_job("j2") is None and ledger.events_for("j2") == []
+
+
 def test_reopen_from_a_new_instance_sees_everything(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     writer = Ledger(path)

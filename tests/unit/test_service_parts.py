@@ -18,7 +18,13 @@ from flashruntime.protocol.v1alpha1 import (
     NodeHeartbeat,
     NodeRegistration,
 )
-from flashruntime.service._artifacts import ArtifactStore, ArtifactTooLarge, BadArtifactKey, check_key
+from flashruntime.service._artifacts import (
+    ArtifactConflict,
+    ArtifactStore,
+    ArtifactTooLarge,
+    BadArtifactKey,
+    check_key,
+)
 from flashruntime.service._lease_jobs import derived_state, refreshed
 from flashruntime.service._metrics import Metrics
 from flashruntime.service._nodes import ONLINE_WINDOW_S, NodeRegistry
@@ -155,6 +161,45 @@ def test_artifact_writes_are_atomic_bounded_and_listed(tmp_path: Path) -> None:
     asyncio.run(store.write("jobs/k/t/c.bin", _chunks(b"22")))
     assert store.list("jobs/j/") == [("jobs/j/t/a.txt", 9), ("jobs/j/u/b.bin", 1)]
     assert store.list("jobs/none/") == [] and store.read_path("jobs/j/t/missing") is None
+
+
+def test_a_refused_commit_check_leaves_the_old_content_and_no_temp_file(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path, max_bytes=100)
+    asyncio.run(store.write("jobs/j/t/m.json", _chunks(b"old")))
+    seen: list[bytes] = []
+
+    def refuse() -> None:  # runs with the whole body on disk, before the rename
+        seen.extend(p.read_bytes() for p in (tmp_path / "jobs/j/t").glob(".upload-*"))
+        raise PermissionError("lease ended")
+
+    with pytest.raises(PermissionError, match="lease ended"):
+        asyncio.run(store.write("jobs/j/t/m.json", _chunks(b"ne", b"w"), commit_check=refuse))
+    assert seen == [b"new"]
+    assert (tmp_path / "jobs/j/t/m.json").read_bytes() == b"old"
+    assert [p.name for p in (tmp_path / "jobs/j/t").iterdir()] == ["m.json"]
+    asyncio.run(store.write("jobs/j/t/m.json", _chunks(b"new"), commit_check=lambda: None))
+    assert (tmp_path / "jobs/j/t/m.json").read_bytes() == b"new"
+
+
+def test_keys_that_clash_as_file_and_directory_are_conflicts(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path, max_bytes=100)
+    asyncio.run(store.write("col/a", _chunks(b"file")))
+    asyncio.run(store.write("col2/d/e", _chunks(b"inner")))
+    with pytest.raises(ArtifactConflict, match=r"'col/a/b' clashes with the existing artifact 'col/a'.*'col/a/'"):
+        asyncio.run(store.write("col/a/b", _chunks(b"x")))
+    with pytest.raises(ArtifactConflict, match="'col/a/x/y' clashes with the existing artifact 'col/a'"):
+        asyncio.run(store.write("col/a/x/y", _chunks(b"x")))
+    with pytest.raises(ArtifactConflict, match=r"'col2/d' clashes with existing artifacts under 'col2/d/' "
+                                               r"\(such as 'col2/d/e'\).*choose another key"):
+        asyncio.run(store.write("col2/d", _chunks(b"x")))
+    assert (tmp_path / "col/a").read_bytes() == b"file" and (tmp_path / "col2/d/e").read_bytes() == b"inner"
+    assert not [p for p in tmp_path.rglob(".upload-*")]
+
+
+@pytest.mark.parametrize("prefix", ["jobs/../", "jobs/./", "../", "jobs//", "jobs/x"])
+def test_listings_stay_inside_the_prefix_they_name(tmp_path: Path, prefix: str) -> None:
+    with pytest.raises(BadArtifactKey):
+        ArtifactStore(tmp_path, max_bytes=1).list(prefix)
 
 
 def test_metrics_render_prometheus_text() -> None:

@@ -35,7 +35,9 @@ def demo_workload(ddp: bool, crash: bool) -> Any:
     else:
         argv = [sys.executable, script]
     argv += [f"--steps={STEPS}", f"--checkpoint-every={CHECKPOINT_EVERY}", *crash_args]
-    return CommandWorkload(command=argv, mode="coordinated" if ddp else "local",
+    # The DDP demo is 2 CPU ranks on gloo: with GPUs visible, prepare() would put rank N on cuda:N.
+    env = {"CUDA_VISIBLE_DEVICES": ""} if ddp else {}
+    return CommandWorkload(command=argv, mode="coordinated" if ddp else "local", env=env,
                            outputs=OutputSpec(collect=[], primary_metric="final_loss", maximize=False))
 
 
