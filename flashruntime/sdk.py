@@ -99,18 +99,37 @@ def _drive(run: Run, launcher: LocalProcessLauncher, fan_out: bool, *, reraise: 
         if reraise:
             raise
     except BaseException as exc:
-        # Interrupted, or a bug of ours: either way no attempt may outlive the run.
-        handle = run._active_handle
-        if handle is not None:
-            handle.cancel()
+        # Interrupted (Ctrl-C), or a bug of ours: either way no attempt may outlive the
+        # run, and its row is settled as a cancel() would settle it.
+        if not isinstance(exc, Exception):
+            run._cancel_requested.set()  # no relaunch, whatever else is still running
+        stopped = _stop_active_attempt(run)
         if isinstance(exc, Exception):
             run.record_event("RUN_ERROR", f"run stopped by {type(exc).__name__}: {exc}")
             run._finish(LaunchState.FAILED)
         else:
-            run.record_event("RUN_CANCELLED", f"run cancelled ({type(exc).__name__})")
-            run._finish(LaunchState.CANCELLED)
+            run._end_cancelled(stopped)
         if reraise:
             raise
+
+
+def _stop_active_attempt(run: Run) -> str | None:
+    """Cancel the attempt still running, if any, and settle it; returns its id."""
+    handle, attempt_id = run._active_handle, run._active_attempt
+    if handle is None or attempt_id is None:
+        return None
+    handle.cancel()
+    state = handle.poll()
+    _finish_attempt(run, handle, attempt_id, state if state.terminal else LaunchState.CANCELLED)
+    return attempt_id
+
+
+def _finish_attempt(run: Run, handle: Any, attempt_id: str, state: LaunchState) -> None:
+    """Log block, settled row and ATTEMPT_FINISHED for an attempt that has ended."""
+    run._set_active(None, None)
+    run._add_log_block(f"--- {attempt_id} ({state}) ---\n{handle.logs()}")
+    run._settle_attempt(attempt_id, state=str(state), finished_at=time.time(), exit_code=handle.exit_code)
+    run.record_event("ATTEMPT_FINISHED", f"{attempt_id} finished {state} (exit {handle.exit_code})")
 
 
 def _drive_all(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> None:
@@ -163,7 +182,10 @@ def _run_param_set(
         started_ns = _filesystem_now_ns(run.output_dir)
         handle = launcher.launch(spec, job_id, attempt_id)
         run._set_active(handle, attempt_id)
-        run.record_event("LAUNCH_STARTED", f"{attempt_id} launched (pid {handle.execution_id})")
+        launched = f"{attempt_id} launched (pid {handle.execution_id})"
+        if handle.previous_dir is not None:
+            launched += f"; an earlier run's {attempt_id}/ was moved to {handle.previous_dir.name}/"
+        run.record_event("LAUNCH_STARTED", launched)
         run._add_attempt({
             "attempt_id": attempt_id, "job_id": job_id, "state": "RUNNING", "pid": handle.execution_id,
             "started_at": time.time(), "finished_at": None, "output_dir": str(handle.output_dir),
@@ -174,15 +196,12 @@ def _run_param_set(
             handle.cancel()
         try:
             state = handle.wait()
-        finally:
+        finally:  # on an interrupt the attempt stays active: _drive stops and settles it
             if sampler is not None:
                 _stop_sampler(sampler)
-            run._set_active(None, None)
-        run._add_log_block(f"--- {attempt_id} ({state}) ---\n{handle.logs()}")
-        run._settle_attempt(attempt_id, state=str(state), finished_at=time.time(), exit_code=handle.exit_code)
-        run.record_event("ATTEMPT_FINISHED", f"{attempt_id} finished {state} (exit {handle.exit_code})")
+        _finish_attempt(run, handle, attempt_id, state)
         _collect_outputs(run, source_dir, handle.output_dir, started_ns)
-        candidate = _read_metrics(handle.output_dir / "metrics.json")
+        candidate = _read_metrics(handle.output_dir / "metrics.json", started_ns)
         if candidate is not None:
             if fan_out and params is not None:
                 candidate.setdefault("params", params)
@@ -257,8 +276,11 @@ def _collect_outputs(run: Run, source_dir: Path, attempt_dir: Path, started_ns: 
     run._add_artifacts(collected)
 
 
-def _read_metrics(path: Path) -> dict[str, Any] | None:
+def _read_metrics(path: Path, started_ns: int) -> dict[str, Any] | None:
+    """The attempt's metrics.json, only when written during the attempt (the collection rule)."""
     try:
+        if path.stat().st_mtime_ns < started_ns:
+            return None  # stale: written before this attempt, never credited
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None

@@ -8,6 +8,7 @@ import os
 import subprocess
 import threading
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
 from flashruntime.launchers import Launcher, LaunchError, LaunchHandle, LaunchState
@@ -41,9 +42,14 @@ def _tail(path: Path, lines: int) -> str:
 class LocalLaunchHandle(LaunchHandle):
     """A running attempt. ``exit_code`` is the raw return code (negative = signal)."""
 
-    def __init__(self, process: subprocess.Popen[bytes], output_dir: Path, term_grace_s: float) -> None:
+    def __init__(
+        self, process: subprocess.Popen[bytes], output_dir: Path, term_grace_s: float, *,
+        previous_dir: Path | None = None,
+    ) -> None:
         self._process = process
         self.output_dir = output_dir
+        # Where an earlier run's directory for this attempt id was moved before launch, if one was.
+        self.previous_dir = previous_dir
         self._term_grace_s = term_grace_s
         self._marker = f"FLASHML_OUTPUT_DIR={output_dir}".encode()
         self._lock = threading.Lock()
@@ -95,6 +101,10 @@ class LocalLaunchHandle(LaunchHandle):
     def cancel(self) -> None:
         if self._state is not None:
             return
+        returncode = self._process.poll()
+        if returncode is not None:  # it already exited: the exit decides, not this late cancel
+            self._settle(returncode)
+            return
         self._cancel_requested = True
         sweep(self._find, self._term_grace_s)
         try:
@@ -105,6 +115,35 @@ class LocalLaunchHandle(LaunchHandle):
 
     def logs(self, tail_lines: int = 200) -> str:
         return _tail(self.output_dir / LOG_NAME, tail_lines)
+
+
+def aside_path(attempt_dir: Path, now: datetime) -> Path:
+    """A free sibling name for an earlier run's attempt directory:
+    ``<attempt_id>.prev-<UTC yyyymmddTHHMMSS>``, with ``-1``, ``-2``, ... when taken."""
+    base = f"{attempt_dir.name}.prev-{now.astimezone(timezone.utc):%Y%m%dT%H%M%S}"
+    candidate, n = attempt_dir.with_name(base), 0
+    while os.path.lexists(candidate):
+        n += 1
+        candidate = attempt_dir.with_name(f"{base}-{n}")
+    return candidate
+
+
+def _move_aside(attempt_dir: Path) -> Path | None:
+    """Attempt ids repeat run to run: an earlier run's non-empty attempt directory is
+    renamed (never reused, never deleted) so nothing of it is read as this attempt's."""
+    try:
+        if not os.path.lexists(attempt_dir):
+            return None
+        if attempt_dir.is_dir() and not attempt_dir.is_symlink() and not any(attempt_dir.iterdir()):
+            return None  # empty: nothing to credit or mix in
+        target = aside_path(attempt_dir, datetime.now(timezone.utc))
+        os.rename(attempt_dir, target)
+    except OSError as exc:
+        raise LaunchError(
+            f"an earlier run left {str(attempt_dir)!r} and it could not be moved aside ({exc}); "
+            "move or remove it, or use another output_dir"
+        ) from exc
+    return target
 
 
 def _safe_relative(name: str) -> PurePosixPath:
@@ -141,6 +180,7 @@ class LocalProcessLauncher(Launcher):
             raise LaunchError(f"working directory {str(workdir)!r} does not exist; set Source(path=...) to your project")
         files = {_safe_relative(name): text for name, text in spec.files.items()}
         attempt_dir = self.attempt_dir(job_id, attempt_id)
+        previous_dir = _move_aside(attempt_dir)
         attempt_dir.mkdir(parents=True, exist_ok=True)
         for relative, text in files.items():
             target = attempt_dir / relative
@@ -155,7 +195,7 @@ class LocalProcessLauncher(Launcher):
             "FLASHML_ATTEMPT_ID": attempt_id,
         }
         posix = os.name == "posix"
-        log = open(attempt_dir / LOG_NAME, "ab")
+        log = open(attempt_dir / LOG_NAME, "wb")
         try:
             process = subprocess.Popen(
                 spec.argv,
@@ -171,6 +211,6 @@ class LocalProcessLauncher(Launcher):
             raise LaunchError(f"could not start {spec.argv[0]!r}: {exc}") from exc
         finally:
             log.close()
-        return LocalLaunchHandle(process, attempt_dir, self.term_grace_s)
+        return LocalLaunchHandle(process, attempt_dir, self.term_grace_s, previous_dir=previous_dir)
 
 

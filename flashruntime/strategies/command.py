@@ -10,15 +10,27 @@ from flashruntime.workloads.command import CommandWorkload
 __all__ = ["compile_workload"]
 
 _NPROC_FLAGS = ("--nproc-per-node", "--nproc_per_node")
+# torchrun's options that take no value; every other option takes one (as --opt=V or --opt V).
+_TORCHRUN_SWITCHES = frozenset({
+    "--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path",
+    "--virtual-local-rank", "--virtual_local_rank",
+})
 
 
 def _torchrun_nproc(argv: list[str]) -> str | None:
-    for index, token in enumerate(argv[1:], start=1):
-        for flag in _NPROC_FLAGS:
-            if token == flag and index + 1 < len(argv):
-                return argv[index + 1]
-            if token.startswith(flag + "="):
-                return token.split("=", 1)[1]
+    """The per-node count from torchrun's own options: tokens after the script (or the
+    ``-m`` module) are the script's arguments, whatever they are called."""
+    index = 1
+    while index < len(argv):
+        token = argv[index]
+        if token == "--" or not token.startswith("-"):
+            return None  # the script (or module): torchrun's options end here
+        name, has_value, value = token.partition("=")
+        if name in _NPROC_FLAGS:
+            if has_value:
+                return value
+            return argv[index + 1] if index + 1 < len(argv) else None
+        index += 1 if has_value or name in _TORCHRUN_SWITCHES else 2
     return None
 
 

@@ -8,13 +8,14 @@ import os
 import signal
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from flashruntime.errors import FlashRuntimeError
 from flashruntime.launchers import LaunchError, LaunchState
-from flashruntime.launchers.local import LocalProcessLauncher
+from flashruntime.launchers.local import LocalProcessLauncher, aside_path
 from flashruntime.strategies import LaunchSpec
 from tests._support import pid_alive
 
@@ -141,3 +142,45 @@ def test_cancel_is_prompt_when_extra_pids_include_the_unreaped_leader(tmp_path: 
     handle.cancel()
     assert handle.poll() is LaunchState.CANCELLED
     assert time.monotonic() - start < 8.0  # hang guard: a zombie counted as alive costs grace + 30 s
+
+
+@pytest.mark.parametrize("code, state, exit_code", [
+    ("pass", LaunchState.SUCCEEDED, 0),
+    ("raise SystemExit(3)", LaunchState.FAILED, 3),
+])
+def test_cancel_after_the_process_exited_leaves_the_exit_state(tmp_path: Path, code: str, state: LaunchState,
+                                                                exit_code: int) -> None:
+    handle = LocalProcessLauncher(tmp_path).launch(LaunchSpec(argv=[sys.executable, "-c", code]), "j", "a")
+    # Block until the process has exited, leaving it unreaped: the handle has not seen the exit yet.
+    os.waitid(os.P_PID, int(handle.execution_id), os.WEXITED | os.WNOWAIT)
+    handle.cancel()
+    assert handle.poll() is state and handle.exit_code == exit_code
+
+
+def test_an_earlier_runs_attempt_directory_is_moved_aside_never_reused(tmp_path: Path) -> None:
+    launcher = LocalProcessLauncher(tmp_path)
+    spec = LaunchSpec(argv=[sys.executable, "-c", "import os; print('run', os.environ['RUN'])"])
+    handles = []
+    for n in range(3):
+        handle = launcher.launch(spec.model_copy(update={"env": {"RUN": str(n)}}), "local", "task-000")
+        assert handle.wait() is LaunchState.SUCCEEDED
+        assert handle.logs().strip() == f"run {n}"  # the log holds this run only
+        handles.append(handle)
+    job = tmp_path.resolve() / "local"
+    assert handles[0].previous_dir is None
+    moved = [h.previous_dir for h in handles[1:]]
+    assert all(p is not None and p.parent == job for p in moved) and moved[0] != moved[1]
+    assert sorted((p / "launcher.log").read_text() for p in moved) == ["run 0\n", "run 1\n"]  # type: ignore[operator]
+    assert sorted(p.name for p in job.iterdir()) == sorted(["task-000", *(p.name for p in moved)])  # type: ignore[union-attr]
+    # An empty directory holds nothing of an earlier run: it is used as it is.
+    (job / "task-001").mkdir()
+    assert launcher.launch(spec.model_copy(update={"env": {"RUN": "x"}}), "local", "task-001").previous_dir is None
+
+
+def test_aside_names_are_utc_stamped_and_unique(tmp_path: Path) -> None:
+    attempt_dir = tmp_path / "task-000-r1"
+    now = datetime(2026, 11, 30, 3, 35, 7, tzinfo=timezone.utc)
+    assert aside_path(attempt_dir, now) == tmp_path / "task-000-r1.prev-20261130T033507"
+    (tmp_path / "task-000-r1.prev-20261130T033507").mkdir()
+    (tmp_path / "task-000-r1.prev-20261130T033507-1").write_text("")
+    assert aside_path(attempt_dir, now) == tmp_path / "task-000-r1.prev-20261130T033507-2"

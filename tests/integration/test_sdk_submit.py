@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +19,7 @@ from flashruntime.errors import LaunchError
 from flashruntime.launchers import LaunchState
 from flashruntime.sdk import Run, submit
 from flashruntime.workloads.command import CommandWorkload, OutputSpec, Source
+from tests._support import REPO_ROOT, pid_alive
 
 PY = sys.executable
 
@@ -199,3 +203,105 @@ def test_a_viewer_that_cannot_start_never_fails_the_run(tmp_path: Path, capsys: 
     run = submit(CommandWorkload(command=[PY, "-c", "pass"]), output_dir=tmp_path, watch=True)
     assert run.state is LaunchState.SUCCEEDED and run.viewer_url is None
     assert "viewer: unavailable (OSError: [Errno 98] Address already in use)" in capsys.readouterr().err
+
+
+# Run 1 writes metrics.json straight into its attempt dir and a file into the checkpoint dir;
+# run 2, into the same output_dir, writes no metrics and reports whether run 1's checkpoint is visible.
+RERUN = """
+import json, os, sys
+out, ckpt = os.environ["FLASHML_OUTPUT_DIR"], os.environ["FLASHML_CKPT_DIR"]
+if sys.argv[1] == "first":
+    os.makedirs(ckpt, exist_ok=True)
+    open(os.path.join(ckpt, "kept.txt"), "w").write("from the first run")
+    json.dump({"score": 1}, open(os.path.join(out, "metrics.json"), "w"))
+    print("first run", flush=True)
+else:
+    print("second run sees checkpoint:", os.path.exists(os.path.join(ckpt, "kept.txt")), flush=True)
+"""
+
+
+def test_rerun_into_the_same_output_dir_never_credits_the_earlier_run(tmp_path: Path) -> None:
+    script = _script(tmp_path, "rerun.py", RERUN)
+    out = tmp_path / "out"
+    first = submit(CommandWorkload(command=[PY, str(script), "first"]), output_dir=out, watch=False)
+    assert first.state is LaunchState.SUCCEEDED and first.trials == [{"score": 1}]
+    second = submit(CommandWorkload(command=[PY, str(script), "second"]), output_dir=out, watch=False)
+    assert second.state is LaunchState.SUCCEEDED
+    assert second.trials == []  # the earlier run's metrics.json is not this run's trial
+    assert "second run sees checkpoint: True" in second.logs()  # resume still finds the job's checkpoints
+    assert "first run" not in second.logs()
+    attempt_dir = out / "local" / "task-000"
+    assert not (attempt_dir / "metrics.json").exists()
+    assert "first run" not in (attempt_dir / "launcher.log").read_text()
+    # The earlier run's attempt directory was moved aside, whole, and the move is recorded.
+    [aside] = [p for p in (out / "local").iterdir() if p.name.startswith("task-000.prev-")]
+    assert re.fullmatch(r"task-000\.prev-\d{8}T\d{6}(-\d+)?", aside.name)
+    assert json.loads((aside / "metrics.json").read_text()) == {"score": 1}
+    assert "first run" in (aside / "launcher.log").read_text()
+    launched = [e["message"] for e in second.events if e["type"] == "LAUNCH_STARTED"]
+    assert len(launched) == 1 and launched[0].startswith("task-000 launched (pid ")
+    assert launched[0].endswith(f"; an earlier run's task-000/ was moved to {aside.name}/")
+    assert (out / "local" / "ckpt" / "kept.txt").exists()
+
+
+def test_a_metrics_json_older_than_the_attempt_is_never_credited(tmp_path: Path) -> None:
+    cached = tmp_path / "cache" / "metrics.json"
+    cached.parent.mkdir()
+    cached.write_text(json.dumps({"score": 99}))
+    old = time.time() - 3600
+    os.utime(cached, (old, old))
+    code = (f"import os, shutil; shutil.copy2({str(cached)!r}, "
+            "os.path.join(os.environ['FLASHML_OUTPUT_DIR'], 'metrics.json'))")
+    run = submit(CommandWorkload(command=[PY, "-c", code]), output_dir=tmp_path / "out", watch=False)
+    assert run.state is LaunchState.SUCCEEDED
+    assert (tmp_path / "out" / "local" / "task-000" / "metrics.json").exists()
+    assert run.trials == []
+
+
+# flash.submit(wait=True) in a process of its own, so a real SIGINT (Ctrl-C) reaches it.
+INTERRUPTED_DRIVER = """
+import sys
+sys.path.insert(0, sys.argv[2])
+import flashruntime as flash
+code = ("import os, time; open(os.path.join(os.environ['FLASHML_OUTPUT_DIR'], 'pid'), 'w')"
+        ".write(str(os.getpid())); time.sleep(120)")
+try:
+    flash.submit(flash.CommandWorkload(command=[sys.executable, "-c", code]), output_dir=sys.argv[1],
+                 max_restarts=2, watch=False)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt reached the caller", flush=True)
+    raise SystemExit(130)
+print("submit returned", flush=True)
+"""
+
+
+def test_ctrl_c_during_submit_settles_the_attempt_and_propagates(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    driver = subprocess.Popen([PY, "-c", INTERRUPTED_DRIVER, str(out), str(REPO_ROOT)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pid_file = out / "local" / "task-000" / "pid"
+    child = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        driver.send_signal(signal.SIGINT)
+        output, _ = driver.communicate(timeout=120)
+        assert driver.returncode == 130, output
+        assert "KeyboardInterrupt reached the caller" in output
+        doc = json.loads((out / "run.json").read_text())
+        assert doc["state"] == "CANCELLED" and doc["finished_at"] is not None
+        [row] = doc["attempts"]  # no restart after an interrupt
+        assert row["attempt_id"] == "task-000" and row["state"] == "CANCELLED"
+        assert row["exit_code"] is not None and row["finished_at"] is not None
+        events = [(e["type"], e["message"]) for e in doc["events"]]
+        assert events[-2:] == [("ATTEMPT_FINISHED", f"task-000 finished CANCELLED (exit {row['exit_code']})"),
+                               ("RUN_CANCELLED", "run cancelled (task-000 stopped)")]
+        assert not pid_alive(child)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        if child is not None and pid_alive(child):
+            os.kill(child, signal.SIGKILL)

@@ -104,6 +104,14 @@ def test_compile_workload_plain() -> None:
     ("torchrun --nproc-per-node auto t.py", 1, True),
     ("torchrun t.py", 1, False),
     ("python --nproc-per-node=4 t.py", 1, False),
+    # Only torchrun's own options count: the script's arguments are the script's.
+    ("torchrun --standalone train.py --nproc-per-node=8", 1, False),
+    ("torchrun --standalone train.py --nproc_per_node 8", 1, False),
+    ("torchrun --nnodes 2 --nproc-per-node 4 train.py --nproc-per-node=8", 4, False),
+    ("torchrun --rdzv-endpoint h:29400 --nproc_per_node=3 --standalone t.py --nproc-per-node auto", 3, False),
+    ("torchrun -m pkg.train --nproc-per-node=8", 1, False),
+    ("torchrun --nproc-per-node=2 -m pkg.train --nproc-per-node=8", 2, False),
+    ("torchrun --no-python --nproc_per_node 6 echo --nproc_per_node 8", 6, False),
 ])
 def test_compile_workload_torchrun_world_size(command: str, world_size: int, unresolved: bool) -> None:
     spec = compile_workload(CommandWorkload(command=command))
