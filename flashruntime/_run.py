@@ -38,7 +38,8 @@ class Run:
         self.workload = workload
         self.output_dir = Path(output_dir)
         self.max_restarts = max_restarts
-        self.checkpoint_dir = None if checkpoint_dir is None else Path(os.path.expanduser(str(checkpoint_dir)))
+        # Absolute, as the launcher resolves it: run.json is read from other working directories (the viewer).
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(os.path.expanduser(str(checkpoint_dir))).resolve()
         self.state = LaunchState.PENDING
         self.trials: list[dict[str, Any]] = []
         self.artifacts: list[Path] = []

@@ -17,21 +17,23 @@ import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+from flashruntime.errors import FlashRuntimeError
+
 __all__ = ["ArtifactConflict", "ArtifactStore", "ArtifactTooLarge", "BadArtifactKey", "check_key", "sha256_of"]
 
 _TMP_PREFIX = ".upload-"
 _BLOCK = 1 << 20  # bytes handed to the writer thread at a time
 
 
-class BadArtifactKey(ValueError):
+class BadArtifactKey(FlashRuntimeError, ValueError):
     """A key that is not a safe relative path (→ 400)."""
 
 
-class ArtifactTooLarge(ValueError):
+class ArtifactTooLarge(FlashRuntimeError, ValueError):
     """A body over ``max_bytes`` (→ 413)."""
 
 
-class ArtifactConflict(ValueError):
+class ArtifactConflict(FlashRuntimeError, ValueError):
     """A key whose path clashes with existing artifacts: it would be both a file and a
     directory of other keys (→ 409)."""
 

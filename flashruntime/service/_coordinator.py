@@ -19,7 +19,7 @@ from typing import Any
 
 from flashruntime.checkpoint import CheckpointCatalog
 from flashruntime.checkpoint.sqlite_store import SqliteManifestStore
-from flashruntime.errors import ExpansionError, LeaseError
+from flashruntime.errors import ExpansionError, FlashRuntimeError, LeaseError
 from flashruntime.leases import LeaseManager, SqliteLeaseStore
 from flashruntime.protocol.v1alpha1 import (
     CompleteRequest,
@@ -47,7 +47,7 @@ SERVICE_SOURCE = "flashruntime.service"
 EVENTS_LOGGER = logging.getLogger("flashruntime.events")
 
 
-class NoBackend(RuntimeError):
+class NoBackend(FlashRuntimeError, RuntimeError):
     """The job asks for a backend this coordinator does not run (``ray`` in 0.5.0 → 503)."""
 
 

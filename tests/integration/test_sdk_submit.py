@@ -305,3 +305,16 @@ def test_ctrl_c_during_submit_settles_the_attempt_and_propagates(tmp_path: Path)
             driver.wait()
         if child is not None and pid_alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+def test_a_relative_checkpoint_dir_is_stored_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run.json is read from other working directories (``flashruntime view``), so the
+    checkpoint root it names is the absolute one the launcher used."""
+    monkeypatch.chdir(tmp_path)
+    script = _script(tmp_path, "ok.py", "print('ok')")
+    workload = CommandWorkload(command=[PY, str(script)], source=Source(path=str(script.parent)))
+    run = submit(workload, output_dir=tmp_path / "out", checkpoint_dir="relckpt", watch=False)
+    assert run.state is LaunchState.SUCCEEDED
+    expected = str((tmp_path / "relckpt").resolve())
+    assert str(run.checkpoint_dir) == expected
+    assert json.loads(run.run_json_path.read_text())["checkpoint_dir"] == expected

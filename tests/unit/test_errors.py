@@ -45,3 +45,44 @@ def test_docstring_draws_the_tree() -> None:
     doc = errors.__doc__ or ""
     for name in EXPECTED_BASES:
         assert f"── {name}" in doc
+
+
+# Exceptions that are deliberately outside the family: control flow that no
+# ``except FlashRuntimeError`` may swallow (a signal, a lost lease ending the worker's
+# attempt), and the simulated crash a task module raises as ``SystemExit``.
+_OUTSIDE_THE_FAMILY = {
+    "flashruntime.service._worker_run._LeaseLost",
+    "flashruntime.service.commands.plan._RequestError",
+    "flashruntime.service.commands.serve._Terminated",
+    "flashml_workloads.sgd_trainer.SimulatedCrash",
+}
+
+
+def test_every_exception_the_project_defines_is_rooted() -> None:
+    """SPEC §15: ``FlashRuntimeError`` roots every exception this project defines."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import flashml_workloads
+    import flashruntime
+
+    pytest.importorskip("fastapi")  # the service modules define some of them
+    found: list[str] = []
+    unrooted: list[str] = []
+    for package in (flashruntime, flashml_workloads):
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            if info.name == "flashruntime.service.app":
+                continue  # importing it is fine, but its lazy ``app`` is not this test's business
+            module = importlib.import_module(info.name)
+            for name, value in vars(module).items():
+                if not (inspect.isclass(value) and issubclass(value, BaseException)):
+                    continue
+                if value.__module__ != module.__name__:
+                    continue
+                qualified = f"{module.__name__}.{name}"
+                found.append(qualified)
+                if not issubclass(value, errors.FlashRuntimeError) and qualified not in _OUTSIDE_THE_FAMILY:
+                    unrooted.append(qualified)
+    assert "flashruntime.service._artifacts.BadArtifactKey" in found  # the walk reaches the service
+    assert unrooted == [], f"exceptions outside FlashRuntimeError: {unrooted}"

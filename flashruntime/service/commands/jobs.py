@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from flashruntime.errors import FlashRuntimeError
 from flashruntime.service.commands._api import resolve_api
 
 EXIT_OK, EXIT_HTTP_ERROR, EXIT_UNREACHABLE = 0, 1, 2
@@ -42,7 +43,7 @@ _JOB_COMMANDS: tuple[tuple[str, str, str, str], ...] = (
 )
 
 
-class CommandError(Exception):
+class CommandError(FlashRuntimeError):
     """The command cannot succeed; carries the exit code."""
 
     def __init__(self, message: str, code: int) -> None:
