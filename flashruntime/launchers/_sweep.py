@@ -3,22 +3,45 @@
 torchrun starts each rank in its own session, so a signal to the leader's process
 group never reaches the ranks. An attempt's processes are therefore the leader's
 group plus every process whose *initial* environment carries the attempt's unique
-``FLASHML_OUTPUT_DIR=<attempt dir>``, found through /proc on Linux.
+``FLASHML_OUTPUT_DIR=<attempt dir>``, found through /proc on Linux. Elsewhere the
+fallback is best effort: the pids the resource sampler last saw in the leader's tree,
+signalled with whatever the platform has (no process groups on Windows, where
+``os.kill`` terminates outright).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 _PROC = Path("/proc")
 
 
 def proc_available() -> bool:
     return _PROC.is_dir() and (_PROC / "self" / "environ").exists()
+
+
+def _load_psutil() -> Any:
+    try:
+        import psutil
+    except Exception:  # optional (the `monitor` extra); a broken install must not break cleanup
+        return None
+    return psutil
+
+
+def _own_group() -> int | None:
+    getpgrp = getattr(os, "getpgrp", None)  # POSIX only
+    return getpgrp() if getpgrp is not None else None
+
+
+def _hard_kill() -> int:
+    # Windows has no SIGKILL; there os.kill(pid, SIGTERM) is already TerminateProcess.
+    return getattr(signal, "SIGKILL", signal.SIGTERM)
 
 
 def _stat_fields(pid: int) -> tuple[str, int] | None:
@@ -43,18 +66,43 @@ def _has_marker(pid: int, marker: bytes) -> bool:
     return marker in environ.split(b"\0")
 
 
-def attempt_processes(marker: bytes, pgids: Iterable[int], extra_pids: Iterable[int] = ()) -> dict[int, int]:
-    """Live (non-zombie) processes of the attempt: pid -> pgid.
+def _running_without_proc(pid: int) -> bool:
+    """Whether ``pid`` is alive and not a zombie, where /proc cannot say: psutil tells
+    zombies apart; plain ``kill(pid, 0)`` cannot (POSIX only: on Windows signal 0 is
+    CTRL_C_EVENT, so without psutil a pid there is never assumed alive)."""
+    psutil = _load_psutil()
+    if psutil is not None:
+        try:
+            return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+        except (psutil.Error, OSError, ValueError):  # gone, not ours, or not a pid
+            return False
+    if sys.platform == "win32":
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def attempt_processes(
+    marker: bytes, pgids: Iterable[int], extra_pids: Iterable[int] = ()
+) -> dict[int, int | None]:
+    """Live (non-zombie) processes of the attempt: pid -> pgid (None where the platform
+    has no process groups).
 
     ``marker`` is the exact environment entry, ``pgids`` the process groups known to
-    belong to the attempt, ``extra_pids`` pids seen by other means (non-Linux fallback).
+    belong to the attempt, ``extra_pids`` pids seen by other means (the sampler's set).
+    With /proc an extra pid counts only while it carries ``marker``: the sampler's set
+    may be seconds old, and a recycled pid must never be signalled. Without /proc it is
+    the only view there is, so it is taken as is (best effort).
     """
     groups = set(pgids)
-    me, my_group = os.getpid(), os.getpgrp()
-    found: dict[int, int] = {}
-    uid = os.getuid()
+    me, my_group = os.getpid(), _own_group()
+    found: dict[int, int | None] = {}
     with_proc = proc_available()
     if with_proc:
+        uid = os.getuid()
         for entry in _PROC.iterdir():
             if not entry.name.isdigit():
                 continue
@@ -80,24 +128,30 @@ def attempt_processes(marker: bytes, pgids: Iterable[int], extra_pids: Iterable[
             continue
         if with_proc:
             fields = _stat_fields(pid)
-            if fields is None or fields[0] in ("Z", "X"):  # kill(pid, 0) succeeds on a zombie
+            if fields is None or fields[0] in ("Z", "X") or not _has_marker(pid, marker):
                 continue
+            found[pid] = fields[1]
+            continue
+        if not _running_without_proc(pid):
+            continue
+        getpgid = getattr(os, "getpgid", None)  # POSIX only
         try:
-            os.kill(pid, 0)
-            found[pid] = os.getpgid(pid)
+            found[pid] = getpgid(pid) if getpgid is not None else None
         except OSError:
             continue
     return found
 
 
-def _signal_all(processes: dict[int, int], sig: int) -> None:
-    my_group = os.getpgrp()
-    for pgid in set(processes.values()):
-        if pgid > 1 and pgid != my_group:
-            try:
-                os.killpg(pgid, sig)
-            except OSError:
-                pass
+def _signal_all(processes: dict[int, int | None], sig: int) -> None:
+    killpg = getattr(os, "killpg", None)  # POSIX only
+    if killpg is not None:
+        my_group = _own_group()
+        for pgid in {group for group in processes.values() if group is not None}:
+            if pgid > 1 and pgid != my_group:
+                try:
+                    killpg(pgid, sig)
+                except OSError:
+                    pass
     for pid in processes:
         try:
             os.kill(pid, sig)
@@ -106,7 +160,7 @@ def _signal_all(processes: dict[int, int], sig: int) -> None:
 
 
 def sweep(
-    find: Callable[[], dict[int, int]],
+    find: Callable[[], dict[int, int | None]],
     grace_s: float,
     *,
     poll_s: float = 0.05,
@@ -114,7 +168,8 @@ def sweep(
     sleep: Callable[[float], None] = time.sleep,
 ) -> set[int]:
     """SIGTERM every process ``find`` reports, wait up to ``grace_s``, then SIGKILL the
-    survivors until none is left. Returns every pid that was signalled."""
+    survivors until none is left (on Windows, without SIGKILL, both are TerminateProcess).
+    Returns every pid that was signalled."""
     processes = find()
     touched = set(processes)
     if not processes:
@@ -127,7 +182,7 @@ def sweep(
         touched |= set(processes)
     kill_deadline = clock() + 30.0  # a process that survives SIGKILL this long is beyond our reach
     while processes and clock() < kill_deadline:
-        _signal_all(processes, signal.SIGKILL)
+        _signal_all(processes, _hard_kill())
         sleep(poll_s)
         processes = find()
         touched |= set(processes)

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
 from flashruntime.launchers import Launcher, LaunchError, LaunchHandle, LaunchState
-from flashruntime.launchers._sweep import attempt_processes, sweep
+from flashruntime.launchers._sweep import attempt_processes, proc_available, sweep
 from flashruntime.strategies import LaunchSpec
 
 __all__ = ["LocalLaunchHandle", "LocalProcessLauncher"]
@@ -63,8 +63,16 @@ class LocalLaunchHandle(LaunchHandle):
     def execution_id(self) -> str:
         return str(self._process.pid)
 
-    def _find(self) -> dict[int, int]:
-        return attempt_processes(self._marker, [self._process.pid], self.extra_pids())
+    def _find(self) -> dict[int, int | None]:
+        leader = self._process.pid
+        # The leader is judged by Popen, never by the sampler's view: unreaped, it is a
+        # zombie that kill(pid, 0) reports alive, and that would stall the sweep.
+        found = attempt_processes(self._marker, [leader], set(self.extra_pids()) - {leader})
+        if not proc_available() and self._process.poll() is None:
+            # Without /proc the leader's group cannot be listed, so name the leader
+            # itself; its group id is its pid (own session / CREATE_NEW_PROCESS_GROUP).
+            found[leader] = leader
+        return found
 
     def _settle(self, returncode: int) -> LaunchState:
         """Called once the leader has exited: sweep the rest, then cache the result."""

@@ -76,7 +76,12 @@ class ResourceSampler:
 
     # sampling ----------------------------------------------------------------
     def last_seen_pids(self) -> set[int]:
-        """The root and descendant pids seen alive by the last tick (a copy)."""
+        """The root and descendant pids seen by the last tick that could still see the tree (a copy).
+
+        A tick that finds the root gone (or a zombie, its children already orphaned)
+        leaves the set as it was: the launcher's non-Linux sweep reads it exactly then,
+        to find descendants that outlived the root. Without psutil it is the root alone.
+        """
         with self._lock:
             return set(self._last_pids)
 
@@ -97,9 +102,13 @@ class ResourceSampler:
             self._psutil, self._psutil_loaded = _load_psutil(), True
         psutil = self._psutil
         machine = self._machine(psutil)
-        processes = self._processes(psutil) if psutil is not None else [self._bare_root()]
-        with self._lock:
-            self._last_pids = {row["pid"] for row in processes}
+        if psutil is not None:
+            processes, tree_visible = self._processes(psutil)
+        else:
+            processes, tree_visible = [self._bare_root()], True
+        if tree_visible:
+            with self._lock:
+                self._last_pids = {row["pid"] for row in processes}
         return {"ts": time.time(), "machine": machine, "processes": processes}
 
     def _machine(self, psutil: Any) -> dict[str, Any]:
@@ -132,13 +141,16 @@ class ResourceSampler:
         return {"pid": self.root_pid, "ppid": None, "cmd": None, "cpu_percent": None, "rss_bytes": None,
                 "create_time": None, "status": None}
 
-    def _processes(self, psutil: Any) -> list[dict[str, Any]]:
+    def _processes(self, psutil: Any) -> tuple[list[dict[str, Any]], bool]:
+        """Rows of the root's tree, and whether that tree was visible: False once the
+        root is gone or a zombie, when its orphans no longer descend from it."""
         try:
             root = self._cached(psutil, self.root_pid)
             tree = [root, *root.children(recursive=True)]
+            tree_visible = root.status() != psutil.STATUS_ZOMBIE
         except Exception:
             self._procs.clear()
-            return []  # the root is gone: nothing of its tree can be attributed any more
+            return [], False  # the root is gone: nothing of its tree can be attributed any more
         rows: list[dict[str, Any]] = []
         seen: set[int] = set()
         for proc in tree:
@@ -151,7 +163,7 @@ class ResourceSampler:
         for pid in list(self._procs):
             if pid not in seen:
                 del self._procs[pid]
-        return rows
+        return rows, tree_visible
 
     def _cached(self, psutil: Any, pid: int) -> Any:
         proc = self._procs.get(pid)

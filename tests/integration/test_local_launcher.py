@@ -3,19 +3,23 @@ and no survivor after cancel or after the leader dies (SPEC §5.7)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from flashruntime.errors import FlashRuntimeError
-from flashruntime.launchers import LaunchError, LaunchState
-from flashruntime.launchers.local import LocalProcessLauncher, aside_path
+from flashruntime.launchers import LaunchError, LaunchState, _sweep
+from flashruntime.launchers.local import LocalLaunchHandle, LocalProcessLauncher, aside_path
+from flashruntime.monitor import ResourceSampler
 from flashruntime.strategies import LaunchSpec
 from tests._support import pid_alive
 
@@ -184,3 +188,143 @@ def test_aside_names_are_utc_stamped_and_unique(tmp_path: Path) -> None:
     (tmp_path / "task-000-r1.prev-20261130T033507").mkdir()
     (tmp_path / "task-000-r1.prev-20261130T033507-1").write_text("")
     assert aside_path(attempt_dir, now) == tmp_path / "task-000-r1.prev-20261130T033507-2"
+
+
+# Outside Linux (SPEC §5.7): no /proc, so the sweep's only view of processes that left the
+# leader's group is the resource sampler's last-seen set; on Windows there is also no
+# os.killpg / getpgrp / getpgid / getuid and no SIGKILL. These tests take those away from
+# the real code and drive it with real processes.
+KILL = signal.SIGKILL  # captured before any test removes it
+
+# A leader that starts a child in its own session (as torchrun starts ranks), records the
+# child's pid and exits once the test creates ``go``, leaving the child orphaned.
+ORPHANING_LEADER = """
+import os, subprocess, sys, time
+out = os.environ["FLASHML_OUTPUT_DIR"]
+child = subprocess.Popen([sys.executable, "-c", {child!r}], start_new_session=True)
+open(os.path.join(out, "child.pid"), "w").write(str(child.pid))
+while not os.path.exists(os.path.join(out, "go")):
+    time.sleep(0.05)
+"""
+SLEEPER = "import time; time.sleep(300)"
+STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+
+
+def _wait_until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _tick_count(sampler: ResourceSampler) -> int:
+    return len(sampler.path.read_text().splitlines()) if sampler.path.exists() else 0
+
+
+def _without_proc(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, platform: str) -> None:
+    monkeypatch.setattr(_sweep, "_PROC", tmp_path / "no-proc")
+    monkeypatch.setattr(sys, "platform", platform)
+    if platform == "win32":
+        for name in ("killpg", "getpgrp", "getpgid", "getuid"):
+            monkeypatch.delattr(os, name)
+        monkeypatch.delattr(signal, "SIGKILL")
+
+
+def _kill_quietly(*pids: int) -> None:
+    for pid in pids:
+        if pid > 0:
+            with contextlib.suppress(OSError):
+                os.kill(pid, KILL)
+
+
+def _watched_orphaning_leader(tmp_path: Path, child_code: str) -> tuple[LocalLaunchHandle, ResourceSampler, int]:
+    """Launch ORPHANING_LEADER and wire a real sampler as the SDK does; returns once the
+    sampler has seen the child."""
+    pytest.importorskip("psutil")
+    handle = LocalProcessLauncher(tmp_path / "out", term_grace_s=0.5).launch(
+        LaunchSpec(argv=[sys.executable, "-c", ORPHANING_LEADER.format(child=child_code)]), "j", "a")
+    sampler = ResourceSampler(tmp_path / "telemetry", int(handle.execution_id), period_s=0.1)
+    handle.extra_pids = sampler.last_seen_pids
+    sampler.start()
+    child = int(_wait_for(handle.output_dir / "child.pid"))
+    _wait_until(lambda: child in sampler.last_seen_pids(), "the sampler to see the child")
+    return handle, sampler, child
+
+
+@pytest.mark.parametrize("platform", ["darwin", "win32"])
+def test_without_proc_an_orphan_the_sampler_saw_is_stopped_after_the_leader_exits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, platform: str) -> None:
+    # macOS: a child that ignores SIGTERM must still end by SIGKILL. Windows has no SIGKILL;
+    # there os.kill(pid, SIGTERM) is TerminateProcess, so a plain sleeper stands in.
+    handle, sampler, child = _watched_orphaning_leader(tmp_path, STUBBORN if platform == "darwin" else SLEEPER)
+    leader = int(handle.execution_id)
+    try:
+        _without_proc(monkeypatch, tmp_path, platform)
+        (handle.output_dir / "go").write_text("")
+        # Let the sampler tick while the leader is an unreaped zombie and after it is gone:
+        # neither tick can see the orphan, and neither may erase it from the last-seen set.
+        os.waitid(os.P_PID, leader, os.WEXITED | os.WNOWAIT)
+        ticks = _tick_count(sampler)
+        _wait_until(lambda: _tick_count(sampler) >= ticks + 2, "two ticks after the leader exited")
+        assert handle.wait() is LaunchState.SUCCEEDED
+        assert not pid_alive(child)
+    finally:
+        monkeypatch.undo()
+        sampler.stop()
+        handle.cancel()
+        _kill_quietly(child)
+
+
+def test_without_posix_process_calls_cancel_stops_the_leader_and_its_orphans(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    handle, sampler, child = _watched_orphaning_leader(tmp_path, SLEEPER)
+    leader = int(handle.execution_id)
+    try:
+        _without_proc(monkeypatch, tmp_path, "win32")
+        handle.cancel()
+        assert handle.poll() is LaunchState.CANCELLED
+        assert not pid_alive(leader) and not pid_alive(child)
+    finally:
+        monkeypatch.undo()
+        sampler.stop()
+        handle.cancel()
+        _kill_quietly(leader, child)
+
+
+def test_without_proc_or_psutil_cancel_still_stops_the_leader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without psutil the sampler sees the root alone and nothing may probe pids on Windows
+    (signal 0 is CTRL_C_EVENT there): the leader is found through its Popen."""
+    handle = LocalProcessLauncher(tmp_path, term_grace_s=0.5).launch(LaunchSpec(argv=[sys.executable, "-c", SLEEPER]),
+                                                                     "j", "a")
+    leader = int(handle.execution_id)
+    try:
+        _without_proc(monkeypatch, tmp_path, "win32")
+        monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil now raises ImportError
+        handle.extra_pids = lambda: {leader}  # what a sampler without psutil reports
+        handle.cancel()
+        assert handle.poll() is LaunchState.CANCELLED and not pid_alive(leader)
+    finally:
+        monkeypatch.undo()
+        handle.cancel()
+        _kill_quietly(leader)
+
+
+def test_a_sampler_pid_without_the_attempts_marker_is_never_signalled(tmp_path: Path) -> None:
+    """With /proc the sampler's pids can be seconds old, so a pid it names may have been
+    recycled: one that does not carry the attempt's marker (here an unrelated process of the
+    same user) survives the sweep."""
+    if not _sweep.proc_available():
+        pytest.skip("needs /proc")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("FLASHML_")}
+    stranger = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env)
+    try:
+        handle = LocalProcessLauncher(tmp_path, term_grace_s=0.5).launch(
+            LaunchSpec(argv=[sys.executable, "-c", "pass"]), "j", "a")
+        handle.extra_pids = lambda: {stranger.pid}
+        assert handle.wait() is LaunchState.SUCCEEDED
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()

@@ -10,12 +10,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
-from tests._support import run_core_only
+from tests._support import pid_alive, run_core_only
 
 _TREE = (
     "import subprocess, sys, time\n"
@@ -106,3 +107,62 @@ def test_without_psutil_the_sampler_is_limited(tmp_path: Path) -> None:
     assert report["seen"] == [report["pid"]]
     assert report["ev"]["cpu_percent_mean"] is None  # not measured, not zero
     assert report["ev"]["wall_seconds"] is not None and report["ev"]["wall_seconds"] > 0
+
+
+def test_last_seen_pids_outlive_the_root_for_the_non_linux_sweep(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside Linux the launcher's sweep finds orphans only through ``last_seen_pids()``
+    (SPEC §5.7), and reads it after the root exited: ticks that can no longer see the tree
+    (root a zombie, then gone) must leave the last set as it was."""
+    pytest.importorskip("psutil")
+    from flashruntime.launchers import _sweep
+
+    # `read` returns at EOF on stdin, so the test decides when the leader exits.
+    leader = subprocess.Popen(["sh", "-c", "sleep 300 & echo $!; read line"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    sampler = ResourceSampler(tmp_path, leader.pid, period_s=0.1)
+    orphan = -1
+    try:
+        orphan = int(leader.stdout.readline())  # type: ignore[union-attr]
+        sampler.start()
+        _wait_until(lambda: sampler.last_seen_pids() == {leader.pid, orphan}, "the sampler to see the tree")
+        leader.stdin.close()  # type: ignore[union-attr]
+        os.waitid(os.P_PID, leader.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped: a zombie
+        _wait_for_ticks(tmp_path, 2)
+        assert sampler.last_seen_pids() == {leader.pid, orphan}
+        leader.wait()
+        _wait_for_ticks(tmp_path, 2)
+        assert _ticks(tmp_path / "telemetry.jsonl")[-1]["processes"] == []  # the root is gone
+        assert sampler.last_seen_pids() == {leader.pid, orphan}
+        sampler.stop()
+        # The sweep without /proc (macOS) stops the orphan from exactly that set.
+        monkeypatch.setattr(_sweep, "_PROC", tmp_path / "no-proc")
+        monkeypatch.setattr(sys, "platform", "darwin")
+        marker = f"FLASHML_OUTPUT_DIR={tmp_path}".encode()
+        touched = _sweep.sweep(lambda: _sweep.attempt_processes(marker, [leader.pid], sampler.last_seen_pids()), 0.5)
+        assert touched == {orphan}
+        _wait_until(lambda: not pid_alive(orphan), "the orphan to be reaped")
+    finally:
+        monkeypatch.undo()
+        sampler.stop()
+        if leader.poll() is None:
+            leader.kill()
+        leader.wait()
+        leader.stdout.close()  # type: ignore[union-attr]
+        if orphan > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(orphan, signal.SIGKILL)
+
+
+def _wait_until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _wait_for_ticks(directory: Path, more: int) -> None:
+    start = len(_ticks_or_empty(directory))
+    _wait_until(lambda: len(_ticks_or_empty(directory)) >= start + more, f"{more} more sampler ticks")
