@@ -34,6 +34,22 @@ def test_submit_json_and_failure_exit_code(tmp_path: Path) -> None:
     assert summary == {"state": "FAILED", "trials": 0, "best": None, "output_dir": str(tmp_path), "viewer_url": None}
 
 
+def test_submit_json_with_watch_keeps_stdout_one_json_object(tmp_path: Path) -> None:
+    """``--json`` promises one JSON object on stdout; the viewer's line goes to stderr."""
+    import os
+
+    env = {**os.environ, "BROWSER": "true"}  # webbrowser.open runs `true <url>`: nothing opens
+    result = subprocess.run(
+        [PY, "-m", "flashruntime.service.cli", "submit", f"{PY} -c pass", "--output-dir", str(tmp_path),
+         "--json", "--watch"],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120, check=False, env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["state"] == "SUCCEEDED" and summary["viewer_url"].startswith("http://127.0.0.1:")
+    assert f"viewer: {summary['viewer_url']}" in result.stderr
+
+
 def test_submit_fan_out_with_task_params(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any
@@ -57,9 +58,13 @@ def handle(args: argparse.Namespace) -> int:
         print(f"error: invalid --task-params: {exc}", file=sys.stderr)
         return EXIT_BAD_PARAMS
     workload = CommandWorkload(command=args.cmd, source=Source(path=args.source), task_params=task_params)
+    # --json promises one JSON object on stdout: what submit itself prints (the viewer's
+    # address) goes to stderr then.
+    printed = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     try:
-        run = submit(workload, output_dir=args.output_dir, wait=False, max_restarts=args.max_restarts,
-                     watch=args.watch)
+        with printed:
+            run = submit(workload, output_dir=args.output_dir, wait=False, max_restarts=args.max_restarts,
+                         watch=args.watch)
         if sys.stderr.isatty() and not args.json:
             watch(run, sys.stderr)
         run.wait()
