@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from flashruntime.launchers import LaunchError, LaunchState, _sweep
 from flashruntime.launchers.local import LocalLaunchHandle, LocalProcessLauncher, aside_path
 from flashruntime.monitor import ResourceSampler
 from flashruntime.strategies import LaunchSpec
-from tests._support import pid_alive
+from tests._support import pid_alive, wait_until
 
 # A child in its own session (as torchrun starts ranks) that ignores SIGTERM and records its pid.
 STUBBORN_CHILD = """
@@ -210,15 +209,6 @@ SLEEPER = "import time; time.sleep(300)"
 STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
 
 
-def _wait_until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _tick_count(sampler: ResourceSampler) -> int:
     return len(sampler.path.read_text().splitlines()) if sampler.path.exists() else 0
 
@@ -249,7 +239,7 @@ def _watched_orphaning_leader(tmp_path: Path, child_code: str) -> tuple[LocalLau
     handle.extra_pids = sampler.last_seen_pids
     sampler.start()
     child = int(_wait_for(handle.output_dir / "child.pid"))
-    _wait_until(lambda: child in sampler.last_seen_pids(), "the sampler to see the child")
+    wait_until(lambda: child in sampler.last_seen_pids(), "the sampler to see the child")
     return handle, sampler, child
 
 
@@ -267,7 +257,7 @@ def test_without_proc_an_orphan_the_sampler_saw_is_stopped_after_the_leader_exit
         # neither tick can see the orphan, and neither may erase it from the last-seen set.
         os.waitid(os.P_PID, leader, os.WEXITED | os.WNOWAIT)
         ticks = _tick_count(sampler)
-        _wait_until(lambda: _tick_count(sampler) >= ticks + 2, "two ticks after the leader exited")
+        wait_until(lambda: _tick_count(sampler) >= ticks + 2, "two ticks after the leader exited")
         assert handle.wait() is LaunchState.SUCCEEDED
         assert not pid_alive(child)
     finally:

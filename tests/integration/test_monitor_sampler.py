@@ -10,13 +10,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
-from tests._support import pid_alive, run_core_only
+from tests._support import pid_alive, run_core_only, wait_until
 
 _TREE = (
     "import subprocess, sys, time\n"
@@ -125,7 +124,7 @@ def test_last_seen_pids_outlive_the_root_for_the_non_linux_sweep(tmp_path: Path,
     try:
         orphan = int(leader.stdout.readline())  # type: ignore[union-attr]
         sampler.start()
-        _wait_until(lambda: sampler.last_seen_pids() == {leader.pid, orphan}, "the sampler to see the tree")
+        wait_until(lambda: sampler.last_seen_pids() == {leader.pid, orphan}, "the sampler to see the tree")
         leader.stdin.close()  # type: ignore[union-attr]
         os.waitid(os.P_PID, leader.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped: a zombie
         _wait_for_ticks(tmp_path, 2)
@@ -141,7 +140,7 @@ def test_last_seen_pids_outlive_the_root_for_the_non_linux_sweep(tmp_path: Path,
         marker = f"FLASHML_OUTPUT_DIR={tmp_path}".encode()
         touched = _sweep.sweep(lambda: _sweep.attempt_processes(marker, [leader.pid], sampler.last_seen_pids()), 0.5)
         assert touched == {orphan}
-        _wait_until(lambda: not pid_alive(orphan), "the orphan to be reaped")
+        wait_until(lambda: not pid_alive(orphan), "the orphan to be reaped")
     finally:
         monkeypatch.undo()
         sampler.stop()
@@ -154,15 +153,6 @@ def test_last_seen_pids_outlive_the_root_for_the_non_linux_sweep(tmp_path: Path,
                 os.kill(orphan, signal.SIGKILL)
 
 
-def _wait_until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _wait_for_ticks(directory: Path, more: int) -> None:
     start = len(_ticks_or_empty(directory))
-    _wait_until(lambda: len(_ticks_or_empty(directory)) >= start + more, f"{more} more sampler ticks")
+    wait_until(lambda: len(_ticks_or_empty(directory)) >= start + more, f"{more} more sampler ticks")
