@@ -66,11 +66,10 @@ def _has_marker(pid: int, marker: bytes) -> bool:
     return marker in environ.split(b"\0")
 
 
-def _running_without_proc(pid: int) -> bool:
-    """Whether ``pid`` is alive and not a zombie, where /proc cannot say: psutil tells
-    zombies apart; plain ``kill(pid, 0)`` cannot (POSIX only: on Windows signal 0 is
-    CTRL_C_EVENT, so without psutil a pid there is never assumed alive)."""
-    psutil = _load_psutil()
+def _running_without_proc(pid: int, psutil: Any) -> bool:
+    """Whether ``pid`` is alive and not a zombie, where /proc cannot say: psutil (when
+    installed) tells zombies apart; plain ``kill(pid, 0)`` cannot (POSIX only: on Windows
+    signal 0 is CTRL_C_EVENT, so without psutil a pid there is never assumed alive)."""
     if psutil is not None:
         try:
             return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
@@ -93,15 +92,15 @@ def attempt_processes(
 
     ``marker`` is the exact environment entry, ``pgids`` the process groups known to
     belong to the attempt, ``extra_pids`` pids seen by other means (the sampler's set).
-    With /proc an extra pid counts only while it carries ``marker``: the sampler's set
-    may be seconds old, and a recycled pid must never be signalled. Without /proc it is
-    the only view there is, so it is taken as is (best effort).
+    With /proc the marker scan is the whole answer: a sampler-seen pid that still
+    carries the marker is found by it anyway, and one that does not may be a recycled
+    pid, never to be signalled (the set may be seconds old). Without /proc the sampler's
+    set is the only view there is, so it is taken as is (best effort).
     """
     groups = set(pgids)
     me, my_group = os.getpid(), _own_group()
     found: dict[int, int | None] = {}
-    with_proc = proc_available()
-    if with_proc:
+    if proc_available():
         uid = os.getuid()
         for entry in _PROC.iterdir():
             if not entry.name.isdigit():
@@ -123,16 +122,10 @@ def attempt_processes(
                 continue
             if _has_marker(pid, marker):
                 found[pid] = pgid
+        return found
+    psutil = _load_psutil()
     for pid in extra_pids:
-        if pid in found or pid == me:
-            continue
-        if with_proc:
-            fields = _stat_fields(pid)
-            if fields is None or fields[0] in ("Z", "X") or not _has_marker(pid, marker):
-                continue
-            found[pid] = fields[1]
-            continue
-        if not _running_without_proc(pid):
+        if pid in found or pid == me or not _running_without_proc(pid, psutil):
             continue
         getpgid = getattr(os, "getpgid", None)  # POSIX only
         try:
