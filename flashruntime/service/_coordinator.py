@@ -73,7 +73,6 @@ class Coordinator:
         self.artifacts = ArtifactStore(settings.artifacts_dir, settings.max_artifact_mb * 1024 * 1024)
         self.placement = IsolationAwarePlacement()
         self._jobs_lock = threading.Lock()  # serialises the read-refresh-write of job records
-        self._held = threading.local()  # .events: this thread's events held back until its submit commits
 
     def close(self) -> None:
         self.manager.store.close()  # type: ignore[attr-defined]
@@ -84,12 +83,7 @@ class Coordinator:
     # --- events ---------------------------------------------------------------
 
     def record_event(self, event: Event) -> None:
-        """Ledger append plus one JSON log line; counts lease expiries for /metrics. While this
-        thread is inside ``submit``, the event is held back and stored with the job instead."""
-        held = getattr(self._held, "events", None)
-        if held is not None:
-            held.append(event)
-            return
+        """Ledger append plus one JSON log line; counts lease expiries for /metrics."""
         self.ledger.append_event(event)
         self._observe(event)
 
@@ -130,20 +124,19 @@ class Coordinator:
                                 {"backend": "leases", "tasks": len(tasks)}),
         ]
         created: list[Event] = []
-        self._held.events = created  # add_task's TASK_CREATED events follow the job's own into the ledger
-        try:
-            with self.manager.store.transaction():  # type: ignore[attr-defined]
-                for task in tasks:
-                    try:
-                        self.manager.add_task(task, now=now)
-                    except ValueError as exc:
-                        raise ExpansionError(
-                            f"task {task.task_id!r} of workload.type {spec.spec.workload.type!r} cannot be queued: "
-                            f"{exc}; fix the task its expansion builds"
-                        ) from exc
-                self.ledger.add_job(record, [*events, *created])
-        finally:
-            self._held.events = None
+        # The same store, but TASK_CREATED events collected here: they follow the job's own
+        # into the ledger in one write, once every task is queued.
+        queue = LeaseManager(self.manager.store, on_event=created.append)
+        with self.manager.store.transaction():  # type: ignore[attr-defined]
+            for task in tasks:
+                try:
+                    queue.add_task(task, now=now)
+                except ValueError as exc:
+                    raise ExpansionError(
+                        f"task {task.task_id!r} of workload.type {spec.spec.workload.type!r} cannot be queued: "
+                        f"{exc}; fix the task its expansion builds"
+                    ) from exc
+            self.ledger.add_job(record, [*events, *created])
         for event in (*events, *created):
             self._observe(event)
         return record
