@@ -55,6 +55,9 @@ def expand_tasks(job_id: str, spec: JobSpec) -> list[TaskSpec]:
     return _queueable(kind, job_id, tasks)
 
 
+_SEPARATORS = frozenset("/\\\x00")  # what may not appear in a task id: it is one path segment
+
+
 def _queueable(kind: str, job_id: str, tasks: object) -> list[TaskSpec]:
     """``tasks`` if they can all be queued for ``job_id``, else ``ExpansionError``: checked
     before the coordinator stores anything, so a refused job leaves no trace. A task id is
@@ -74,7 +77,8 @@ def _queueable(kind: str, job_id: str, tasks: object) -> list[TaskSpec]:
                 f"{job_id!r}; build every task with the job_id passed to expand()"
             )
         task_id = task.task_id
-        if not isinstance(task_id, str) or not task_id or task_id in (".", "..") or "/" in task_id or "\\" in task_id or "\x00" in task_id:
+        one_segment = isinstance(task_id, str) and task_id not in ("", ".", "..") and not _SEPARATORS & set(task_id)
+        if not one_segment:
             raise ExpansionError(
                 f"{source} returned task id {task_id!r}: a task id must be a non-empty name without '/', "
                 "'\\' or NUL that is not '.' or '..' (it names the task's jobs/<job>/<task>/ directory)"
