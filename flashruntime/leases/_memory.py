@@ -389,7 +389,7 @@ class InMemoryLeaseStore:
             if entry.lease_id == item[2] and entry.deadline == item[0]:
                 heap.append(item)
         heapify(heap)
-        self._expiry = heap
+        self._expiry[:] = heap  # in place: the in-memory fast path holds this list
         self._compact_at = 2 * len(heap) + _COMPACT_SLACK
 
 

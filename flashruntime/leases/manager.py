@@ -13,11 +13,14 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from types import MethodType
 from typing import Any
 
 from flashruntime.errors import LeaseError
 from flashruntime.leases._adapter import StoreAdapter
 from flashruntime.leases._checks import _check_id, _check_spec, _is_str, _node_of, _why_not_live
+from flashruntime.leases._events import commit_accepted, lease_claimed, lease_renewed
+from flashruntime.leases._memory_fast import fused_transitions
 from flashruntime.leases._models import (
     _DELTAS,
     UTC,
@@ -108,6 +111,22 @@ class LeaseManager:
         self._remove_cordon = adapted.remove_cordon
         self._cordons = adapted.cordons
         self._cordon_for = adapted.cordon_for
+        cls = type(self)
+        if (
+            type(store) is InMemoryLeaseStore  # a subclass may override what the fused path bypasses
+            and cls.claim is LeaseManager.claim
+            and cls.heartbeat is LeaseManager.heartbeat
+            and cls.complete is LeaseManager.complete
+        ):
+            # The three hot transitions over the in-memory store, fused with its indexes; each
+            # hands every case but its common one back to the methods below (see _memory_fast).
+            self.claim, self.heartbeat, self.complete = fused_transitions(  # type: ignore[method-assign]
+                self,
+                store,
+                MethodType(LeaseManager.claim, self),
+                MethodType(LeaseManager.heartbeat, self),
+                MethodType(LeaseManager.complete, self),
+            )
 
     @property
     def store(self) -> LeaseStore:
@@ -223,22 +242,7 @@ class LeaseManager:
                 record.lease_history[lease_id] = lease
                 self._save(record)
                 if events is not None:
-                    deadline_text = deadline.isoformat()
-                    events.append(
-                        make_event(
-                            EventType.LEASE_CLAIMED,
-                            spec.job_id,
-                            now,
-                            f"attempt {attempt} of task {spec.task_id} leased to {node_id} until {deadline_text}",
-                            {
-                                "task_id": spec.task_id,
-                                "node_id": node_id,
-                                "lease_id": lease_id,
-                                "attempt_number": attempt,
-                                "deadline": deadline_text,
-                            },
-                        )
-                    )
+                    events.append(lease_claimed(spec, node_id, lease_id, attempt, deadline, now))
         if events:
             _emit(on_event, events)  # type: ignore[arg-type]
         if swept:
@@ -285,16 +289,7 @@ class LeaseManager:
                 )
             raise LeaseError(f"lease {lease_id} of task {spec.task_id} (job {spec.job_id}) is no longer live: {why}")
         if on_event is not None:
-            deadline = renewal.deadline.isoformat()
-            on_event(
-                make_event(
-                    EventType.LEASE_RENEWED,
-                    spec.job_id,
-                    now,
-                    f"lease {lease_id} renewed until {deadline}",
-                    {"task_id": spec.task_id, "node_id": renewal.node_id, "lease_id": lease_id, "deadline": deadline},
-                )
-            )
+            on_event(lease_renewed(spec, renewal.node_id, lease_id, renewal.deadline, now))
         return renewal
 
     def complete(self, lease_id: str, output_sha256: str, now: datetime | None = None) -> bool:
@@ -329,20 +324,10 @@ class LeaseManager:
                     why = _why_not_live(record, lease_id, now)
         if on_event is not None:
             spec = record.spec
-            data = {"task_id": spec.task_id, "node_id": _node_of(record, lease_id), "lease_id": lease_id}
             if accepted:
-                data["output_sha256"] = output_sha256
-                on_event(
-                    make_event(
-                        EventType.TASK_COMMIT_ACCEPTED,
-                        spec.job_id,
-                        now,
-                        f"output {output_sha256[:12]} of task {spec.task_id} accepted from lease {lease_id}",
-                        data,
-                    )
-                )
+                on_event(commit_accepted(spec, _node_of(record, lease_id), lease_id, output_sha256, now))
             else:
-                data["reason"] = why
+                data = {"task_id": spec.task_id, "node_id": _node_of(record, lease_id), "lease_id": lease_id, "reason": why}
                 on_event(
                     make_event(
                         EventType.TASK_COMMIT_REJECTED,

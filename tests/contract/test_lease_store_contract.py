@@ -2,6 +2,10 @@
 ``InMemoryLeaseStore``, ``SqliteLeaseStore`` on a temp file, and ``SqliteLeaseStore``
 reopened from disk before every step. Manager-level tests also run against a user
 store that implements only the required methods (the manager's fallbacks).
+
+Over an ``InMemoryLeaseStore`` the manager fuses claim, heartbeat and complete with the
+store's indexes (``leases._memory_fast``); ``memory_general`` runs every test over a
+subclass of the store, which the manager drives through its general path instead.
 """
 
 from __future__ import annotations
@@ -80,6 +84,10 @@ class MinimalStore:
         return [r for r in self._records.values() if job_id is None or r.spec.job_id == job_id]
 
 
+class GeneralPathMemoryStore(InMemoryLeaseStore):
+    """The in-memory store, driven through the manager's general path (a subclass is never fused)."""
+
+
 class Harness:
     """A store of one kind, a manager over it, and the events it emitted."""
 
@@ -93,6 +101,8 @@ class Harness:
     def _open(self) -> Any:
         if self.kind == "memory":
             return InMemoryLeaseStore()
+        if self.kind == "memory_general":
+            return GeneralPathMemoryStore()
         if self.kind == "minimal":
             return MinimalStore()
         return SqliteLeaseStore(self.path)
@@ -136,7 +146,8 @@ class _ReopeningManager:
         return call
 
 
-STORE_KINDS = ["memory", "sqlite", "sqlite_reopen"]
+STORE_KINDS = ["memory", "memory_general", "sqlite", "sqlite_reopen"]
+IN_MEMORY = ("memory", "memory_general")
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -630,14 +641,14 @@ def test_events_are_emitted_after_the_transition_commits(h: Harness) -> None:
     seen: list[tuple[str, TaskState | None]] = []
 
     def observe(event: Event) -> None:
-        if h.kind == "memory":
+        if h.kind in IN_MEMORY:
             store: Any = h._store
         else:
             store = SqliteLeaseStore(h.path)  # an independent connection: only committed state is visible
         task_id = event.data.get("task_id")
         record = store.get(event.job_id, task_id) if task_id else None
         seen.append((event.type.value, None if record is None else record.state))
-        if h.kind != "memory":
+        if h.kind not in IN_MEMORY:
             store.close()
 
     manager = LeaseManager(h.store(), on_event=observe)

@@ -1,0 +1,227 @@
+"""The hot transitions of a ``LeaseManager`` over an ``InMemoryLeaseStore``, fused.
+
+``claim``, ``heartbeat`` and ``complete`` are what a worker fleet calls all day, and
+over the in-memory store most of their cost was calls and re-checks between layers:
+the manager asking the store for the sweep, the queue head and a ``save`` that
+rediscovers by comparison what the manager had just changed. Here each transition's
+common case (a plain claim with nothing to sweep and no cordon, the renewal of a live
+lease, the first commit of a live lease) reads and updates the store's indexes in one
+frame, exactly as ``InMemoryLeaseStore.save`` would leave them. Every other case
+(errors, refusals, sweeps, cordons, policies, per-job claims, the winner's retry)
+goes to the manager's general path, unchanged, so each rule still has one home.
+
+The contract suite runs every case against this path (the ``memory`` store) and the
+general path over the same store (``memory_general``), and
+``tests/unit/test_lease_memory_fast.py`` drives both with the same random operations
+and compares every result, exception, event and index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from heapq import heappush
+from typing import TYPE_CHECKING, Any
+
+from flashruntime.leases._checks import _node_of
+from flashruntime.leases._events import commit_accepted, lease_claimed, lease_renewed
+from flashruntime.leases._models import _DELTAS, UTC, coerce_now, copy_payload, make_lease, renewed, seconds
+from flashruntime.protocol.v1alpha1 import Lease, TaskState
+
+if TYPE_CHECKING:
+    from flashruntime.leases._memory import InMemoryLeaseStore
+    from flashruntime.leases.manager import LeaseManager
+
+__all__ = ["fused_transitions"]
+
+_PENDING = TaskState.PENDING
+_LEASED = TaskState.LEASED
+_COMPLETED = TaskState.COMPLETED
+_datetime = datetime
+
+
+def fused_transitions(
+    manager: LeaseManager,
+    store: InMemoryLeaseStore,
+    general_claim: Callable[..., Lease | None],
+    general_heartbeat: Callable[..., Lease],
+    general_complete: Callable[..., bool],
+) -> tuple[Callable[..., Lease | None], Callable[..., Lease], Callable[..., bool]]:
+    """``(claim, heartbeat, complete)`` for ``manager`` over ``store``, with the manager's
+    signatures and behaviour; each hands any case but its common one to ``general_*``."""
+    lock = store._lock
+    entries = store._entries
+    pending = store._pending
+    job_pending = store._job_pending
+    by_lease = store._by_lease
+    by_node = store._by_node
+    heap = store._expiry  # compaction rewrites it in place: this list stays the heap
+    counts_by_job = store._counts
+    cordon_for = store._cordons.get
+    find_lease = by_lease.get
+    next_id = manager._ids
+
+    def claim(
+        node_id: str,
+        job_id: str | None = None,
+        now: datetime | None = None,
+        policy: Any = None,
+        node: dict[str, Any] | None = None,
+    ) -> Lease | None:
+        if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
+            now = coerce_now(now)
+        if job_id is not None or policy is not None or node_id.__class__ is not str or not node_id:
+            return general_claim(node_id, job_id, now, policy, node)
+        with lock:
+            if (heap and heap[0][0] <= now) or cordon_for(node_id) is not None:
+                lease = None  # a sweep may be due, or the node has a cordon: the general path decides
+            else:
+                blocks = pending._blocks
+                if not blocks:
+                    return None
+                seq = blocks[0][0]
+                entry = entries[seq]
+                record = entry.record
+                spec = record.spec
+                values = spec.__dict__
+                lease_seconds = values["lease_seconds"]
+                try:
+                    deadline = now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds))
+                except OverflowError:
+                    deadline = None  # the general path refuses it, with its message
+                if deadline is None:
+                    lease = None
+                else:
+                    payload = values["payload"]
+                    if payload:
+                        payload = copy_payload(payload)
+                    attempt = record.attempts_used + 1
+                    record.attempts_used = attempt
+                    lease_id = next_id()
+                    while lease_id in by_lease:
+                        lease_id = next_id()
+                    task_job = values["job_id"]
+                    lease = make_lease(
+                        lease_id, values["task_id"], task_job, node_id, attempt, deadline, payload, lease_seconds
+                    )
+                    record.state = _LEASED
+                    record.active_lease = lease
+                    record.lease_history[lease_id] = lease
+                    # The indexes, as InMemoryLeaseStore.save leaves them for PENDING -> LEASED.
+                    head = blocks[0]
+                    if len(head) > 1:
+                        del head[0]
+                        pending._size -= 1
+                    else:
+                        pending.discard(seq)
+                    if job_pending:
+                        job_queue = job_pending.get(task_job)
+                        if job_queue is not None:
+                            job_queue.discard(seq)
+                    counts = counts_by_job[task_job]
+                    counts[_PENDING] -= 1
+                    counts[_LEASED] += 1
+                    entry.state = _LEASED
+                    held = by_node.get(node_id)
+                    if held is None:
+                        held = by_node[node_id] = {}
+                    held[seq] = record
+                    entry.node_id = node_id
+                    by_lease[lease_id] = record
+                    heappush(heap, (deadline, seq, lease_id))
+                    entry.lease_id = lease_id
+                    entry.deadline = deadline
+                    if len(heap) > store._compact_at:
+                        store._compact_expiry()
+        if lease is None:
+            return general_claim(node_id, None, now, None, node)
+        on_event = manager.on_event
+        if on_event is not None:
+            on_event(lease_claimed(spec, node_id, lease_id, attempt, deadline, now))
+        return lease
+
+    def heartbeat(lease_id: str, now: datetime | None = None) -> Lease:
+        if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
+            now = coerce_now(now)
+        if lease_id.__class__ is not str:
+            return general_heartbeat(lease_id, now)
+        renewal = None
+        with lock:
+            record = find_lease(lease_id)
+            if record is not None:
+                active = record.active_lease
+                if (
+                    record.state is _LEASED
+                    and active is not None
+                    and active.lease_id == lease_id
+                    and active.deadline > now
+                ):
+                    lease_seconds = record.spec.lease_seconds
+                    deadline = now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds))
+                    renewal = renewed(active, deadline)
+                    record.active_lease = renewal
+                    # The indexes, as InMemoryLeaseStore.save leaves them for a renewal.
+                    seq = record.seq
+                    entry = entries[seq]
+                    if entry.deadline != deadline:
+                        heappush(heap, (deadline, seq, lease_id))
+                        entry.deadline = deadline
+                        if len(heap) > store._compact_at:
+                            store._compact_expiry()
+        if renewal is None:
+            return general_heartbeat(lease_id, now)
+        on_event = manager.on_event
+        if on_event is not None:
+            on_event(lease_renewed(record.spec, renewal.node_id, lease_id, deadline, now))
+        return renewal
+
+    def complete(lease_id: str, output_sha256: str, now: datetime | None = None) -> bool:
+        if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
+            now = coerce_now(now)
+        if lease_id.__class__ is not str or output_sha256.__class__ is not str:
+            return general_complete(lease_id, output_sha256, now)
+        accepted = False
+        with lock:
+            record = find_lease(lease_id)
+            if record is not None:
+                active = record.active_lease
+                if (
+                    record.state is _LEASED
+                    and active is not None
+                    and active.lease_id == lease_id
+                    and active.deadline > now
+                ):
+                    record.state = _COMPLETED
+                    record.accepted_attempt_id = lease_id
+                    record.accepted_output_sha256 = output_sha256
+                    record.active_lease = None
+                    # The indexes, as InMemoryLeaseStore.save leaves them for LEASED -> COMPLETED.
+                    seq = record.seq
+                    entry = entries[seq]
+                    counts = counts_by_job[record.spec.job_id]
+                    counts[_LEASED] -= 1
+                    counts[_COMPLETED] += 1
+                    entry.state = _COMPLETED
+                    node_id = entry.node_id
+                    held = by_node.get(node_id)  # type: ignore[arg-type]
+                    if held is not None:
+                        held.pop(seq, None)
+                        if not held:
+                            del by_node[node_id]  # type: ignore[arg-type]
+                    if heap:
+                        last = heap[-1]
+                        if last[1] == seq and last[2] == lease_id:
+                            heap.pop()
+                    entry.node_id = entry.lease_id = entry.deadline = None
+                    accepted = True
+        if not accepted:
+            return general_complete(lease_id, output_sha256, now)
+        on_event = manager.on_event
+        if on_event is not None:
+            on_event(commit_accepted(record.spec, _node_of(record, lease_id), lease_id, output_sha256, now))
+        return True
+
+    claim.__doc__ = general_claim.__doc__
+    heartbeat.__doc__ = general_heartbeat.__doc__
+    complete.__doc__ = general_complete.__doc__
+    return claim, heartbeat, complete

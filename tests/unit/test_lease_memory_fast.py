@@ -1,0 +1,202 @@
+"""The fused in-memory transitions (``leases._memory_fast``) behave exactly as the
+manager's general path over the same store: the same random operations, driven
+through both, give the same results, errors, events, records and indexes."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from flashruntime.leases import InMemoryLeaseStore, LeaseError, LeaseManager
+from flashruntime.leases._models import LeaseIds
+from flashruntime.protocol.v1alpha1 import Event, Lease, TaskSpec
+
+T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
+NODES = ("n1", "n2", "n3")
+JOBS = ("job-a", "job-b")
+
+
+class GeneralPathStore(InMemoryLeaseStore):
+    """The same store, which the manager drives through its general path (it never fuses a subclass)."""
+
+
+def fused(manager: LeaseManager) -> bool:
+    return all(name in vars(manager) for name in ("claim", "heartbeat", "complete"))
+
+
+def test_the_manager_fuses_only_the_in_memory_store_itself_under_its_own_methods() -> None:
+    assert fused(LeaseManager())
+    assert fused(LeaseManager(InMemoryLeaseStore()))
+    assert not fused(LeaseManager(GeneralPathStore()))
+
+    class Logged(LeaseManager):
+        def heartbeat(self, lease_id: str, now: datetime | None = None) -> Lease:
+            return super().heartbeat(lease_id, now)
+
+    class Plain(LeaseManager):
+        pass
+
+    assert not fused(Logged(InMemoryLeaseStore()))  # an override sees every call
+    assert fused(Plain(InMemoryLeaseStore()))
+    manager = LeaseManager()
+    assert manager.claim.__doc__ == LeaseManager.claim.__doc__
+
+
+@pytest.fixture
+def counted_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lease ids from a counter per generator, every seventh draw repeating the previous
+    one: both managers see the same ids, clashes included."""
+    drawn: dict[int, int] = {}
+
+    def next_id(self: LeaseIds) -> str:
+        n = drawn[id(self)] = drawn.get(id(self), 0) + 1
+        return f"ls-{(n - 1 if n % 7 == 0 else n):012x}"
+
+    monkeypatch.setattr(LeaseIds, "next", next_id)
+
+
+def outcome(call: Callable[[], Any]) -> tuple[str, Any]:
+    try:
+        result = call()
+    except (LeaseError, TypeError, ValueError) as error:
+        return ("raised", (type(error).__name__, str(error)))
+    if isinstance(result, Lease):
+        return ("lease", result.model_dump())
+    return ("value", result)
+
+
+def event_view(event: Event) -> tuple[Any, ...]:
+    return (event.type, event.job_id, event.timestamp, event.source, event.message, event.data)
+
+
+def store_view(store: InMemoryLeaseStore, now: datetime) -> dict[str, Any]:
+    """Every record field and every index the store keeps."""
+    records = [
+        (
+            r.seq, r.spec.job_id, r.spec.task_id, r.state, r.attempts_used, r.failures_seen, r.expiries_seen,
+            None if r.active_lease is None else r.active_lease.model_dump(),
+            r.accepted_attempt_id, r.accepted_output_sha256,
+            {lease_id: lease.model_dump() for lease_id, lease in r.lease_history.items()},
+        )
+        for r in store.all()
+    ]
+    entries = {seq: (e.state, e.node_id, e.lease_id, e.deadline) for seq, e in store._entries.items()}
+    return {
+        "records": records,
+        "entries": entries,
+        "pending": [r.seq for r in store.pending_page(None, 0, 10**6)],
+        "job_pending": {job: [r.seq for r in store.pending_page(job, 0, 10**6)] for job in JOBS},
+        "by_lease": sorted((lease_id, r.seq) for lease_id, r in store._by_lease.items()),
+        "by_node": {node: sorted(held) for node, held in store._by_node.items()},
+        "heap": list(store._expiry),
+        "counts": {job: store.counts(job) for job in JOBS},
+        "expired": [r.seq for r in store.expired(now)],
+        "leased": [r.seq for r in store.leased()],
+    }
+
+
+class Pair:
+    """One manager on the fused path and one on the general path, fed the same calls."""
+
+    def __init__(self) -> None:
+        self.events: tuple[list[Event], list[Event]] = ([], [])
+        self.seen: set[str] = set()  # event types emitted so far
+        self.stores = (InMemoryLeaseStore(), GeneralPathStore())
+        self.managers = tuple(
+            LeaseManager(store, on_event=events.append) for store, events in zip(self.stores, self.events)
+        )
+        assert fused(self.managers[0]) and not fused(self.managers[1])
+        for store in self.stores:
+            store._compact_at = 16  # compact the expiry heap often: the fused path must follow it
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[str, Any]:
+        fast, general = (outcome(lambda m=m: getattr(m, name)(*args, **kwargs)) for m in self.managers)
+        assert fast == general, f"{name}{args}{kwargs}"
+        fast_events, general_events = ([event_view(e) for e in events] for events in self.events)
+        assert fast_events == general_events, f"{name}{args}{kwargs}"
+        self.seen.update(event.type.value for event in self.events[0])
+        for events in self.events:
+            events.clear()
+        return fast
+
+    def same_state(self, now: datetime) -> None:
+        fast, general = (store_view(store, now) for store in self.stores)
+        assert fast == general
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fused_and_general_paths_agree_on_random_operations(seed: int, counted_ids: None) -> None:
+    rng = random.Random(seed)
+    pair = Pair()
+    issued: list[str] = ["ls-ffffffffffff"]  # one id nobody issued
+    clock = 0.0
+    for step in range(600):
+        clock += rng.choice((0.0, 0.0, 0.5, 1.0, 3.0, 20.0))
+        if rng.random() < 0.03:
+            clock -= rng.uniform(0, 30)  # a caller whose clock is behind
+        now = T0 + timedelta(seconds=clock)
+        if rng.random() < 0.2:
+            now = now.replace(tzinfo=None)  # naive: read as UTC
+        roll = rng.random()
+        lease_id = issued[-1] if rng.random() < 0.6 else rng.choice(issued)
+        if roll < 0.16:
+            job = rng.choice(JOBS)
+            task = f"t{step:04d}" if rng.random() < 0.95 else "t0000"  # an occasional duplicate
+            fields: dict[str, Any] = {
+                "lease_seconds": rng.choice((1.0, 5.0, 30.0)),
+                "max_attempts": rng.choice((1, 2, 3)),
+                "max_expiries": rng.choice((1, 2, 3)),
+            }
+            if rng.random() < 0.3:
+                fields["payload"] = {"shard": step, "cfg": {"lr": [0.1, 0.01]}}
+            spec = TaskSpec(task_id=task, job_id=job, commit_key=f"{job}/{task}", **fields)
+            pair.call("add_task", spec, now=now)
+        elif roll < 0.42:
+            node: Any = rng.choice(NODES)
+            job_id = rng.choice(JOBS) if rng.random() < 0.15 else None
+            if rng.random() < 0.03:
+                node = rng.choice(("", 7))
+            kind, value = pair.call("claim", node, job_id, now=now)
+            if kind == "lease":
+                issued.append(value["lease_id"])
+        elif roll < 0.62:
+            target: Any = lease_id if rng.random() > 0.03 else 42
+            pair.call("heartbeat", target, now=now)
+        elif roll < 0.80:
+            sha: Any = "ab" * 32 if rng.random() > 0.03 else b"x"
+            target = lease_id if rng.random() > 0.03 else None
+            pair.call("complete", target, sha, now=now)
+        elif roll < 0.86:
+            pair.call("fail", lease_id, "worker said so", now=now)
+        elif roll < 0.89:
+            job = rng.choice(JOBS)
+            pair.call("cancel_task", job, f"t{rng.randrange(step + 1):04d}", now=now)
+        elif roll < 0.93:
+            until = None if rng.random() < 0.3 else T0 + timedelta(seconds=clock + rng.choice((-1.0, 2.0, 10.0)))
+            pair.call("cordon", rng.choice(NODES), until, "maintenance", now=now)
+        elif roll < 0.96:
+            pair.call("uncordon", rng.choice(NODES))
+        else:
+            pair.call("sweep", now=now)
+        if step % 25 == 0:
+            pair.same_state(T0 + timedelta(seconds=clock))
+    pair.same_state(T0 + timedelta(seconds=clock + 100))
+    # The sequence went through every kind of outcome, fused and general.
+    assert pair.seen >= {
+        "TASK_CREATED", "LEASE_CLAIMED", "LEASE_RENEWED", "LEASE_RENEWAL_REFUSED", "TASK_COMMIT_ACCEPTED",
+        "TASK_COMMIT_REJECTED", "LEASE_EXPIRED", "TASK_REQUEUED", "TASK_ATTEMPT_FAILED", "NODE_CORDONED",
+    }
+
+
+def test_a_claim_with_a_policy_takes_the_general_path_with_the_same_result(counted_ids: None) -> None:
+    from flashruntime.scheduler import FifoPlacement
+
+    pair = Pair()
+    for i in range(3):
+        pair.call("add_task", TaskSpec(task_id=f"t{i}", job_id="job-a", commit_key=f"job-a/t{i}"), now=T0)
+    assert pair.call("claim", "n1", None, T0, FifoPlacement(), {"node_id": "n1"})[0] == "lease"
+    pair.same_state(T0)
