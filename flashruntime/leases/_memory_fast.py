@@ -6,9 +6,14 @@ the manager asking the store for the sweep, the queue head and a ``save`` that
 rediscovers by comparison what the manager had just changed. Here each transition's
 common case (a plain claim with nothing to sweep and no cordon, the renewal of a live
 lease, the first commit of a live lease) reads and updates the store's indexes in one
-frame, exactly as ``InMemoryLeaseStore.save`` would leave them. Every other case
-(errors, refusals, sweeps, cordons, policies, per-job claims, the winner's retry)
-goes to the manager's general path, unchanged, so each rule still has one home.
+frame, exactly as ``InMemoryLeaseStore.save`` would leave them, and emits its event.
+For every other case (errors, refusals, sweeps, cordons, policies, per-job claims, the
+winner's retry) it returns ``GENERAL`` having changed nothing, and the manager's
+method goes on with its general path, so each rule still has one home.
+
+The manager fuses only a store that is exactly ``InMemoryLeaseStore`` with none of the
+methods the general path would call replaced (``plain_store``): a spy or a patched
+``save`` sees every call, as it would without fusing.
 
 The contract suite runs every case against this path (the ``memory`` store) and the
 general path over the same store (``memory_general``), and
@@ -25,14 +30,16 @@ from typing import TYPE_CHECKING, Any
 
 from flashruntime.leases._checks import _node_of
 from flashruntime.leases._events import commit_accepted, lease_claimed, lease_renewed
+from flashruntime.leases._memory import InMemoryLeaseStore
 from flashruntime.leases._models import _DELTAS, UTC, coerce_now, copy_payload, make_lease, renewed, seconds
 from flashruntime.protocol.v1alpha1 import Lease, TaskState
 
 if TYPE_CHECKING:
-    from flashruntime.leases._memory import InMemoryLeaseStore
     from flashruntime.leases.manager import LeaseManager
 
-__all__ = ["fused_transitions"]
+__all__ = ["GENERAL", "fused_transitions", "plain_store"]
+
+GENERAL: Any = object()  # "not the common case: take the general path" (nothing was changed)
 
 _PENDING = TaskState.PENDING
 _LEASED = TaskState.LEASED
@@ -40,15 +47,29 @@ _COMPLETED = TaskState.COMPLETED
 _datetime = datetime
 
 
+def plain_store(store: object) -> bool:
+    """Whether ``store`` is an ``InMemoryLeaseStore`` exactly as this module knows it: the
+    class's own methods, and no replacement on the instance of the ones the manager calls."""
+    if type(store) is not InMemoryLeaseStore:
+        return False
+    if any(InMemoryLeaseStore.__dict__.get(name) is not method for name, method in _ORIGINAL_METHODS.items()):
+        return False
+    own = vars(store)
+    if any(name in own for name in _ORIGINAL_METHODS):
+        return False
+    by_lease, cordons = store._by_lease, store._cordons
+    return (
+        own.get("has_lease") == by_lease.__contains__
+        and own.get("find_lease") == by_lease.get
+        and own.get("cordon_for") == cordons.get
+    )
+
+
 def fused_transitions(
-    manager: LeaseManager,
     store: InMemoryLeaseStore,
-    general_claim: Callable[..., Lease | None],
-    general_heartbeat: Callable[..., Lease],
-    general_complete: Callable[..., bool],
-) -> tuple[Callable[..., Lease | None], Callable[..., Lease], Callable[..., bool]]:
-    """``(claim, heartbeat, complete)`` for ``manager`` over ``store``, with the manager's
-    signatures and behaviour; each hands any case but its common one to ``general_*``."""
+) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    """``(claim, heartbeat, complete)`` over ``store``, each taking the manager first and
+    returning the transition's result, or ``GENERAL`` for any case but its common one."""
     lock = store._lock
     entries = store._entries
     pending = store._pending
@@ -59,19 +80,14 @@ def fused_transitions(
     counts_by_job = store._counts
     cordon_for = store._cordons.get
     find_lease = by_lease.get
-    next_id = manager._ids
 
-    def claim(
-        node_id: str,
-        job_id: str | None = None,
-        now: datetime | None = None,
-        policy: Any = None,
-        node: dict[str, Any] | None = None,
-    ) -> Lease | None:
+    def claim(manager: LeaseManager, node_id: str, now: datetime | None) -> Lease | None:
+        """A claim without ``job_id`` or ``policy``."""
+        if node_id.__class__ is not str or not node_id:
+            return GENERAL
         if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
             now = coerce_now(now)
-        if job_id is not None or policy is not None or node_id.__class__ is not str or not node_id:
-            return general_claim(node_id, job_id, now, policy, node)
+        on_event = manager.on_event
         with lock:
             if (heap and heap[0][0] <= now) or cordon_for(node_id) is not None:
                 lease = None  # a sweep may be due, or the node has a cordon: the general path decides
@@ -97,6 +113,7 @@ def fused_transitions(
                         payload = copy_payload(payload)
                     attempt = record.attempts_used + 1
                     record.attempts_used = attempt
+                    next_id = manager._ids
                     lease_id = next_id()
                     while lease_id in by_lease:
                         lease_id = next_id()
@@ -134,17 +151,17 @@ def fused_transitions(
                     if len(heap) > store._compact_at:
                         store._compact_expiry()
         if lease is None:
-            return general_claim(node_id, None, now, None, node)
-        on_event = manager.on_event
+            return GENERAL
         if on_event is not None:
             on_event(lease_claimed(spec, node_id, lease_id, attempt, deadline, now))
         return lease
 
-    def heartbeat(lease_id: str, now: datetime | None = None) -> Lease:
+    def heartbeat(manager: LeaseManager, lease_id: str, now: datetime | None) -> Lease:
+        if lease_id.__class__ is not str:
+            return GENERAL
         if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
             now = coerce_now(now)
-        if lease_id.__class__ is not str:
-            return general_heartbeat(lease_id, now)
+        on_event = manager.on_event
         renewal = None
         with lock:
             record = find_lease(lease_id)
@@ -169,17 +186,17 @@ def fused_transitions(
                         if len(heap) > store._compact_at:
                             store._compact_expiry()
         if renewal is None:
-            return general_heartbeat(lease_id, now)
-        on_event = manager.on_event
+            return GENERAL
         if on_event is not None:
             on_event(lease_renewed(record.spec, renewal.node_id, lease_id, deadline, now))
         return renewal
 
-    def complete(lease_id: str, output_sha256: str, now: datetime | None = None) -> bool:
+    def complete(manager: LeaseManager, lease_id: str, output_sha256: str, now: datetime | None) -> bool:
+        if lease_id.__class__ is not str or output_sha256.__class__ is not str:
+            return GENERAL
         if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
             now = coerce_now(now)
-        if lease_id.__class__ is not str or output_sha256.__class__ is not str:
-            return general_complete(lease_id, output_sha256, now)
+        on_event = manager.on_event
         accepted = False
         with lock:
             record = find_lease(lease_id)
@@ -215,13 +232,19 @@ def fused_transitions(
                     entry.node_id = entry.lease_id = entry.deadline = None
                     accepted = True
         if not accepted:
-            return general_complete(lease_id, output_sha256, now)
-        on_event = manager.on_event
+            return GENERAL
         if on_event is not None:
             on_event(commit_accepted(record.spec, _node_of(record, lease_id), lease_id, output_sha256, now))
         return True
 
-    claim.__doc__ = general_claim.__doc__
-    heartbeat.__doc__ = general_heartbeat.__doc__
-    complete.__doc__ = general_complete.__doc__
     return claim, heartbeat, complete
+
+
+# What the manager calls on a store, as this module was written against (see plain_store).
+_ORIGINAL_METHODS = {
+    name: InMemoryLeaseStore.__dict__[name]
+    for name in (
+        "transaction", "add", "save", "get", "next_pending", "leased", "all", "pending_page",
+        "expired", "leased_by_node", "counts", "put_cordon", "remove_cordon", "cordons",
+    )
+}

@@ -13,14 +13,13 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from types import MethodType
 from typing import Any
 
 from flashruntime.errors import LeaseError
 from flashruntime.leases._adapter import StoreAdapter
 from flashruntime.leases._checks import _check_id, _check_spec, _is_str, _node_of, _why_not_live
 from flashruntime.leases._events import commit_accepted, lease_claimed, lease_renewed
-from flashruntime.leases._memory_fast import fused_transitions
+from flashruntime.leases._memory_fast import GENERAL, fused_transitions, plain_store
 from flashruntime.leases._models import (
     _DELTAS,
     UTC,
@@ -111,22 +110,10 @@ class LeaseManager:
         self._remove_cordon = adapted.remove_cordon
         self._cordons = adapted.cordons
         self._cordon_for = adapted.cordon_for
-        cls = type(self)
-        if (
-            type(store) is InMemoryLeaseStore  # a subclass may override what the fused path bypasses
-            and cls.claim is LeaseManager.claim
-            and cls.heartbeat is LeaseManager.heartbeat
-            and cls.complete is LeaseManager.complete
-        ):
-            # The three hot transitions over the in-memory store, fused with its indexes; each
-            # hands every case but its common one back to the methods below (see _memory_fast).
-            self.claim, self.heartbeat, self.complete = fused_transitions(  # type: ignore[method-assign]
-                self,
-                store,
-                MethodType(LeaseManager.claim, self),
-                MethodType(LeaseManager.heartbeat, self),
-                MethodType(LeaseManager.complete, self),
-            )
+        # Over a plain InMemoryLeaseStore the three hot transitions run their common case
+        # fused with the store's indexes (see _memory_fast); None: the general path only.
+        fused = fused_transitions(store) if plain_store(store) else (None, None, None)
+        self._fused_claim, self._fused_heartbeat, self._fused_complete = fused
 
     @property
     def store(self) -> LeaseStore:
@@ -190,6 +177,11 @@ class LeaseManager:
     ) -> Lease | None:
         """Sweep, then lease the first PENDING task of the scope (all jobs, or ``job_id``)
         to ``node_id``; ``None`` when the node is cordoned or nothing is eligible."""
+        fused = self._fused_claim
+        if fused is not None and job_id is None and policy is None:
+            lease = fused(self, node_id, now)
+            if lease is not GENERAL:
+                return lease  # type: ignore[no-any-return]
         if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
             now = coerce_now(now)
         if node_id.__class__ is not str or not node_id:
@@ -254,6 +246,11 @@ class LeaseManager:
 
     def heartbeat(self, lease_id: str, now: datetime | None = None) -> Lease:
         """Renew a live lease: a copy with ``deadline = now + lease_seconds`` becomes the active lease."""
+        fused = self._fused_heartbeat
+        if fused is not None:
+            renewal = fused(self, lease_id, now)
+            if renewal is not GENERAL:
+                return renewal  # type: ignore[no-any-return]
         if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
             now = coerce_now(now)
         on_event = self.on_event
@@ -298,6 +295,9 @@ class LeaseManager:
         The winner's retry returns True again (no event); any other commit is
         rejected (False, TASK_COMMIT_REJECTED). The hash is recorded, never inspected.
         """
+        fused = self._fused_complete
+        if fused is not None and fused(self, lease_id, output_sha256, now) is True:
+            return True
         if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
             now = coerce_now(now)
         if output_sha256.__class__ is not str:

@@ -4,7 +4,10 @@ through both, give the same results, errors, events, records and indexes."""
 
 from __future__ import annotations
 
+import copy
+import gc
 import random
+import weakref
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -25,25 +28,77 @@ class GeneralPathStore(InMemoryLeaseStore):
 
 
 def fused(manager: LeaseManager) -> bool:
-    return all(name in vars(manager) for name in ("claim", "heartbeat", "complete"))
+    return manager._fused_claim is not None
 
 
-def test_the_manager_fuses_only_the_in_memory_store_itself_under_its_own_methods() -> None:
+def test_the_manager_fuses_only_a_plain_in_memory_store() -> None:
     assert fused(LeaseManager())
     assert fused(LeaseManager(InMemoryLeaseStore()))
     assert not fused(LeaseManager(GeneralPathStore()))
+    spied = InMemoryLeaseStore()
+    spied.next_pending = spied.next_pending  # type: ignore[method-assign]  # any replacement counts
+    assert not fused(LeaseManager(spied))
+
+
+def test_a_spy_on_the_store_sees_every_save(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replaced store method, on the instance or the class, turns fusing off: it sees what
+    the general path gives it."""
+    store = InMemoryLeaseStore()
+    saved: list[str] = []
+    plain_save = store.save
+    store.save = lambda record: (saved.append(record.state.value), plain_save(record))  # type: ignore[method-assign]
+    manager = LeaseManager(store)
+    manager.add_task(TaskSpec(task_id="t", job_id="j", commit_key="j/t"), now=T0)
+    lease = manager.claim("n1", now=T0)
+    assert lease is not None
+    manager.heartbeat(lease.lease_id, now=T0)
+    manager.complete(lease.lease_id, "ab" * 32, now=T0)
+    assert saved == ["PENDING", "LEASED", "LEASED", "COMPLETED"]
+
+    failing: list[str] = []
+    monkeypatch.setattr(InMemoryLeaseStore, "save", lambda self, record: failing.append("save"))
+    assert not fused(LeaseManager(InMemoryLeaseStore()))
+
+
+def test_methods_stay_methods_of_the_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fusing binds nothing on the instance: a subclass override, a patch of the class made
+    after the manager exists, and a copy all behave as with any other store."""
+    seen: list[str] = []
 
     class Logged(LeaseManager):
         def heartbeat(self, lease_id: str, now: datetime | None = None) -> Lease:
+            seen.append(lease_id)
             return super().heartbeat(lease_id, now)
 
-    class Plain(LeaseManager):
-        pass
+    manager = Logged(InMemoryLeaseStore())
+    assert fused(manager)
+    manager.add_task(TaskSpec(task_id="t", job_id="j", commit_key="j/t"), now=T0)
+    lease = manager.claim("n1", now=T0)
+    assert lease is not None and manager.heartbeat(lease.lease_id, now=T0).lease_id == lease.lease_id
+    assert seen == [lease.lease_id]
 
-    assert not fused(Logged(InMemoryLeaseStore()))  # an override sees every call
-    assert fused(Plain(InMemoryLeaseStore()))
-    manager = LeaseManager()
-    assert manager.claim.__doc__ == LeaseManager.claim.__doc__
+    original = LeaseManager(InMemoryLeaseStore(), on_event=lambda event: None)
+    events: list[Event] = []
+    duplicate = copy.copy(original)
+    duplicate.on_event = events.append
+    duplicate.add_task(TaskSpec(task_id="t", job_id="j", commit_key="j/t"), now=T0)
+    assert duplicate.claim("n1", now=T0) is not None
+    assert [event.type.value for event in events] == ["TASK_CREATED", "LEASE_CLAIMED"]
+
+    monkeypatch.setattr(LeaseManager, "claim", lambda self, *args, **kwargs: "patched")
+    assert original.claim("n1", now=T0) == "patched"
+
+
+def test_a_dropped_manager_is_freed_at_once() -> None:
+    """No reference cycle through the fused transitions: refcounting alone frees a manager."""
+    gc.disable()
+    try:
+        manager = LeaseManager(InMemoryLeaseStore())
+        ref = weakref.ref(manager)
+        del manager
+        assert ref() is None
+    finally:
+        gc.enable()
 
 
 @pytest.fixture
