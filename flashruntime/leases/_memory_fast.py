@@ -90,68 +90,62 @@ def fused_transitions(
         on_event = manager.on_event
         with lock:
             if (heap and heap[0][0] <= now) or cordon_for(node_id) is not None:
-                lease = None  # a sweep may be due, or the node has a cordon: the general path decides
+                return GENERAL  # a sweep may be due, or the node has a cordon: the general path decides
+            blocks = pending._blocks
+            if not blocks:
+                return None
+            seq = blocks[0][0]
+            entry = entries[seq]
+            record = entry.record
+            spec = record.spec
+            values = spec.__dict__
+            lease_seconds = values["lease_seconds"]
+            try:
+                deadline = now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds))
+            except OverflowError:
+                return GENERAL  # the general path refuses it, with its message
+            payload = values["payload"]
+            if payload:
+                payload = copy_payload(payload)
+            attempt = record.attempts_used + 1
+            record.attempts_used = attempt
+            next_id = manager._ids
+            lease_id = next_id()
+            while lease_id in by_lease:
+                lease_id = next_id()
+            task_job = values["job_id"]
+            lease = make_lease(
+                lease_id, values["task_id"], task_job, node_id, attempt, deadline, payload, lease_seconds
+            )
+            record.state = _LEASED
+            record.active_lease = lease
+            record.lease_history[lease_id] = lease
+            # The indexes, as InMemoryLeaseStore.save leaves them for PENDING -> LEASED.
+            head = blocks[0]
+            if len(head) > 1:
+                del head[0]
+                pending._size -= 1
             else:
-                blocks = pending._blocks
-                if not blocks:
-                    return None
-                seq = blocks[0][0]
-                entry = entries[seq]
-                record = entry.record
-                spec = record.spec
-                values = spec.__dict__
-                lease_seconds = values["lease_seconds"]
-                try:
-                    deadline = now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds))
-                except OverflowError:
-                    deadline = None  # the general path refuses it, with its message
-                if deadline is None:
-                    lease = None
-                else:
-                    payload = values["payload"]
-                    if payload:
-                        payload = copy_payload(payload)
-                    attempt = record.attempts_used + 1
-                    record.attempts_used = attempt
-                    next_id = manager._ids
-                    lease_id = next_id()
-                    while lease_id in by_lease:
-                        lease_id = next_id()
-                    task_job = values["job_id"]
-                    lease = make_lease(
-                        lease_id, values["task_id"], task_job, node_id, attempt, deadline, payload, lease_seconds
-                    )
-                    record.state = _LEASED
-                    record.active_lease = lease
-                    record.lease_history[lease_id] = lease
-                    # The indexes, as InMemoryLeaseStore.save leaves them for PENDING -> LEASED.
-                    head = blocks[0]
-                    if len(head) > 1:
-                        del head[0]
-                        pending._size -= 1
-                    else:
-                        pending.discard(seq)
-                    if job_pending:
-                        job_queue = job_pending.get(task_job)
-                        if job_queue is not None:
-                            job_queue.discard(seq)
-                    counts = counts_by_job[task_job]
-                    counts[_PENDING] -= 1
-                    counts[_LEASED] += 1
-                    entry.state = _LEASED
-                    held = by_node.get(node_id)
-                    if held is None:
-                        held = by_node[node_id] = {}
-                    held[seq] = record
-                    entry.node_id = node_id
-                    by_lease[lease_id] = record
-                    heappush(heap, (deadline, seq, lease_id))
-                    entry.lease_id = lease_id
-                    entry.deadline = deadline
-                    if len(heap) > store._compact_at:
-                        store._compact_expiry()
-        if lease is None:
-            return GENERAL
+                pending.discard(seq)
+            if job_pending:
+                job_queue = job_pending.get(task_job)
+                if job_queue is not None:
+                    job_queue.discard(seq)
+            counts = counts_by_job[task_job]
+            counts[_PENDING] -= 1
+            counts[_LEASED] += 1
+            entry.state = _LEASED
+            held = by_node.get(node_id)
+            if held is None:
+                held = by_node[node_id] = {}
+            held[seq] = record
+            entry.node_id = node_id
+            by_lease[lease_id] = record
+            heappush(heap, (deadline, seq, lease_id))
+            entry.lease_id = lease_id
+            entry.deadline = deadline
+            if len(heap) > store._compact_at:
+                store._compact_expiry()
         if on_event is not None:
             on_event(lease_claimed(spec, node_id, lease_id, attempt, deadline, now))
         return lease
@@ -162,31 +156,23 @@ def fused_transitions(
         if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
             now = coerce_now(now)
         on_event = manager.on_event
-        renewal = None
         with lock:
             record = find_lease(lease_id)
-            if record is not None:
-                active = record.active_lease
-                if (
-                    record.state is _LEASED
-                    and active is not None
-                    and active.lease_id == lease_id
-                    and active.deadline > now
-                ):
-                    lease_seconds = record.spec.lease_seconds
-                    deadline = now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds))
-                    renewal = renewed(active, deadline)
-                    record.active_lease = renewal
-                    # The indexes, as InMemoryLeaseStore.save leaves them for a renewal.
-                    seq = record.seq
-                    entry = entries[seq]
-                    if entry.deadline != deadline:
-                        heappush(heap, (deadline, seq, lease_id))
-                        entry.deadline = deadline
-                        if len(heap) > store._compact_at:
-                            store._compact_expiry()
-        if renewal is None:
-            return GENERAL
+            active = None if record is None else record.active_lease
+            if active is None or record.state is not _LEASED or active.lease_id != lease_id or active.deadline <= now:
+                return GENERAL  # unknown or not live: refused by the general path
+            lease_seconds = record.spec.lease_seconds
+            deadline = now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds))
+            renewal = renewed(active, deadline)
+            record.active_lease = renewal
+            # The indexes, as InMemoryLeaseStore.save leaves them for a renewal.
+            seq = record.seq
+            entry = entries[seq]
+            if entry.deadline != deadline:
+                heappush(heap, (deadline, seq, lease_id))
+                entry.deadline = deadline
+                if len(heap) > store._compact_at:
+                    store._compact_expiry()
         if on_event is not None:
             on_event(lease_renewed(record.spec, renewal.node_id, lease_id, deadline, now))
         return renewal
@@ -197,42 +183,33 @@ def fused_transitions(
         if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
             now = coerce_now(now)
         on_event = manager.on_event
-        accepted = False
         with lock:
             record = find_lease(lease_id)
-            if record is not None:
-                active = record.active_lease
-                if (
-                    record.state is _LEASED
-                    and active is not None
-                    and active.lease_id == lease_id
-                    and active.deadline > now
-                ):
-                    record.state = _COMPLETED
-                    record.accepted_attempt_id = lease_id
-                    record.accepted_output_sha256 = output_sha256
-                    record.active_lease = None
-                    # The indexes, as InMemoryLeaseStore.save leaves them for LEASED -> COMPLETED.
-                    seq = record.seq
-                    entry = entries[seq]
-                    counts = counts_by_job[record.spec.job_id]
-                    counts[_LEASED] -= 1
-                    counts[_COMPLETED] += 1
-                    entry.state = _COMPLETED
-                    node_id = entry.node_id
-                    held = by_node.get(node_id)  # type: ignore[arg-type]
-                    if held is not None:
-                        held.pop(seq, None)
-                        if not held:
-                            del by_node[node_id]  # type: ignore[arg-type]
-                    if heap:
-                        last = heap[-1]
-                        if last[1] == seq and last[2] == lease_id:
-                            heap.pop()
-                    entry.node_id = entry.lease_id = entry.deadline = None
-                    accepted = True
-        if not accepted:
-            return GENERAL
+            active = None if record is None else record.active_lease
+            if active is None or record.state is not _LEASED or active.lease_id != lease_id or active.deadline <= now:
+                return GENERAL  # unknown, not live, or the winner's retry: the general path answers
+            record.state = _COMPLETED
+            record.accepted_attempt_id = lease_id
+            record.accepted_output_sha256 = output_sha256
+            record.active_lease = None
+            # The indexes, as InMemoryLeaseStore.save leaves them for LEASED -> COMPLETED.
+            seq = record.seq
+            entry = entries[seq]
+            counts = counts_by_job[record.spec.job_id]
+            counts[_LEASED] -= 1
+            counts[_COMPLETED] += 1
+            entry.state = _COMPLETED
+            node_id = entry.node_id
+            held = by_node.get(node_id)  # type: ignore[arg-type]
+            if held is not None:
+                held.pop(seq, None)
+                if not held:
+                    del by_node[node_id]  # type: ignore[arg-type]
+            if heap:
+                last = heap[-1]
+                if last[1] == seq and last[2] == lease_id:
+                    heap.pop()
+            entry.node_id = entry.lease_id = entry.deadline = None
         if on_event is not None:
             on_event(commit_accepted(record.spec, _node_of(record, lease_id), lease_id, output_sha256, now))
         return True
