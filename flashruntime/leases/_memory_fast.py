@@ -7,13 +7,19 @@ rediscovers by comparison what the manager had just changed. Here each transitio
 common case (a plain claim with nothing to sweep and no cordon, the renewal of a live
 lease, the first commit of a live lease) reads and updates the store's indexes in one
 frame, exactly as ``InMemoryLeaseStore.save`` would leave them, and emits its event.
-For every other case (errors, refusals, sweeps, cordons, policies, per-job claims, the
-winner's retry) it returns ``GENERAL`` having changed nothing, and the manager's
-method goes on with its general path, so each rule still has one home.
+Every other case (errors, refusals, sweeps, cordons, policies, per-job claims, the
+winner's retry) goes, with nothing changed, to the manager's general method, so each
+rule still has one home.
 
-The manager fuses only a store that is exactly ``InMemoryLeaseStore`` with none of the
-methods the general path would call replaced (``plain_store``): a spy or a patched
-``save`` sees every call, as it would without fusing.
+``fused_claim``, ``fused_heartbeat`` and ``fused_complete`` wrap the manager's general
+methods: the wrapper is the class's method, so a subclass override, a patch of the
+class, a copied manager and refcount freeing behave as on any store, and the common
+case costs no call beyond the method's own. The store's indexes come from the
+manager's ``_fast`` tuple (``fast_state``), which is None unless the store is exactly
+``InMemoryLeaseStore`` with none of the methods the general path would call replaced
+(``plain_store``): a spy or a patched ``save`` sees every call, as it would without
+fusing. The lock is taken with ``acquire``/``release`` rather than ``with``: the same
+guarantee (released on any exception), at half the cost on this path.
 
 The contract suite runs every case against this path (the ``memory`` store) and the
 general path over the same store (``memory_general``), and
@@ -23,10 +29,11 @@ and compares every result, exception, event and index.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from datetime import datetime
 from heapq import heappush
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from flashruntime.leases._checks import _node_of
 from flashruntime.leases._events import commit_accepted, lease_claimed, lease_renewed
@@ -37,14 +44,21 @@ from flashruntime.protocol.v1alpha1 import Lease, TaskState
 if TYPE_CHECKING:
     from flashruntime.leases.manager import LeaseManager
 
-__all__ = ["GENERAL", "fused_transitions", "plain_store"]
-
-GENERAL: Any = object()  # "not the common case: take the general path" (nothing was changed)
+__all__ = ["fast_state", "fused_claim", "fused_complete", "fused_heartbeat", "plain_store"]
 
 _PENDING = TaskState.PENDING
 _LEASED = TaskState.LEASED
 _COMPLETED = TaskState.COMPLETED
 _datetime = datetime
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+class _TakeGeneralPath(Exception):
+    """Raised inside the lock, before any change, when the case is not the common one."""
+
+
+_GENERAL: Any = object()  # the outcome "take the general path", once the lock is released
 
 
 def plain_store(store: object) -> bool:
@@ -65,32 +79,42 @@ def plain_store(store: object) -> bool:
     )
 
 
-def fused_transitions(
-    store: InMemoryLeaseStore,
-) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
-    """``(claim, heartbeat, complete)`` over ``store``, each taking the manager first and
-    returning the transition's result, or ``GENERAL`` for any case but its common one."""
-    lock = store._lock
-    entries = store._entries
-    pending = store._pending
-    job_pending = store._job_pending
-    by_lease = store._by_lease
-    by_node = store._by_node
-    heap = store._expiry  # compaction rewrites it in place: this list stays the heap
-    counts_by_job = store._counts
-    cordon_for = store._cordons.get
-    find_lease = by_lease.get
+FastState = tuple[Any, ...]
 
-    def claim(manager: LeaseManager, node_id: str, now: datetime | None) -> Lease | None:
-        """A claim without ``job_id`` or ``policy``."""
-        if node_id.__class__ is not str or not node_id:
-            return GENERAL
+
+def fast_state(store: object) -> FastState | None:
+    """What the fused transitions read of a plain ``InMemoryLeaseStore``, or None for any other store."""
+    if not plain_store(store):
+        return None
+    assert isinstance(store, InMemoryLeaseStore)
+    # The heap: compaction rewrites it in place, so this list stays the heap.
+    return (
+        store, store._lock, store._entries, store._pending, store._job_pending, store._by_lease,
+        store._by_node, store._expiry, store._counts, store._cordons,
+    )
+
+
+def fused_claim(general: Method) -> Method:
+    """``LeaseManager.claim``: the common case fused, anything else by ``general``."""
+
+    def claim(
+        self: LeaseManager,
+        node_id: str,
+        job_id: str | None = None,
+        now: datetime | None = None,
+        policy: Any = None,
+        node: dict[str, Any] | None = None,
+    ) -> Lease | None:
+        fast = self._fast
+        if fast is None or job_id is not None or policy is not None or node_id.__class__ is not str or not node_id:
+            return general(self, node_id, job_id, now, policy, node)  # type: ignore[no-any-return]
         if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
             now = coerce_now(now)
-        on_event = manager.on_event
-        with lock:
-            if (heap and heap[0][0] <= now) or cordon_for(node_id) is not None:
-                return GENERAL  # a sweep may be due, or the node has a cordon: the general path decides
+        store, lock, entries, pending, job_pending, by_lease, by_node, heap, counts_by_job, cordons = fast
+        lock.acquire()
+        try:
+            if (heap and heap[0][0] <= now) or (cordons and node_id in cordons):
+                raise _TakeGeneralPath  # a sweep may be due, or the node has a cordon: the general path decides
             blocks = pending._blocks
             if not blocks:
                 return None
@@ -103,13 +127,13 @@ def fused_transitions(
             try:
                 deadline = now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds))
             except OverflowError:
-                return GENERAL  # the general path refuses it, with its message
+                raise _TakeGeneralPath from None  # the general path refuses it, with its message
             payload = values["payload"]
             if payload:
                 payload = copy_payload(payload)
             attempt = record.attempts_used + 1
             record.attempts_used = attempt
-            next_id = manager._ids
+            next_id = self._ids
             lease_id = next_id()
             while lease_id in by_lease:
                 lease_id = next_id()
@@ -146,21 +170,36 @@ def fused_transitions(
             entry.deadline = deadline
             if len(heap) > store._compact_at:
                 store._compact_expiry()
+        except _TakeGeneralPath:
+            lease = _GENERAL
+        finally:
+            lock.release()
+        if lease is _GENERAL:
+            return general(self, node_id, job_id, now, policy, node)  # type: ignore[no-any-return]
+        on_event = self.on_event
         if on_event is not None:
             on_event(lease_claimed(spec, node_id, lease_id, attempt, deadline, now))
         return lease
 
-    def heartbeat(manager: LeaseManager, lease_id: str, now: datetime | None) -> Lease:
-        if lease_id.__class__ is not str:
-            return GENERAL
+    return functools.wraps(general)(claim)  # type: ignore[return-value]
+
+
+def fused_heartbeat(general: Method) -> Method:
+    """``LeaseManager.heartbeat``: the renewal of a live lease fused, anything else by ``general``."""
+
+    def heartbeat(self: LeaseManager, lease_id: str, now: datetime | None = None) -> Lease:
+        fast = self._fast
+        if fast is None or lease_id.__class__ is not str:
+            return general(self, lease_id, now)  # type: ignore[no-any-return]
         if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
             now = coerce_now(now)
-        on_event = manager.on_event
-        with lock:
-            record = find_lease(lease_id)
+        store, lock, entries, _, _, by_lease, _, heap, _, _ = fast
+        lock.acquire()
+        try:
+            record = by_lease.get(lease_id)
             active = None if record is None else record.active_lease
             if active is None or record.state is not _LEASED or active.lease_id != lease_id or active.deadline <= now:
-                return GENERAL  # unknown or not live: refused by the general path
+                raise _TakeGeneralPath  # unknown or not live: refused by the general path
             lease_seconds = record.spec.lease_seconds
             deadline = now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds))
             renewal = renewed(active, deadline)
@@ -173,21 +212,36 @@ def fused_transitions(
                 entry.deadline = deadline
                 if len(heap) > store._compact_at:
                     store._compact_expiry()
+        except _TakeGeneralPath:
+            renewal = _GENERAL
+        finally:
+            lock.release()
+        if renewal is _GENERAL:
+            return general(self, lease_id, now)  # type: ignore[no-any-return]
+        on_event = self.on_event
         if on_event is not None:
             on_event(lease_renewed(record.spec, renewal.node_id, lease_id, deadline, now))
         return renewal
 
-    def complete(manager: LeaseManager, lease_id: str, output_sha256: str, now: datetime | None) -> bool:
-        if lease_id.__class__ is not str or output_sha256.__class__ is not str:
-            return GENERAL
+    return functools.wraps(general)(heartbeat)  # type: ignore[return-value]
+
+
+def fused_complete(general: Method) -> Method:
+    """``LeaseManager.complete``: the first commit of a live lease fused, anything else by ``general``."""
+
+    def complete(self: LeaseManager, lease_id: str, output_sha256: str, now: datetime | None = None) -> bool:
+        fast = self._fast
+        if fast is None or lease_id.__class__ is not str or output_sha256.__class__ is not str:
+            return general(self, lease_id, output_sha256, now)  # type: ignore[no-any-return]
         if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
             now = coerce_now(now)
-        on_event = manager.on_event
-        with lock:
-            record = find_lease(lease_id)
+        _, lock, entries, _, _, by_lease, by_node, heap, counts_by_job, _ = fast
+        lock.acquire()
+        try:
+            record = by_lease.get(lease_id)
             active = None if record is None else record.active_lease
             if active is None or record.state is not _LEASED or active.lease_id != lease_id or active.deadline <= now:
-                return GENERAL  # unknown, not live, or the winner's retry: the general path answers
+                raise _TakeGeneralPath  # unknown, not live, or the winner's retry: the general path answers
             record.state = _COMPLETED
             record.accepted_attempt_id = lease_id
             record.accepted_output_sha256 = output_sha256
@@ -200,21 +254,28 @@ def fused_transitions(
             counts[_COMPLETED] += 1
             entry.state = _COMPLETED
             node_id = entry.node_id
-            held = by_node.get(node_id)  # type: ignore[arg-type]
+            held = by_node.get(node_id)
             if held is not None:
                 held.pop(seq, None)
                 if not held:
-                    del by_node[node_id]  # type: ignore[arg-type]
+                    del by_node[node_id]
             if heap:
                 last = heap[-1]
                 if last[1] == seq and last[2] == lease_id:
                     heap.pop()
             entry.node_id = entry.lease_id = entry.deadline = None
+        except _TakeGeneralPath:
+            record = None
+        finally:
+            lock.release()
+        if record is None:
+            return general(self, lease_id, output_sha256, now)  # type: ignore[no-any-return]
+        on_event = self.on_event
         if on_event is not None:
             on_event(commit_accepted(record.spec, _node_of(record, lease_id), lease_id, output_sha256, now))
         return True
 
-    return claim, heartbeat, complete
+    return functools.wraps(general)(complete)  # type: ignore[return-value]
 
 
 # What the manager calls on a store, as this module was written against (see plain_store).

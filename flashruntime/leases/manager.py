@@ -19,7 +19,7 @@ from flashruntime.errors import LeaseError
 from flashruntime.leases._adapter import StoreAdapter
 from flashruntime.leases._checks import _check_id, _check_spec, _is_str, _node_of, _why_not_live
 from flashruntime.leases._events import commit_accepted, lease_claimed, lease_renewed
-from flashruntime.leases._memory_fast import GENERAL, fused_transitions, plain_store
+from flashruntime.leases._memory_fast import fast_state, fused_claim, fused_complete, fused_heartbeat
 from flashruntime.leases._models import (
     _DELTAS,
     UTC,
@@ -112,8 +112,7 @@ class LeaseManager:
         self._cordon_for = adapted.cordon_for
         # Over a plain InMemoryLeaseStore the three hot transitions run their common case
         # fused with the store's indexes (see _memory_fast); None: the general path only.
-        fused = fused_transitions(store) if plain_store(store) else (None, None, None)
-        self._fused_claim, self._fused_heartbeat, self._fused_complete = fused
+        self._fast = fast_state(store)
 
     @property
     def store(self) -> LeaseStore:
@@ -167,6 +166,7 @@ class LeaseManager:
         if event is not None:
             on_event(event)  # type: ignore[misc]
 
+    @fused_claim
     def claim(
         self,
         node_id: str,
@@ -177,11 +177,6 @@ class LeaseManager:
     ) -> Lease | None:
         """Sweep, then lease the first PENDING task of the scope (all jobs, or ``job_id``)
         to ``node_id``; ``None`` when the node is cordoned or nothing is eligible."""
-        fused = self._fused_claim
-        if fused is not None and job_id is None and policy is None:
-            lease = fused(self, node_id, now)
-            if lease is not GENERAL:
-                return lease  # type: ignore[no-any-return]
         if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
             now = coerce_now(now)
         if node_id.__class__ is not str or not node_id:
@@ -244,13 +239,9 @@ class LeaseManager:
             return self.claim(node_id, job_id, now, policy, node)
         return lease
 
+    @fused_heartbeat
     def heartbeat(self, lease_id: str, now: datetime | None = None) -> Lease:
         """Renew a live lease: a copy with ``deadline = now + lease_seconds`` becomes the active lease."""
-        fused = self._fused_heartbeat
-        if fused is not None:
-            renewal = fused(self, lease_id, now)
-            if renewal is not GENERAL:
-                return renewal  # type: ignore[no-any-return]
         if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
             now = coerce_now(now)
         on_event = self.on_event
@@ -289,15 +280,13 @@ class LeaseManager:
             on_event(lease_renewed(spec, renewal.node_id, lease_id, renewal.deadline, now))
         return renewal
 
+    @fused_complete
     def complete(self, lease_id: str, output_sha256: str, now: datetime | None = None) -> bool:
         """Commit the task's output under a live lease; the first valid commit wins.
 
         The winner's retry returns True again (no event); any other commit is
         rejected (False, TASK_COMMIT_REJECTED). The hash is recorded, never inspected.
         """
-        fused = self._fused_complete
-        if fused is not None and fused(self, lease_id, output_sha256, now) is True:
-            return True
         if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
             now = coerce_now(now)
         if output_sha256.__class__ is not str:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import copy
 import gc
+import inspect
 import random
+import threading
 import weakref
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -28,7 +30,7 @@ class GeneralPathStore(InMemoryLeaseStore):
 
 
 def fused(manager: LeaseManager) -> bool:
-    return manager._fused_claim is not None
+    return manager._fast is not None
 
 
 def test_the_manager_fuses_only_a_plain_in_memory_store() -> None:
@@ -87,6 +89,60 @@ def test_methods_stay_methods_of_the_class(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(LeaseManager, "claim", lambda self, *args, **kwargs: "patched")
     assert original.claim("n1", now=T0) == "patched"
+
+
+def test_the_fused_methods_keep_the_general_methods_signature_and_docs() -> None:
+    for name in ("claim", "heartbeat", "complete"):
+        method = getattr(LeaseManager, name)
+        general = method.__wrapped__
+        assert method.__qualname__ == f"LeaseManager.{name}"
+        assert method.__doc__ == general.__doc__ and method.__doc__
+        assert inspect.signature(method) == inspect.signature(general)
+        assert list(inspect.signature(general).parameters)[:2] == ["self", "node_id" if name == "claim" else "lease_id"]
+
+
+def lock_is_free(store: InMemoryLeaseStore) -> bool:
+    """Whether another thread can take the store's lock now."""
+    taken: list[bool] = []
+
+    def probe() -> None:
+        got = store._lock.acquire(blocking=False)
+        taken.append(got)
+        if got:
+            store._lock.release()
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join(timeout=10)
+    return taken == [True]
+
+
+def test_the_lock_is_released_on_every_way_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty queue, a case handed to the general path, a refusal, and an exception raised
+    inside the locked section: each leaves the store's lock free for other threads."""
+    store = InMemoryLeaseStore()
+    manager = LeaseManager(store)
+    assert fused(manager)
+    assert manager.claim("n1", now=T0) is None and lock_is_free(store)
+
+    manager.add_task(TaskSpec(task_id="t1", job_id="j", commit_key="j/t1"), now=T0)
+    manager.cordon("n2", reason="maintenance", now=T0)
+    assert manager.claim("n2", now=T0) is None and lock_is_free(store)  # the cordon: the general path
+    with pytest.raises(LeaseError):
+        manager.heartbeat("ls-000000000000", now=T0)
+    assert lock_is_free(store)
+    with pytest.raises(LeaseError):
+        manager.complete("ls-000000000000", "ab" * 32, now=T0)
+    assert lock_is_free(store)
+
+    def broken() -> None:
+        raise RuntimeError("compaction failed")
+
+    monkeypatch.setattr(store, "_compact_at", -1)
+    monkeypatch.setattr(store, "_compact_expiry", broken)
+    with pytest.raises(RuntimeError, match="compaction failed"):
+        manager.claim("n1", now=T0)
+    assert lock_is_free(store)
 
 
 def test_a_dropped_manager_is_freed_at_once() -> None:
