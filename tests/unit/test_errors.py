@@ -49,8 +49,10 @@ def test_docstring_draws_the_tree() -> None:
 
 # Exceptions that are deliberately outside the family: control flow that no
 # ``except FlashRuntimeError`` may swallow (a signal, a lost lease ending the worker's
-# attempt), and the simulated crash a task module raises as ``SystemExit``.
+# attempt, a fused lease transition handing its case to the general path inside the
+# method), and the simulated crash a task module raises as ``SystemExit``.
 _OUTSIDE_THE_FAMILY = {
+    "flashruntime.leases._memory_fast._TakeGeneralPath",
     "flashruntime.service._worker_run._LeaseLost",
     "flashruntime.service.commands.plan._RequestError",
     "flashruntime.service.commands.serve._Terminated",
