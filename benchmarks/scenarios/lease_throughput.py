@@ -137,7 +137,7 @@ def _drain(kind: str, specs: Sequence[Any], work_dir: Path, *, gc_enabled: bool 
 
 def _memory_floor(specs: Sequence[Any]) -> Drain:
     """The least an in-memory claim -> heartbeat -> complete cycle with this API costs: one
-    re-entrant lock per call (``acquire``/``release``, as the fused transitions take it), a FIFO of records, a lease-id dict, the liveness test, and the
+    re-entrant lock per call, a FIFO of records, a lease-id dict, the liveness test, and the
     same ``Lease`` builders and lease ids the manager uses. Nothing else: no sweep, no
     cordons, no per-node, per-job or expiry indexes, no counts, no argument checks. Its
     timing is the host's speed on this workload at that moment, not a design to adopt."""
@@ -152,8 +152,7 @@ def _memory_floor(specs: Sequence[Any]) -> Drain:
     next_id = LeaseIds().next
 
     def claim(node_id: str, now: datetime) -> Any:
-        lock.acquire()
-        try:
+        with lock:
             record = queue.popleft()
             spec = record.spec
             attempt = record.attempts_used = record.attempts_used + 1
@@ -164,25 +163,19 @@ def _memory_floor(specs: Sequence[Any]) -> Drain:
             record.active_lease = lease
             record.lease_history[lease_id] = lease
             by_lease[lease_id] = record
-        finally:
-            lock.release()
         return lease
 
     def heartbeat(lease_id: str, now: datetime) -> Any:
-        lock.acquire()
-        try:
+        with lock:
             record = by_lease[lease_id]
             active = record.active_lease
             if record.state is not leased or active is None or active.lease_id != lease_id or active.deadline <= now:
                 raise RuntimeError(f"memory_floor: lease {lease_id} is not live")
             renewal = record.active_lease = renewed(active, now + seconds(record.spec.lease_seconds))
-        finally:
-            lock.release()
         return renewal
 
     def complete(lease_id: str, output_sha256: str, now: datetime) -> bool:
-        lock.acquire()
-        try:
+        with lock:
             record = by_lease[lease_id]
             active = record.active_lease
             if record.state is not leased or active is None or active.lease_id != lease_id or active.deadline <= now:
@@ -191,8 +184,6 @@ def _memory_floor(specs: Sequence[Any]) -> Drain:
             record.accepted_attempt_id = lease_id
             record.accepted_output_sha256 = output_sha256
             record.active_lease = None
-        finally:
-            lock.release()
         return True
 
     def cycle(_: int) -> None:
