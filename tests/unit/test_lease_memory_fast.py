@@ -8,6 +8,7 @@ import copy
 import gc
 import inspect
 import random
+import signal
 import threading
 import weakref
 from collections.abc import Callable
@@ -144,6 +145,56 @@ def test_the_lock_is_released_on_every_way_out(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(RuntimeError, match="compaction failed"):
         manager.claim("n1", now=T0)
     assert lock_is_free(store)
+
+
+class _Tick(Exception):
+    """What the test's signal handler raises, as SIGINT's handler raises KeyboardInterrupt."""
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer (POSIX)")
+def test_an_exception_from_a_signal_handler_never_leaves_the_lock_held() -> None:
+    """A handler's exception surfaces at the next CALL: after ``lock.acquire()`` returned
+    and before a ``try`` it would leak the lock, so the fused methods use ``with``. Hundreds
+    of interrupts land inside heartbeats (fused) and empty-queue claims; none leaves it held."""
+    store = InMemoryLeaseStore()
+    manager = LeaseManager(store)
+    assert fused(manager)
+    manager.add_task(TaskSpec(task_id="t", job_id="j", commit_key="j/t", lease_seconds=3600.0), now=T0)
+    lease = manager.claim("n1", now=T0)
+    assert lease is not None
+    armed = False
+
+    def handler(signum: int, frame: object) -> None:
+        if armed:
+            raise _Tick
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    interrupts = leaked = 0
+    signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
+    try:
+        for i in range(2_000_000):  # hang guard; 200 interrupts take well under a second
+            try:
+                armed = True
+                if i % 2:
+                    manager.heartbeat(lease.lease_id, now=T0)
+                else:
+                    manager.claim("n2", now=T0)  # nothing pending: returns None from inside the lock
+                armed = False
+            except _Tick:
+                armed = False
+                interrupts += 1
+                while store._lock._is_owned():  # type: ignore[attr-defined]
+                    leaked += 1
+                    store._lock.release()
+                if interrupts >= 200:
+                    break
+    finally:
+        armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert interrupts >= 200
+    assert leaked == 0, f"{leaked} of {interrupts} interrupts left the store's lock held"
+    assert manager.heartbeat(lease.lease_id, now=T0).lease_id == lease.lease_id
 
 
 def test_a_dropped_manager_is_freed_at_once() -> None:
