@@ -4,9 +4,10 @@ complete on ``LeaseManager(store, on_event=None)``, one thread, no policy.
 Both stores at N = 1k, 10k, 100k (``--smoke``: 1k only). The N tasks are added
 before timing; the drain is timed like ``timeit`` (``gc.collect()``, then GC off).
 cycles/s = N / drain wall time; the per-cycle median comes from ``perf_counter_ns``
-around each cycle. Every drain is a sample; short in-memory drains are repeated so
-that each N is sampled over the same stretch of time (see ``_store_rows``). The SQLite
-file lives on the repository's filesystem.
+around each cycle. Every drain is a sample; short drains are repeated so that each N
+is sampled over the same stretch of time, and the in-memory rounds (~1.5 s each) are
+interleaved with the SQLite ones (~1 min each) so that both stores' samples span the
+whole run (see ``_store_rows``). The SQLite file lives on the repository's filesystem.
 
 Targets (issue 3, absolute): in memory >= 100k cycles/s at every N; SQLite file
 >= 1.5k cycles/s at every N; for both, per-cycle median at 100k <= 1.3x the one at
@@ -38,6 +39,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,7 @@ SMOKE_SIZES = (1_000,)
 FLOOR_MAX_CYCLES = 20_000  # the floor is a rate; beyond this many cycles it only costs time
 CYCLES_PER_ROUND = {"memory": 20_000, "sqlite": 5_000}  # cycles drained per N per round (see _store_rows)
 MEMORY_ROUNDS = 5
+MEMORY_ROUNDS_PER_SQLITE_ROUND = 2
 NOW = datetime(2030, 1, 1, tzinfo=timezone.utc)
 JOB = "bench-job"
 NODE = "bench-node"
@@ -259,47 +262,83 @@ def _work_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{NAME}-", dir=WORK_DIR))
 
 
+@dataclass
+class _Samples:
+    """Every drain of one store, by N: its rate and per-cycle median, and its floor's."""
+
+    rates: dict[int, list[float]] = field(default_factory=dict)
+    medians: dict[int, list[float]] = field(default_factory=dict)
+    floor_rates: dict[int, list[float]] = field(default_factory=dict)
+    floor_medians: dict[int, list[float]] = field(default_factory=dict)
+    pins: list[str] = field(default_factory=list)
+
+
+def _rounds(repeats: int, full: bool) -> dict[str, int]:
+    """How many rounds each store runs: on SQLite ``repeats``; in memory, where a round
+    takes ~1.5 s against ~1 min, ``MEMORY_ROUNDS_PER_SQLITE_ROUND`` as many (at least
+    ``MEMORY_ROUNDS``), so that its drains span the whole run (see ``_schedule``)."""
+    if not full:
+        return {"memory": repeats, "sqlite": repeats}
+    return {"memory": max(MEMORY_ROUNDS, MEMORY_ROUNDS_PER_SQLITE_ROUND * repeats), "sqlite": repeats}
+
+
+def _schedule(rounds: dict[str, int]) -> list[str]:
+    """The order of the rounds: each store's rounds evenly spaced over the run, memory first
+    on a tie. A slow spell of the host then meets a few drains of every row, not all of one."""
+    slots = [((i + 0.5) / count, order, kind) for order, (kind, count) in enumerate(rounds.items()) for i in range(count)]
+    return [kind for _, _, kind in sorted(slots)]
+
+
+def _sample_round(
+    kind: str, sizes: Sequence[int], specs: dict[int, list[Any]], work_dir: Path, samples: _Samples, full: bool
+) -> None:
+    """One round of one store, pinned to the quieter vCPU: every N drained about
+    ``CYCLES_PER_ROUND[kind]`` cycles' worth (in memory 20 drains of 1k, 2 of 10k, 1 of
+    100k; on SQLite 5 drains of 1k, 1 of each larger N; a smoke run one drain per N), each
+    drain followed by its store's floor, so that load drift hits every figure alike."""
+    with pinned_to_quietest_cpu() as (cpu, pace_ms):
+        samples.pins.append(f"{cpu} {pace_ms:g} ms")
+        for n in sizes:
+            for _ in range(max(1, CYCLES_PER_ROUND[kind] // n) if full else 1):
+                rate, median = _drain(kind, specs[n], work_dir)
+                samples.rates.setdefault(n, []).append(rate)
+                samples.medians.setdefault(n, []).append(median)
+                floor_rate, floor_median = (
+                    _sqlite_floor(specs[n], work_dir) if kind == "sqlite" else _memory_floor(specs[n])
+                )
+                samples.floor_rates.setdefault(n, []).append(floor_rate)
+                samples.floor_medians.setdefault(n, []).append(floor_median)
+
+
 def _store_rows(
-    kind: str, sizes: Sequence[int], repeats: int, specs: dict[int, list[Any]], work_dir: Path, fs_note: str
+    kind: str,
+    sizes: Sequence[int],
+    repeats: int,
+    specs: dict[int, list[Any]],
+    work_dir: Path,
+    fs_note: str,
+    samples: _Samples,
 ) -> list[dict[str, Any]]:
-    """The rows of one store. Sizes are measured round-robin (1k, 10k, 100k, 1k, ...), and
-    each drain is followed by its store's floor, so load drift hits every figure alike.
+    """The rows of one store from its samples, every drain one sample: the row's median is
+    the typical drain, its min and max the spread. Then the informational variants.
 
     A shared host has slow spells (seconds to minutes during which every cycle costs up to
-    2x more, on one vCPU or both); each round runs pinned to the quieter vCPU.
-    A 100k drain spans many of them, but a 1k drain (~10 ms in memory, ~0.5 s on SQLite)
-    catches one or none, so one small drain per round would let a spell decide its row and
-    the flatness ratio. Each round therefore drains every N about ``CYCLES_PER_ROUND[kind]``
-    cycles' worth (in memory 20 drains of 1k, 2 of 10k, 1 of 100k; on SQLite 5 drains of 1k,
-    1 of each larger N), in memory over at least ``MEMORY_ROUNDS`` rounds, and every drain is
-    one sample: the row's median is the typical drain, its min and max the spread."""
+    2x more, on one vCPU or both); each round runs pinned to the quieter vCPU. A 100k drain
+    spans many of them, but a 1k drain (~10 ms in memory, ~0.5 s on SQLite) catches one or
+    none, so one small drain per round would let a spell decide its row and the flatness
+    ratio: hence the many drains of the small N per round (``_sample_round``), and rounds
+    spread over the whole run (``_schedule``)."""
     label = STORE_LABELS[kind]
-    rates: dict[int, list[float]] = {n: [] for n in sizes}
-    medians: dict[int, list[float]] = {n: [] for n in sizes}
-    floor_rates: dict[int, list[float]] = {n: [] for n in sizes}
-    floor_medians: dict[int, list[float]] = {n: [] for n in sizes}
-    pins: list[str] = []
-    full = repeats > 1  # a smoke run stays one drain per row
-    rounds = max(repeats, MEMORY_ROUNDS) if kind == "memory" and full else repeats
-    for _ in range(rounds):
-        with pinned_to_quietest_cpu() as (cpu, pace_ms):
-            pins.append(f"{cpu} {pace_ms:g} ms")
-            for n in sizes:
-                for _ in range(max(1, CYCLES_PER_ROUND[kind] // n) if full else 1):
-                    rate, median = _drain(kind, specs[n], work_dir)
-                    rates[n].append(rate)
-                    medians[n].append(median)
-                    floor_rate, floor_median = (
-                        _sqlite_floor(specs[n], work_dir) if kind == "sqlite" else _memory_floor(specs[n])
-                    )
-                    floor_rates[n].append(floor_rate)
-                    floor_medians[n].append(floor_median)
+    rates, medians, floor_rates, floor_medians = (
+        samples.rates, samples.medians, samples.floor_rates, samples.floor_medians
+    )
     pinning = ("each round pinned to the CPU whose reference workload ran fastest at its start "
-               f"(benchmarks.pace): {', '.join(pins)}")
+               f"(benchmarks.pace): {', '.join(samples.pins)}")
     rows: list[dict[str, Any]] = []
     for n in sizes:
         notes = [(f"{label}, N={n}, claim -> heartbeat -> complete, on_event=None, GC disabled, "
-                 f"{len(rates[n])} drains (median of the drains)"), pinning]
+                 f"{len(rates[n])} drains (median of the drains) in {len(samples.pins)} rounds spread over the run, "
+                 "interleaved with the other store's"), pinning]
         if kind == "sqlite":
             notes.append(fs_note)
             notes.append("same now for the three calls: the renewal changes no column, so it writes no page")
@@ -363,11 +402,20 @@ def _store_rows(
 def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
     sizes = SMOKE_SIZES if smoke else SIZES
     repeats = 1 if smoke else max(1, repeats)
+    full = repeats > 1  # a smoke run stays one drain per row
     work_dir = _work_dir()
     fs_note = f"SQLite files on {filesystem_type(work_dir)} under benchmarks/.work"
     try:
         specs = {n: _specs(n) for n in sizes}
-        return [row for kind in ("memory", "sqlite") for row in _store_rows(kind, sizes, repeats, specs, work_dir, fs_note)]
+        samples = {kind: _Samples() for kind in STORE_LABELS}
+        rounds = _rounds(repeats, full)
+        for kind in _schedule(rounds):
+            _sample_round(kind, sizes, specs, work_dir, samples[kind], full)
+        return [
+            row
+            for kind in STORE_LABELS
+            for row in _store_rows(kind, sizes, repeats, specs, work_dir, fs_note, samples[kind])
+        ]
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
 

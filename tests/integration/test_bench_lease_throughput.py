@@ -3,6 +3,8 @@ assert on timings (DESIGN.md): only on shape, targets and honesty."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from benchmarks.registry import SCENARIOS
@@ -70,16 +72,19 @@ def test_flatness_row_is_the_ratio_of_medians(monkeypatch: pytest.MonkeyPatch) -
     make_specs = lease_throughput._specs
     monkeypatch.setattr(lease_throughput, "_specs", lambda n: make_specs(min(n, 200)))
     rows = _by_metric(lease_throughput.run(2, False))
-    # every N is drained ~CYCLES_PER_ROUND[kind] cycles' worth per round; in memory over MEMORY_ROUNDS rounds
+    # every N is drained ~CYCLES_PER_ROUND[kind] cycles' worth per round; in memory over at least MEMORY_ROUNDS rounds
     per_round = lease_throughput.CYCLES_PER_ROUND
-    rounds = {"memory": lease_throughput.MEMORY_ROUNDS, "sqlite": 2}
+    rounds = {"memory": max(lease_throughput.MEMORY_ROUNDS, 2 * lease_throughput.MEMORY_ROUNDS_PER_SQLITE_ROUND),
+              "sqlite": 2}
+    assert rounds == lease_throughput._rounds(2, full=True)
     expected = {(kind, n): rounds[kind] * max(1, per_round[kind] // n)
                 for kind in ("memory", "sqlite") for n in (1_000, 10_000, 100_000)}
     assert expected[("memory", 1_000)] == 100 and expected[("sqlite", 1_000)] == 10
     for (kind, n), count in expected.items():
         assert rows[f"cycles_per_s_{kind}_n{n}"]["repeats"] == count
         assert rows[f"per_cycle_median_us_{kind}_n{n}"]["repeats"] == count
-        assert f"{count} drains (median of the drains)" in rows[f"cycles_per_s_{kind}_n{n}"]["notes"][0]
+        assert (f"{count} drains (median of the drains) in {rounds[kind]} rounds spread over the run"
+                in rows[f"cycles_per_s_{kind}_n{n}"]["notes"][0])
     for kind in ("memory", "sqlite"):
         flatness = rows[f"per_cycle_median_flatness_{kind}"]
         assert flatness["status"] == "measured" and flatness["repeats"] == expected[(kind, 100_000)]
@@ -91,7 +96,23 @@ def test_flatness_row_is_the_ratio_of_medians(monkeypatch: pytest.MonkeyPatch) -
     for n in (1_000, 10_000, 100_000):  # one memory_floor drain after each in-memory drain
         assert rows[f"cycles_per_s_memory_floor_n{n}"]["repeats"] == expected[("memory", n)]
     pinning = [note for note in rows["cycles_per_s_memory_n1000"]["notes"] if note.startswith("each round pinned")]
-    assert len(pinning) == 1 and pinning[0].count(" ms") == lease_throughput.MEMORY_ROUNDS
+    assert len(pinning) == 1 and pinning[0].count(" ms") == rounds["memory"]
+
+
+def test_rounds_of_both_stores_are_spread_over_the_whole_run() -> None:
+    """In memory a round takes seconds and on SQLite a minute: the memory rounds are
+    interleaved with the SQLite ones, so a slow spell cannot meet every in-memory drain."""
+    rounds = lease_throughput._rounds(5, full=True)
+    assert rounds == {"memory": 10, "sqlite": 5}
+    order = lease_throughput._schedule(rounds)
+    assert order.count("memory") == 10 and order.count("sqlite") == 5
+    assert order[0] == "memory" and order[-1] == "memory"
+    sqlite_at = [i for i, kind in enumerate(order) if kind == "sqlite"]
+    assert all(b - a == 3 for a, b in itertools.pairwise(sqlite_at))  # two memory rounds between SQLite rounds
+    assert lease_throughput._schedule({"memory": 1, "sqlite": 1}) == ["memory", "sqlite"]  # a smoke run
+    assert lease_throughput._rounds(1, full=False) == {"memory": 1, "sqlite": 1}
+    uneven = lease_throughput._schedule({"memory": 5, "sqlite": 2})
+    assert uneven == ["memory", "sqlite", "memory", "memory", "memory", "sqlite", "memory"]
 
 
 @pytest.mark.bench_stress
