@@ -5,8 +5,8 @@ Both stores at N = 1k, 10k, 100k (``--smoke``: 1k only). The N tasks are added
 before timing; the drain is timed like ``timeit`` (``gc.collect()``, then GC off).
 cycles/s = N / drain wall time; the per-cycle median comes from ``perf_counter_ns``
 around each cycle. Every drain is a sample; short drains are repeated so that each N
-is sampled over the same stretch of time, and the in-memory rounds (~1.5 s each) are
-interleaved with the SQLite ones (~1 min each) so that both stores' samples span the
+is sampled over the same stretch of time, and the in-memory rounds (~9 s each) are
+interleaved with the SQLite ones (~1.5 min each) so that both stores' samples span the
 whole run (see ``_store_rows``). The SQLite file lives on the repository's filesystem.
 
 Targets (issue 3, absolute): in memory >= 100k cycles/s at every N; SQLite file
@@ -275,7 +275,7 @@ class _Samples:
 
 def _rounds(repeats: int, full: bool) -> dict[str, int]:
     """How many rounds each store runs: on SQLite ``repeats``; in memory, where a round
-    takes ~1.5 s against ~1 min, ``MEMORY_ROUNDS_PER_SQLITE_ROUND`` as many (at least
+    takes ~9 s against ~1.5 min, ``MEMORY_ROUNDS_PER_SQLITE_ROUND`` as many (at least
     ``MEMORY_ROUNDS``), so that its drains span the whole run (see ``_schedule``)."""
     if not full:
         return {"memory": repeats, "sqlite": repeats}
