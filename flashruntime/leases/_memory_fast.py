@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable
 from datetime import datetime
 from heapq import heappush
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard, TypeVar
 
 from flashruntime.leases._checks import _node_of
 from flashruntime.leases._events import commit_accepted, lease_claimed, lease_renewed
@@ -66,7 +66,7 @@ class _TakeGeneralPath(Exception):
 _GENERAL: Any = object()
 
 
-def plain_store(store: object) -> bool:
+def plain_store(store: object) -> TypeGuard[InMemoryLeaseStore]:
     """Whether ``store`` is an ``InMemoryLeaseStore`` exactly as this module knows it: the
     class's own methods, and no replacement on the instance of the ones the manager calls."""
     if type(store) is not InMemoryLeaseStore:
@@ -102,7 +102,7 @@ class FastState(NamedTuple):
 
 def fast_state(store: object) -> FastState | None:
     """The fused transitions' view of ``store``, or None unless it is a plain ``InMemoryLeaseStore``."""
-    if not plain_store(store) or not isinstance(store, InMemoryLeaseStore):
+    if not plain_store(store):
         return None
     return FastState(
         store, store._lock, store._entries, store._pending, store._job_pending, store._by_lease,
