@@ -93,6 +93,10 @@ class CheckpointCatalog:
         with self._lock:
             registered = self._registered(job_id, attempt_id, step)
             problems: list[str] = []
+            sizes = [world_size] if compatible_world_sizes is None else [world_size, *compatible_world_sizes]
+            bad_sizes = [size for size in sizes if isinstance(size, bool) or not isinstance(size, int) or size < 1]
+            if bad_sizes:
+                problems.append(f"world sizes must be integers >= 1, got {bad_sizes}")
             if not expected:
                 problems.append("no expected parts")
             for part in expected:

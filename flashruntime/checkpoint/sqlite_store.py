@@ -138,6 +138,12 @@ class SqliteManifestStore:
     # --- part registry -----------------------------------------------------------
 
     def put_part(self, job_id: str, attempt_id: str, step: int, part: CheckpointPart) -> None:
+        for name, value in (("step", step), ("size_bytes", part.size_bytes)):
+            if not _fits_sqlite_integer(value):
+                raise ValueError(
+                    f"checkpoint part {part.key!r}: {name} {value} is beyond the largest integer the part registry "
+                    f"can hold ({_SQLITE_INT_MAX}); a real {name} is far smaller, so check what computed it"
+                )
         with self._write() as cur:
             cur.execute(
                 "INSERT OR REPLACE INTO checkpoint_parts (job_id, attempt_id, step, key, sha256, size_bytes) "
@@ -146,9 +152,20 @@ class SqliteManifestStore:
             )
 
     def parts(self, job_id: str, attempt_id: str, step: int) -> dict[str, tuple[str, int]]:
+        if not _fits_sqlite_integer(step):
+            return {}  # put_part never registers such a step
         rows = self._query(
             "SELECT key, sha256, size_bytes FROM checkpoint_parts "
             "WHERE job_id = ? AND attempt_id = ? AND step = ? ORDER BY key",
             (job_id, attempt_id, int(step)),
         )
         return {str(key): (str(sha), int(size)) for key, sha, size in rows}  # type: ignore[call-overload]
+
+
+_SQLITE_INT_MAX = 2**63 - 1
+
+
+def _fits_sqlite_integer(value: int) -> bool:
+    """Whether SQLite's INTEGER (signed 64-bit) holds ``value``; the wire models leave steps and
+    sizes unbounded, and sqlite3 raises a bare OverflowError beyond that range."""
+    return -_SQLITE_INT_MAX - 1 <= int(value) <= _SQLITE_INT_MAX

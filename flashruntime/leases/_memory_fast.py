@@ -145,8 +145,7 @@ def fused_claim(general: Method) -> Method:
                 except OverflowError:
                     raise _TakeGeneralPath from None  # the general path refuses it, with its message
                 payload = values["payload"]
-                if payload:
-                    payload = copy_payload(payload)
+                payload = copy_payload(payload) if payload else {}
                 attempt = record.attempts_used + 1
                 record.attempts_used = attempt
                 next_id = self._ids
@@ -218,7 +217,10 @@ def fused_heartbeat(general: Method) -> Method:
                 ):
                     raise _TakeGeneralPath  # unknown or not live: refused by the general path
                 lease_seconds = record.spec.lease_seconds
-                deadline = now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds))
+                try:
+                    deadline = now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds))
+                except OverflowError:
+                    raise _TakeGeneralPath from None  # the general path refuses it, with its message
                 renewal = renewed(active, deadline)
                 record.active_lease = renewal
                 # The indexes, as InMemoryLeaseStore.save leaves them for a renewal.

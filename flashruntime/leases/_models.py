@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic_core import to_json
 
 from flashruntime.protocol.v1alpha1 import SCHEMA_VERSION, Event, EventType, Lease, TaskSpec
 
@@ -264,7 +265,12 @@ def lease_from_json(text: str, payload: dict[str, Any]) -> Lease:
 
 
 def spec_to_json(spec: TaskSpec) -> str:
-    return spec.model_dump_json()
+    """The spec as the SQLite store keeps it. A payload's NaN and infinities are written as
+    JSON's ``NaN`` / ``Infinity`` extensions (which ``loads`` reads back), not as pydantic's
+    ``null``: a task's payload comes back from the store as it was added."""
+    if not spec.payload:
+        return spec.model_dump_json()
+    return to_json(spec.model_dump(), inf_nan_mode="constants").decode()
 
 
 def spec_from_json(text: str) -> TaskSpec:

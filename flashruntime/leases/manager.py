@@ -211,9 +211,10 @@ class LeaseManager:
                         f"task {spec.task_id} (job {spec.job_id}) cannot be leased at {now.isoformat()}: "
                         f"now + lease_seconds ({lease_seconds:g} s) is past the last date a datetime can hold"
                     ) from None
+                # The lease's own copy, even of an empty payload: changing a lease's payload never
+                # changes its task.
                 payload = values["payload"]
-                if payload:  # the lease's own copy: changing a lease's payload never changes its task
-                    payload = copy_payload(payload)
+                payload = copy_payload(payload) if payload else {}
                 attempt = record.attempts_used + 1
                 record.attempts_used = attempt
                 lease_id = self._ids()
@@ -253,7 +254,15 @@ class LeaseManager:
             active = record.active_lease
             if record.state is _LEASED and active is not None and active.lease_id == lease_id and active.deadline > now:
                 lease_seconds = record.spec.lease_seconds
-                renewal = renewed(active, now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds)))
+                try:  # before any change to the record: a refused renewal leaves it as it was
+                    deadline = now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds))
+                except OverflowError:
+                    raise ValueError(
+                        f"lease {lease_id} of task {record.spec.task_id} (job {record.spec.job_id}) cannot be "
+                        f"renewed at {now.isoformat()}: now + lease_seconds ({lease_seconds:g} s) is past the last "
+                        "date a datetime can hold"
+                    ) from None
+                renewal = renewed(active, deadline)
                 record.active_lease = renewal
                 self._save(record)
             else:
@@ -415,12 +424,19 @@ class LeaseManager:
                 )
             )
 
-    def uncordon(self, node_id: str) -> bool:
-        """Remove the node's cordon; True if one was in effect."""
+    def uncordon(self, node_id: str, *, now: datetime | None = None) -> bool:
+        """Remove the node's cordon; True if one was in effect at ``now``. A lapsed cordon is
+        removed too, but it no longer kept the node from claiming, so that is False."""
         if not _is_str(node_id):
             return False
+        now = coerce_now(now)
         with self._tx:
-            return bool(self._remove_cordon(node_id))
+            cordon = self._cordon_for(node_id)
+            if cordon is None:
+                return False
+            self._remove_cordon(node_id)
+            until = cordon[0]
+            return until is None or until > now
 
     def cordoned(self, now: datetime | None = None) -> dict[str, tuple[datetime | None, str]]:
         """Cordons in effect at ``now`` (node id -> (until, reason)); lapsed ones are dropped."""

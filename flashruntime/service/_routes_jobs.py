@@ -150,7 +150,10 @@ def jobs_router(coordinator: Coordinator) -> APIRouter:
     @router.post("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/parts")
     def register_part(job_id: str, task_id: str, body: RegisterPartRequest, request: Request) -> dict[str, str]:
         check_task_write(request, job_id, task_id)
-        coordinator.catalog.register_part(f"{job_id}::{task_id}", body.attempt_id, body.step, body.part)
+        try:
+            coordinator.catalog.register_part(f"{job_id}::{task_id}", body.attempt_id, body.step, body.part)
+        except ValueError as exc:  # a value the registry cannot hold (beyond SQLite's 64-bit integers)
+            raise HTTPException(422, str(exc)) from None
         return {"status": "registered", "key": body.part.key}
 
     @router.post("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/commit", response_model=None)

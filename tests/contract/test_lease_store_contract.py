@@ -558,6 +558,19 @@ def test_cordon_with_until_lapses_and_is_dropped(hm: Harness) -> None:
     assert hm.mgr.uncordon("n") is False  # the lapsed cordon was dropped
 
 
+def test_uncordon_is_true_only_for_a_cordon_in_effect(hm: Harness) -> None:
+    """A cordon whose ``until`` has passed no longer kept the node from claiming: uncordon removes
+    it but says False, although no claim or ``cordoned()`` dropped it first."""
+    hm.mgr.cordon("n", until=at(60), now=at(0))
+    assert hm.mgr.uncordon("n", now=at(61)) is False
+    assert hm.mgr.cordoned(now=at(0)) == {}  # removed all the same
+    hm.mgr.cordon("n", until=at(60), now=at(0))
+    assert hm.mgr.uncordon("n", now=at(59)) is True
+    assert hm.mgr.uncordon("n", now=at(59)) is False
+    hm.mgr.cordon("n", reason="until uncordoned", now=at(0))
+    assert hm.mgr.uncordon("n", now=datetime.max) is True
+
+
 def test_cordon_replaces_previous_and_spares_held_leases(hm: Harness) -> None:
     hm.mgr.add_task(spec("t0"), now=at(0))
     hm.mgr.add_task(spec("t1"), now=at(0))
@@ -832,6 +845,41 @@ def test_a_lease_payload_is_the_leases_own(hm: Harness) -> None:
     hm.mgr.fail(lease.lease_id, "boom", now=at(1))
     again = hm.mgr.claim("n", now=at(2))
     assert again is not None and again.payload == queued
+
+
+def test_an_empty_lease_payload_is_the_leases_own_too(hm: Harness) -> None:
+    """A task queued without a payload: filling the lease's empty payload never fills the task's."""
+    hm.mgr.add_task(spec(lease_seconds=10), now=at(0))
+    lease = hm.mgr.claim("n", now=at(0))
+    assert lease is not None and lease.payload == {}
+    lease.payload["scratch"] = [1, 2]
+    assert state_of(hm).spec.payload == {}
+    hm.mgr.fail(lease.lease_id, "boom", now=at(1))
+    again = hm.mgr.claim("n", now=at(2))
+    assert again is not None and again.payload == {}
+
+
+def test_non_finite_payload_values_come_back_as_added(hm: Harness) -> None:
+    """``payload`` is free-form: NaN and the infinities survive the store (SQLite included) instead
+    of coming back as None."""
+    hm.mgr.add_task(spec(payload={"lr": math.nan, "clip": [math.inf, -math.inf], "note": "é"}), now=at(0))
+    lease = hm.mgr.claim("n", now=at(0))
+    assert lease is not None
+    for payload in (lease.payload, state_of(hm).spec.payload):
+        assert math.isnan(payload["lr"]) and payload["clip"] == [math.inf, -math.inf] and payload["note"] == "é"
+
+
+def test_heartbeat_whose_deadline_overflows_is_refused_and_changes_nothing(hm: Harness) -> None:
+    late = datetime.max.replace(tzinfo=timezone.utc) - timedelta(days=3)
+    hm.mgr.add_task(spec(lease_seconds=2 * 86_400), now=at(0))
+    lease = hm.mgr.claim("n", now=late)
+    assert lease is not None
+    hm.take()
+    before = _snapshot(hm)
+    with pytest.raises(ValueError, match="cannot be renewed .* past the last date"):
+        hm.mgr.heartbeat(lease.lease_id, now=late + timedelta(days=1, seconds=1))
+    assert _snapshot(hm) == before and hm.take() == []
+    assert hm.mgr.complete(lease.lease_id, SHA, now=late + timedelta(days=1, seconds=2)) is True
 
 
 def test_a_claim_that_fails_after_sweeping_keeps_the_sweep_and_its_events(hm: Harness) -> None:

@@ -95,6 +95,36 @@ def test_commit_with_no_expected_parts(catalog) -> None:
     assert events[0].type == EventType.CHECKPOINT_REJECTED
 
 
+@pytest.mark.parametrize(("world_size", "compatible"), [(0, None), (-2, None), (2, [2, 0]), (True, None)])
+def test_commit_with_a_world_size_below_one_is_rejected_with_its_event(catalog, world_size, compatible) -> None:
+    """The request models leave world sizes unconstrained; the manifest needs >= 1. The catalog
+    refuses such a commit as it refuses any other problem: CheckpointError, CHECKPOINT_REJECTED."""
+    cat, events = catalog
+    cat.register_part("job", "a0", 5, _part("model.pt"))
+    with pytest.raises(CheckpointError, match=r"^step 5: world sizes must be integers >= 1, got \[.*\]$"):
+        cat.commit(job_id="job", attempt_id="a0", step=5, expected_parts=[_part("model.pt")], storage_prefix="p",
+                   world_size=world_size, compatible_world_sizes=compatible)
+    assert [e.type for e in events] == [EventType.CHECKPOINT_REJECTED]
+    assert cat.store.all() == []
+
+
+@pytest.mark.parametrize("field", ["step", "size_bytes"])
+def test_a_part_beyond_sqlites_integers_is_refused_and_stores_nothing(tmp_path: Path, field: str) -> None:
+    """Steps and sizes are unbounded on the wire; the SQLite part registry holds 64-bit integers.
+    Beyond that: a ValueError that says so (the coordinator answers 422), not a bare OverflowError."""
+    cat = CheckpointCatalog(store=SqliteManifestStore(tmp_path / "ck.db"))
+    huge = 2**63
+    step = huge if field == "step" else 5
+    part = _part("model.pt", size=huge if field == "size_bytes" else 10)
+    with pytest.raises(ValueError, match=f"{field} {huge} is beyond the largest integer"):
+        cat.register_part("job", "a0", step, part)
+    assert cat.store.parts("job", "a0", step) == {}
+    with pytest.raises(CheckpointError, match="part 'model.pt' not registered"):
+        cat.commit(job_id="job", attempt_id="a0", step=step, expected_parts=[part], storage_prefix="p")
+    cat.register_part("job", "a0", 5, _part("model.pt", size=2**63 - 1))  # the largest it holds
+    assert cat.store.parts("job", "a0", 5) == {"model.pt": (SHA_A, 2**63 - 1)}
+
+
 def test_parts_are_scoped_by_job_attempt_and_step(catalog) -> None:
     cat, _ = catalog
     cat.register_part("job", "a0", 5, _part("model.pt"))
