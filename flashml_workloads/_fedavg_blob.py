@@ -158,7 +158,7 @@ def check_same(ref: dict[str, Param], other: dict[str, Param], ref_where: str, w
 
 
 def bad_value(where: str, name: str, index: int, value: Any) -> NonFiniteWeights:
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         try:
             what = f"a non-finite value {float(value)!r}"
         except OverflowError:
@@ -172,15 +172,19 @@ def bad_value(where: str, name: str, index: int, value: Any) -> NonFiniteWeights
 
 
 def check_finite_param(param: Param, where: str) -> None:
-    """Raise ``NonFiniteWeights`` naming ``where``, the parameter and the flat index of the first bad value."""
+    """Raise ``NonFiniteWeights`` naming ``where``, the parameter and the flat index of the first bad value.
+
+    ``true``/``false`` are not numbers here although ``math.isfinite`` takes them (as 1 and 0).
+    """
+    data = param.data
     try:
-        if all(map(math.isfinite, param.data)):
+        if all(map(math.isfinite, data)) and (isinstance(data, array.array) or bool not in set(map(type, data))):
             return
     except (TypeError, OverflowError, ValueError):
         pass
-    for index, value in enumerate(param.data):
+    for index, value in enumerate(data):
         try:
-            ok = math.isfinite(value)
+            ok = not isinstance(value, bool) and math.isfinite(value)
         except (TypeError, OverflowError, ValueError):
             ok = False
         if not ok:

@@ -8,6 +8,7 @@ order (``acc = w₀·x₀``, then ``acc = acc + wᵢ·xᵢ``). Imported only whe
 
 from __future__ import annotations
 
+import array as pyarray  # ``array`` names the numpy arrays below
 import math
 from typing import Any
 
@@ -24,7 +25,9 @@ def _as_array(param: _blob.Param, where: str) -> Any:
 
     ``np.asarray`` without a dtype keeps strings, ``None`` and huge ints out of float64
     (they give other dtypes); those fall back to the pure check, which raises the same error
-    the pure path would, or to ``float()`` conversion for exotic but valid numbers.
+    the pure path would, or to ``float()`` conversion for exotic but valid numbers. ``true`` and
+    ``false`` mixed with numbers do become 1.0 and 0.0, so those two values are looked up in
+    the list (only they can hide a bool, so honest data pays one vectorised comparison).
     """
     if param.compact:
         array = np.frombuffer(param.data, dtype=np.float64)
@@ -33,11 +36,21 @@ def _as_array(param: _blob.Param, where: str) -> Any:
         if array.ndim != 1 or array.dtype not in _EXACT_DTYPES:
             _blob.check_finite_param(param, where)
             return np.array(list(map(float, param.data)), dtype=np.float64)
+        if array.dtype == np.bool_ or _holds_bool(param.data, array):
+            _blob.check_finite_param(param, where)  # raises, naming the flat index
         if array.dtype != np.float64:
             array = array.astype(np.float64)
     if not np.isfinite(array).all():
         _blob.check_finite_param(param, where)  # raises, naming the flat index
     return array
+
+
+def _holds_bool(data: Any, array: Any) -> bool:
+    """Whether a Python ``bool`` sits at one of the positions where ``array`` reads 0 or 1."""
+    if isinstance(data, pyarray.array):
+        return False
+    positions = np.flatnonzero((array == 0) | (array == 1))
+    return any(type(data[i]) is bool for i in positions.tolist())
 
 
 def _norm(arrays: list[Any]) -> float:

@@ -214,7 +214,8 @@ def _contribution(coord: Coordinator, job_id: str, task: str, call: _Caller) -> 
     if not isinstance(metrics, dict):
         raise ValueError(f"{prefix}metrics.json must be a JSON object, got {type(metrics).__name__}")
     delta_file = metrics.get("delta_file", "delta.json")
-    if not isinstance(delta_file, str) or not _DELTA_FILE.match(delta_file):
+    # fullmatch: with re.match, ``$`` also matches before a trailing newline ("delta.json\n")
+    if not isinstance(delta_file, str) or not _DELTA_FILE.fullmatch(delta_file):
         raise ValueError(
             f"task {task}: delta_file {delta_file!r} must be a plain file name matching "
             f"{_DELTA_FILE.pattern} (it is resolved inside the task's prefix {prefix})"
@@ -325,6 +326,21 @@ def run_fedavg(
     return {"weights": weights, "history": history, "job_ids": job_ids}
 
 
+def _published_weights(raw: bytes | str, key: str) -> Any:
+    """The JSON of a published weights artifact; a blank one reads as empty (``{}``), a malformed
+    one raises its decode error with ``key`` in the message (same exception type)."""
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise json.JSONDecodeError(f"resume_state: {key} is not valid JSON ({exc.msg})", exc.doc, exc.pos) from None
+    except UnicodeDecodeError as exc:
+        raise UnicodeDecodeError(
+            exc.encoding, exc.object, exc.start, exc.end, f"{exc.reason}; resume_state: {key} is not valid JSON"
+        ) from None
+
+
 def resume_state(coord: Coordinator, job_ids: Sequence[tuple[int, str]]) -> tuple[int, dict[str, Any], str | None]:
     """``(next_round, weights, weights_uri)`` from the newest round whose weights were published."""
     pairs: list[tuple[int, int, str]] = []
@@ -343,7 +359,7 @@ def resume_state(coord: Coordinator, job_ids: Sequence[tuple[int, str]]) -> tupl
             raw = coord.get_artifact(key)
         except ArtifactNotFound:
             continue
-        weights = json.loads(raw)
+        weights = _published_weights(raw, key)
         if not weights:
             raise RuntimeError(
                 f"resume_state: {key} is present but empty; a committed round always publishes weights, "

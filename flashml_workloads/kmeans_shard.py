@@ -56,7 +56,12 @@ def read_rows(path: str | Path, dim: int | None = None) -> list[list[float]]:
     Rows must all have the same number of columns (``dim`` when given), and every cell must be
     a finite number; otherwise ``ValueError`` names the line and column.
     """
-    rows: list[list[float]] = []
+    return [row for _, row in _numbered_rows(path, dim)]
+
+
+def _numbered_rows(path: str | Path, dim: int | None) -> list[tuple[int, list[float]]]:
+    """``read_rows`` with the CSV line number of every row, so later checks can name it."""
+    rows: list[tuple[int, list[float]]] = []
     expected: int | None = None
     first_line: int | None = None
     with open(path, newline="", encoding="utf-8") as handle:
@@ -89,18 +94,22 @@ def read_rows(path: str | Path, dim: int | None = None) -> list[list[float]]:
                 row.append(value)
             if expected is None:
                 expected, first_line = len(row), line
-            rows.append(row)
+            rows.append((line, row))
     return rows
 
 
 def assign(rows: Sequence[Sequence[float]], centroids: Sequence[Sequence[float]]) -> tuple[list[int], list[float]]:
     """Nearest centroid of every row by squared Euclidean distance (ties → the lowest index);
-    → ``(labels, squared distances)``."""
+    → ``(labels, squared distances)``. A distance beyond float64 counts as ``inf`` (it loses to
+    any finite one); a row with no finite distance gets label 0 and distance ``inf``."""
     labels, distances = [], []
     for row in rows:
         best, best_d2 = 0, math.inf
         for j, centroid in enumerate(centroids):
-            d2 = math.fsum((x - c) * (x - c) for x, c in zip(row, centroid))
+            try:
+                d2 = math.fsum((x - c) * (x - c) for x, c in zip(row, centroid))
+            except OverflowError:  # finite squares whose exact sum leaves float64
+                d2 = math.inf
             if d2 < best_d2:  # strict: an equal distance keeps the lower index
                 best, best_d2 = j, d2
         labels.append(best)
@@ -117,20 +126,38 @@ def run_shard(spec: Mapping[str, Any]) -> dict[str, Any]:
     centroids = check_centroids(params["centroids"])
     if not isinstance(inputs, Mapping) or not inputs.get("shard"):
         raise ValueError("input 'shard' is missing; give the local path of the shard CSV as inputs.shard")
-    rows = read_rows(inputs["shard"], dim=len(centroids[0]))
+    numbered = _numbered_rows(inputs["shard"], dim=len(centroids[0]))
+    rows = [row for _, row in numbered]
     labels, distances = assign(rows, centroids)
+    for (line, _), d2 in zip(numbered, distances):
+        if not math.isfinite(d2):
+            raise ValueError(
+                f"shard line {line}: the squared distance from this row to its nearest centroid overflows "
+                f"float64 (coordinates more than about 1e154 apart); rescale the data, e.g. standardise each column"
+            )
     members: list[list[list[float]]] = [[] for _ in centroids]
     for row, label in zip(rows, labels):
         members[label].append(row)
     dim = len(centroids[0])
-    sums = [[round(math.fsum(row[d] for row in group), SUMS_DECIMALS) for d in range(dim)] for group in members]
+    sums = [[_fsum([row[d] for row in group], f"column {d + 1} of the rows nearest params.centroids[{j}]")
+             for d in range(dim)] for j, group in enumerate(members)]
     return {
         "task_id": str(spec.get("task_id") or ""),
-        "sums": sums,
+        "sums": [[round(total, SUMS_DECIMALS) for total in group] for group in sums],
         "counts": [len(group) for group in members],
-        "inertia": math.fsum(distances),
+        "inertia": _fsum(distances, "the squared distances (inertia)"),
         "n": len(rows),
     }
+
+
+def _fsum(values: list[float], what: str) -> float:
+    """``math.fsum`` of finite values, refusing a total beyond float64 (metrics.json holds no infinity)."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        raise ValueError(
+            f"shard: the sum of {what} overflows float64; rescale the data, e.g. standardise each column"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -102,8 +102,9 @@ def coordinated_workload(plan: StrategyPlan, workload: CommandWorkload) -> Comma
     if plan.workers < 1:
         raise ValueError(f"plan {plan.plan_id} has workers={plan.workers}; a coordinated plan needs workers >= 1")
     argv = workload.argv()
+    carried: dict[str, str] = {}
     if argv and argv[0] in ("python", "python3", sys.executable):
-        argv = argv[1:]
+        argv, carried = _interpreter_options(argv[1:], workload.command, workload.env)
     if not argv:
         raise ValueError(f"command {workload.command!r} names no script; pass e.g. command='python train.py'")
     if argv[0] in _LAUNCHER_TOKENS:
@@ -112,8 +113,86 @@ def coordinated_workload(plan: StrategyPlan, workload: CommandWorkload) -> Comma
             f"and the plan supplies the launcher with nproc_per_node={plan.workers}"
         )
     wrapped = ddp(argv[0], nproc_per_node=plan.workers, script_args=shlex.join(argv[1:]))
-    env = {**workload.env, "FLASHML_PLAN_ID": plan.plan_id, "FLASHML_STRATEGY_FAMILY": plan.strategy_family}
+    env = {**workload.env, **carried, "FLASHML_PLAN_ID": plan.plan_id, "FLASHML_STRATEGY_FAMILY": plan.strategy_family}
     return workload.model_copy(update={"command": wrapped.argv(), "env": env, "mode": "coordinated"})
+
+
+# python's own options, which torchrun cannot take: each is carried to the ranks (and to
+# torchrun itself) by the environment variable with the same effect, or dropped where it
+# has none outside an interactive session; any other one is refused.
+_FLAG_ENV: dict[str, tuple[str, str] | None] = {
+    "u": ("PYTHONUNBUFFERED", "1"), "B": ("PYTHONDONTWRITEBYTECODE", "1"), "s": ("PYTHONNOUSERSITE", "1"),
+    "d": ("PYTHONDEBUG", "1"), "v": ("PYTHONVERBOSE", "1"), "P": ("PYTHONSAFEPATH", "1"), "q": None, "R": None,
+}
+_X_ENV = {"dev": "PYTHONDEVMODE", "utf8": "PYTHONUTF8", "faulthandler": "PYTHONFAULTHANDLER",
+          "importtime": "PYTHONPROFILEIMPORTTIME", "tracemalloc": "PYTHONTRACEMALLOC",
+          "pycache_prefix": "PYTHONPYCACHEPREFIX", "warn_default_encoding": "PYTHONWARNDEFAULTENCODING",
+          "int_max_str_digits": "PYTHONINTMAXSTRDIGITS"}
+
+
+def _interpreter_options(
+    args: list[str], command: str | list[str], env: Mapping[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """Split python's options off ``args`` (what followed the interpreter): returns the
+    script onward (``-m module`` kept: torchrun takes it the same way) and the environment
+    carrying the options' effect. ``ValueError`` for an option that cannot be carried (pure)."""
+    carried: dict[str, str] = {}
+    filters: list[str] = []
+    index = 0
+    while index < len(args) and args[index].startswith("-") and args[index] != "-":
+        token = args[index]
+        if token == "--":
+            index += 1
+            break
+        if token.startswith("--"):
+            raise _option_error(token, command)
+        for position, letter in enumerate(token[1:], start=1):
+            if letter in "WXcm":  # takes a value: the rest of the token, else the next argument
+                value = token[position + 1:]
+                if not value:
+                    index += 1
+                    if index == len(args):
+                        raise ValueError(f"command {command!r}: python's option -{letter} needs a value")
+                    value = args[index]
+                if letter == "m":
+                    return ["-m", value, *args[index + 1:]], _with_filters(carried, filters, env)
+                if letter == "c":
+                    raise ValueError(f"command {command!r} runs code given with -c; torchrun launches a script or "
+                                     "a module: put the code in a file, e.g. command='python train.py'")
+                if letter == "W":
+                    filters.append(value)
+                else:
+                    carried.update(_x_option(value, command))
+                break
+            if letter == "O":  # -O, -OO: one optimisation level each
+                carried["PYTHONOPTIMIZE"] = str(int(carried.get("PYTHONOPTIMIZE", "0")) + 1)
+            elif letter not in _FLAG_ENV:
+                raise _option_error(f"-{letter}", command)
+            elif (setting := _FLAG_ENV[letter]) is not None:
+                carried[setting[0]] = setting[1]
+        index += 1
+    return args[index:], _with_filters(carried, filters, env)
+
+
+def _x_option(value: str, command: str | list[str]) -> dict[str, str]:
+    name, has_setting, setting = value.partition("=")
+    if name not in _X_ENV:
+        raise _option_error(f"-X {value}", command)
+    return {_X_ENV[name]: setting if has_setting else "1"}
+
+
+def _with_filters(carried: dict[str, str], filters: list[str], env: Mapping[str, str]) -> dict[str, str]:
+    if filters:  # -W filters come after PYTHONWARNINGS' ones, as on a command line
+        carried["PYTHONWARNINGS"] = ",".join([*filter(None, [env.get("PYTHONWARNINGS", "")]), *filters])
+    return carried
+
+
+def _option_error(option: str, command: str | list[str]) -> ValueError:
+    return ValueError(
+        f"command {command!r} gives python the option {option}, which cannot be carried to the ranks torchrun "
+        "starts (each runs the script with an interpreter of its own); drop it, or set the matching PYTHON* "
+        "variable in the workload's env"
+    )
 
 
 def resolve_coordinator_url(argument: str | None, environ: Mapping[str, str]) -> str:

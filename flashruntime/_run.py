@@ -116,7 +116,9 @@ class Run:
             handle.cancel()
         if driving and threading.current_thread() is not self._driver:
             return  # the drive loop settles the attempt, records RUN_CANCELLED and ends the run
-        self._end_cancelled(attempt)
+        # Named only when this cancel stopped it, not when it had already ended by itself.
+        stopped = handle is not None and handle.poll() in (LaunchState.CANCELLED, LaunchState.RUNNING)
+        self._end_cancelled(attempt if stopped else None)
 
     def _end_cancelled(self, attempt: str | None) -> None:
         """Record RUN_CANCELLED (naming the attempt that was stopped) and end CANCELLED."""

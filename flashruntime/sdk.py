@@ -1,6 +1,7 @@
 """``flash.submit``: run the user's command locally, collect what it produced, and
 recover from failures by the recovery policy (classify -> decide), resuming from
-the job-scoped checkpoint directory.
+the job-scoped checkpoint directory. No attempt outlives the process driving it:
+a terminating signal or the interpreter's exit cancels and settles the runs first.
 """
 
 from __future__ import annotations
@@ -16,13 +17,25 @@ from pathlib import Path
 from typing import Any
 
 from flashruntime._run import Run
+from flashruntime._run_guard import (
+    _cancel_live_runs,
+    _die_of,
+    _guard,
+    _launch_window,
+    _on_main_thread,
+    _restore_handlers,
+    _settle_interrupted,
+    _Terminated,
+    _track,
+    _untrack,
+)
 from flashruntime.checkpoint.local import latest_valid_manifest
 from flashruntime.errors import LaunchError
 from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LOG_NAME, LocalLaunchHandle, LocalProcessLauncher, read_log_tail
 from flashruntime.recovery import classify, decide, describe_launch, from_local_launch
 from flashruntime.strategies.command import compile_workload
-from flashruntime.workloads.command import CommandWorkload
+from flashruntime.workloads.command import CommandWorkload, collect_pattern_problem
 
 __all__ = ["Run", "submit"]
 
@@ -47,6 +60,10 @@ def submit(
             "checkpoint_dir cannot be combined with a fan-out over task_params: each trial keeps its own "
             "checkpoint tree under output_dir; drop checkpoint_dir or submit one parameter set at a time"
         )
+    for pattern in workload.outputs.collect:
+        problem = collect_pattern_problem(pattern)
+        if problem is not None:  # refused before anything runs, not after the attempt succeeded
+            raise ValueError(problem)
     if output_dir is None:
         output_dir = tempfile.mkdtemp(prefix="flashruntime-run-")
     output_dir = Path(os.path.expanduser(str(output_dir))).resolve()
@@ -54,14 +71,19 @@ def submit(
     launcher = LocalProcessLauncher(output_dir, checkpoint_dir=checkpoint_dir)
     if _viewer_wanted(watch):
         _start_viewer(run)
+    _track(run)
     if wait:
         run._driver = threading.current_thread()
-        _drive(run, launcher, fan_out, reraise=True)
+        _drive_inline(run, launcher, fan_out)
     else:
         thread = threading.Thread(target=_drive, args=(run, launcher, fan_out), kwargs={"reraise": False},
                                   name="flashruntime-run", daemon=True)
         run._driver = thread
-        thread.start()
+        try:
+            thread.start()
+        except BaseException:
+            _untrack(run)
+            raise
     return run
 
 
@@ -99,8 +121,8 @@ def _drive(run: Run, launcher: LocalProcessLauncher, fan_out: bool, *, reraise: 
         if reraise:
             raise
     except BaseException as exc:
-        # Interrupted (Ctrl-C), or a bug of ours: either way no attempt may outlive the
-        # run, and its row is settled as a cancel() would settle it.
+        # Interrupted (Ctrl-C, a terminating signal), or a bug of ours: either way no
+        # attempt may outlive the run, and its row is settled as a cancel() would settle it.
         if not isinstance(exc, Exception):
             run._cancel_requested.set()  # no relaunch, whatever else is still running
         stopped = _stop_active_attempt(run)
@@ -111,17 +133,54 @@ def _drive(run: Run, launcher: LocalProcessLauncher, fan_out: bool, *, reraise: 
             run._end_cancelled(stopped)
         if reraise:
             raise
+    finally:
+        _untrack(run)
+
+
+def _drive_inline(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> None:
+    """``wait=True``: drive on this thread. On the main thread a terminating signal
+    interrupts the drive like Ctrl-C (the attempt is stopped and settled), then this
+    process dies of that signal, as it would have without a run."""
+    main = _on_main_thread()
+    if main:
+        _guard.inline += 1
+    try:
+        try:
+            _drive(run, launcher, fan_out, reraise=True)
+        finally:
+            if main:
+                _guard.inline -= 1
+    except _Terminated:
+        pass  # settled by _drive; the signal is re-raised below
+    finally:
+        signum = _guard.received if main else None
+        if signum is not None:
+            _settle_interrupted(run, stop=True)
+            _cancel_live_runs()
+            _die_of(signum)
+        _restore_handlers()
 
 
 def _stop_active_attempt(run: Run) -> str | None:
-    """Cancel the attempt still running, if any, and settle it; returns its id."""
+    """Cancel the attempt still running, if any, and settle it; returns its id when the
+    cancel stopped it (None when it had already ended by itself)."""
     handle, attempt_id = run._active_handle, run._active_attempt
     if handle is None or attempt_id is None:
         return None
     handle.cancel()
     state = handle.poll()
-    _finish_attempt(run, handle, attempt_id, state if state.terminal else LaunchState.CANCELLED)
-    return attempt_id
+    state = state if state.terminal else LaunchState.CANCELLED
+    _finish_attempt(run, handle, attempt_id, state)
+    return attempt_id if state is LaunchState.CANCELLED else None
+
+
+def _stopped_attempt(run: Run) -> str | None:
+    """The attempt a cancel() stopped: the last one, if it settled CANCELLED. A cancel
+    that arrives after the last attempt ended by itself stopped nothing."""
+    rows = run.attempts
+    if rows and rows[-1]["state"] == str(LaunchState.CANCELLED):
+        return str(rows[-1]["attempt_id"])
+    return None
 
 
 def _finish_attempt(run: Run, handle: Any, attempt_id: str, state: LaunchState) -> None:
@@ -150,7 +209,7 @@ def _drive_all(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> None:
             break
         all_succeeded = all_succeeded and outcome is LaunchState.SUCCEEDED
     if run.cancel_requested:
-        run._end_cancelled(run.attempts[-1]["attempt_id"] if run.attempts else None)
+        run._end_cancelled(_stopped_attempt(run))
     else:
         run._finish(LaunchState.SUCCEEDED if all_succeeded else LaunchState.FAILED)
 
@@ -180,8 +239,9 @@ def _run_param_set(
                 else f"{attempt_id} starts at step 0 (no valid checkpoint)",
             )
         started_ns = _filesystem_now_ns(run.output_dir)
-        handle = launcher.launch(spec, job_id, attempt_id)
-        run._set_active(handle, attempt_id)
+        with _launch_window():
+            handle = launcher.launch(spec, job_id, attempt_id)
+            run._set_active(handle, attempt_id)
         launched = f"{attempt_id} launched (pid {handle.execution_id})"
         if handle.previous_dir is not None:
             launched += f"; an earlier run's {attempt_id}/ was moved to {handle.previous_dir.name}/"
@@ -254,15 +314,21 @@ def _stop_sampler(sampler: Any) -> None:
 
 
 def _collect_outputs(run: Run, source_dir: Path, attempt_dir: Path, started_ns: int) -> None:
-    """Copy files matching ``outputs.collect`` that changed since the attempt started."""
+    """Copy files matching ``outputs.collect`` that changed since the attempt started.
+    Only files inside the source directory are collected, into the attempt directory."""
     collected: list[Path] = []
     source = source_dir.resolve()
     for pattern in run.workload.outputs.collect:
+        if collect_pattern_problem(pattern) is not None:
+            continue  # refused by submit(); only a workload changed since could bring one here
         for match in sorted(source.glob(pattern)):
             try:
                 info = match.stat()
-            except OSError:
+                inside = match.resolve().is_relative_to(source)
+            except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
                 continue
+            if not inside:
+                continue  # a symlink out of the source directory: never copied
             if not match.is_file() or info.st_mtime_ns < started_ns:
                 continue  # stale: written before this attempt, never credited
             relative = match.relative_to(source)
@@ -285,3 +351,4 @@ def _read_metrics(path: Path, started_ns: int) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+

@@ -8,6 +8,7 @@ inside ``flashruntime_callback`` only.
 
 from __future__ import annotations
 
+import glob
 import os
 import warnings
 from pathlib import Path
@@ -25,12 +26,38 @@ def trainer(script: str, *, source: str = ".", nproc_per_node: int = 1, script_a
 
 
 def latest_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
-    """The newest ``checkpoint-*`` directory of ``output_dir`` with a verifying manifest,
-    or None (pass it to ``Trainer.train(resume_from_checkpoint=...)``)."""
+    """The newest ``checkpoint-*`` directory of ``output_dir`` with a verifying manifest
+    (absolute), or None (pass it to ``Trainer.train(resume_from_checkpoint=...)``).
+
+    The path is where the manifest was found, not the ``storage_prefix`` it records: that
+    may be relative to another working directory, or the tree may have moved since."""
     from flashruntime.checkpoint.local import latest_valid_manifest
 
-    manifest = latest_valid_manifest(output_dir, pattern="checkpoint-*")
-    return None if manifest is None else manifest.storage_prefix
+    try:
+        root = os.path.abspath(os.fspath(output_dir))
+    except TypeError:  # not a path at all: nothing to resume, as before
+        return None
+    manifest = latest_valid_manifest(root, pattern="checkpoint-*")
+    return None if manifest is None else _directory_holding(root, manifest)
+
+
+def _directory_holding(root: str, manifest: Any) -> str | None:
+    """The first ``checkpoint-*`` directory of ``root``, in the order the scan uses, whose
+    own manifest is ``manifest`` and verifies (None if the tree changed meanwhile)."""
+    from flashruntime.checkpoint.local import MANIFEST_NAME, verify_manifest
+    from flashruntime.protocol.v1alpha1 import CheckpointManifest
+
+    for path in sorted(glob.glob(os.path.join(glob.escape(root), "checkpoint-*", MANIFEST_NAME))):
+        try:
+            with open(path, "rb") as f:
+                found = CheckpointManifest.model_validate_json(f.read())
+        except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
+            continue
+        step_dir = os.path.dirname(path)
+        same = (found.manifest_id, found.step) == (manifest.manifest_id, manifest.step)
+        if same and verify_manifest(found, step_dir):
+            return step_dir
+    return None
 
 
 def _is_world_main(state: Any) -> bool:
@@ -49,7 +76,8 @@ def write_trainer_manifest(args: Any, state: Any) -> None:
     if not _is_world_main(state):
         return
     step = int(state.global_step)
-    step_dir = Path(args.output_dir) / f"checkpoint-{step}"
+    # Absolute, so the manifest's storage_prefix holds from any working directory.
+    step_dir = Path(os.path.abspath(args.output_dir)) / f"checkpoint-{step}"
     if not step_dir.is_dir():
         return
     try:

@@ -25,9 +25,18 @@ def sweep(
     python: str = "python",
 ) -> CommandWorkload:
     """An ``independent_tasks`` workload: ``python script --<key> {<key>} ...`` over the
-    sorted union of the parameter keys, fanned out over ``task_params``."""
+    sorted union of the parameter keys, fanned out over ``task_params``. Every parameter
+    set must have every key (``ValueError`` otherwise, before anything runs)."""
     params = [dict(p) for p in task_params]
     keys = sorted({key for p in params for key in p})
+    for index, p in enumerate(params):
+        missing = [key for key in keys if key not in p]
+        if missing:
+            raise ValueError(
+                f"task_params[{index}] {p!r} has no {missing[0]!r}: every parameter set needs the same keys "
+                f"({', '.join(map(str, keys))}), since each becomes --<key> <value> on the command line; "
+                f"give it {missing[0]!r} (the script's default, say) or sweep it separately"
+            )
     argv = [python, script]
     for key in keys:
         argv += [f"--{key}", "{" + key + "}"]

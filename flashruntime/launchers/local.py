@@ -39,19 +39,28 @@ def _tail(path: Path, lines: int) -> str:
     return "\n".join(text[-lines:]) if lines > 0 else ""
 
 
+def _output_marker(attempt_dir: Path) -> bytes:
+    """The environment entry that tags every process of an attempt, as the child's
+    environment holds it: the path's own bytes (``os.fsencode``), so a directory name
+    that is not UTF-8 matches too. Raises UnicodeEncodeError for a path no filesystem
+    call could take either."""
+    return b"FLASHML_OUTPUT_DIR=" + os.fsencode(attempt_dir)
+
+
 class LocalLaunchHandle(LaunchHandle):
     """A running attempt. ``exit_code`` is the raw return code (negative = signal)."""
 
     def __init__(
         self, process: subprocess.Popen[bytes], output_dir: Path, term_grace_s: float, *,
-        previous_dir: Path | None = None,
+        previous_dir: Path | None = None, marker: bytes | None = None,
     ) -> None:
         self._process = process
         self.output_dir = output_dir
         # Where an earlier run's directory for this attempt id was moved before launch, if one was.
         self.previous_dir = previous_dir
         self._term_grace_s = term_grace_s
-        self._marker = f"FLASHML_OUTPUT_DIR={output_dir}".encode()
+        # The launcher builds the marker before it spawns (building it can fail); see _output_marker.
+        self._marker = marker if marker is not None else _output_marker(output_dir)
         self._lock = threading.Lock()
         self._cancel_requested = False
         self._state: LaunchState | None = None
@@ -188,6 +197,15 @@ class LocalProcessLauncher(Launcher):
             raise LaunchError(f"working directory {str(workdir)!r} does not exist; set Source(path=...) to your project")
         files = {_safe_relative(name): text for name, text in spec.files.items()}
         attempt_dir = self.attempt_dir(job_id, attempt_id)
+        # Everything that can fail is done before the spawn: a child must never be left
+        # running without a handle to stop it.
+        try:
+            marker = _output_marker(attempt_dir)
+        except UnicodeEncodeError as exc:
+            raise LaunchError(
+                f"attempt directory {str(attempt_dir)!r} cannot be encoded as a file name ({exc.reason}); "
+                "use another output_dir"
+            ) from exc
         previous_dir = _move_aside(attempt_dir)
         attempt_dir.mkdir(parents=True, exist_ok=True)
         for relative, text in files.items():
@@ -219,6 +237,6 @@ class LocalProcessLauncher(Launcher):
             raise LaunchError(f"could not start {spec.argv[0]!r}: {exc}") from exc
         finally:
             log.close()
-        return LocalLaunchHandle(process, attempt_dir, self.term_grace_s, previous_dir=previous_dir)
+        return LocalLaunchHandle(process, attempt_dir, self.term_grace_s, previous_dir=previous_dir, marker=marker)
 
 

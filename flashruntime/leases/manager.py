@@ -207,10 +207,8 @@ class LeaseManager:
                 try:  # before any change to the record: a refused claim leaves it as it was
                     deadline = now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds))
                 except OverflowError:
-                    raise ValueError(
-                        f"task {spec.task_id} (job {spec.job_id}) cannot be leased at {now.isoformat()}: "
-                        f"now + lease_seconds ({lease_seconds:g} s) is past the last date a datetime can hold"
-                    ) from None
+                    raise _past_the_last_date(f"task {spec.task_id} (job {spec.job_id}) cannot be leased", now,
+                                              lease_seconds) from None
                 # The lease's own copy, even of an empty payload: changing a lease's payload never
                 # changes its task.
                 payload = values["payload"]
@@ -257,10 +255,9 @@ class LeaseManager:
                 try:  # before any change to the record: a refused renewal leaves it as it was
                     deadline = now + (_DELTAS.get(lease_seconds) or seconds(lease_seconds))
                 except OverflowError:
-                    raise ValueError(
-                        f"lease {lease_id} of task {record.spec.task_id} (job {record.spec.job_id}) cannot be "
-                        f"renewed at {now.isoformat()}: now + lease_seconds ({lease_seconds:g} s) is past the last "
-                        "date a datetime can hold"
+                    raise _past_the_last_date(
+                        f"lease {lease_id} of task {record.spec.task_id} (job {record.spec.job_id}) cannot be renewed",
+                        now, lease_seconds,
                     ) from None
                 renewal = renewed(active, deadline)
                 record.active_lease = renewal
@@ -581,3 +578,11 @@ class LeaseManager:
 def _emit(on_event: Callable[[Event], None], events: Sequence[Event]) -> None:
     for event in events:
         on_event(event)
+
+
+def _past_the_last_date(what: str, now: datetime, lease_seconds: float) -> ValueError:
+    """The refusal of a claim or renewal whose deadline no ``datetime`` can hold."""
+    return ValueError(
+        f"{what} at {now.isoformat()}: now + lease_seconds ({lease_seconds:g} s) is past the last date a "
+        "datetime can hold"
+    )

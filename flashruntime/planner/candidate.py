@@ -93,14 +93,26 @@ class Candidate:
     libraries: tuple[tuple[str, str, str], ...] = ()
     reasons: list[str] = field(default_factory=list)
     miss: Miss | None = None
+    # Unrounded figures: ``time_min``/``cost_usd`` are what the report shows (2 decimals), these are
+    # what the deadline, budget and ranking compare (None: the shown figure is exact).
+    time_exact: float | None = None
+    cost_exact: float | None = None
 
-    def set_time(self, minutes: float, arithmetic: str) -> None:
-        self.time_min, self.time_note = minutes, arithmetic
+    def set_time(self, minutes: float, arithmetic: str, exact: float | None = None) -> None:
+        self.time_min, self.time_note, self.time_exact = minutes, arithmetic, exact
         self.reasons.append(arithmetic)
 
-    def set_cost(self, usd: float, arithmetic: str) -> None:
-        self.cost_usd, self.cost_note = usd, arithmetic
+    def set_cost(self, usd: float, arithmetic: str, exact: float | None = None) -> None:
+        self.cost_usd, self.cost_note, self.cost_exact = usd, arithmetic, exact
         self.reasons.append(arithmetic)
+
+    @property
+    def exact_time(self) -> float | None:
+        return self.time_min if self.time_exact is None else self.time_exact
+
+    @property
+    def exact_cost(self) -> float | None:
+        return self.cost_usd if self.cost_exact is None else self.cost_exact
 
     @property
     def feasible(self) -> bool:

@@ -77,12 +77,13 @@ class ModelShape:
     @property
     def embedding_params(self) -> float:
         """Input embedding plus (untied) output head: the parameters QLoRA leaves in 16-bit."""
-        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return float(self.vocab) * self.hidden * (1 if self.tied_embeddings else 2)
 
     @property
     def block_params(self) -> float:
         """Parameters of one transformer block, ≈ 12·h² (Kaplan et al. 2020 §2.1)."""
-        return K.PARAMS_PER_LAYER_PER_HIDDEN_SQUARED * self.hidden**2
+        hidden = float(self.hidden)  # h * h: a float power would raise OverflowError instead of giving inf
+        return K.PARAMS_PER_LAYER_PER_HIDDEN_SQUARED * hidden * hidden
 
 
 def catalog_key(model: str) -> str:
@@ -140,10 +141,10 @@ def _derived_shape(model: str, params: float, hidden: int | None, layers: int | 
         hidden = max(64, layers * K.HIDDEN_PER_LAYER)
         derived += ["hidden_size", "num_layers"]
     elif hidden is None and layers is not None:
-        hidden = max(64, round((params / (per_layer * layers)) ** 0.5))
+        hidden = max(64, round((params / (per_layer * float(layers))) ** 0.5))
         derived.append("hidden_size")
     elif layers is None and hidden is not None:
-        layers = max(1, round(params / (per_layer * hidden**2)))
+        layers = max(1, round(params / (per_layer * float(hidden) * hidden)))
         derived.append("num_layers")
     heads = max(1, hidden // K.DEFAULT_HEAD_DIM)
     derived += ["heads", "vocab"]

@@ -7,6 +7,8 @@ records how far off the candidate is and what would make it fit (for the hint).
 
 from __future__ import annotations
 
+import math
+
 from flashruntime.planner import constants as K
 from flashruntime.planner.candidate import Candidate, Memory, Miss
 from flashruntime.protocol.plan_v1alpha1 import Objective
@@ -105,18 +107,57 @@ def apply_efficiency(c: Candidate, efficiency: float, text: str) -> None:
 
 
 def apply_objective(c: Candidate, objective: Objective) -> None:
-    """Cost above ``max_cost_usd`` or time above ``deadline_minutes`` -> rejected_policy."""
-    if objective.deadline_minutes is not None and c.time_min is not None:
-        if c.time_min > objective.deadline_minutes:
-            c.reject(
-                "rejected_policy",
-                f"time {c.time_min:.0f} min > deadline {objective.deadline_minutes:g} min",
-                Miss(c.time_min / objective.deadline_minutes, f"deadline_minutes >= {c.time_min:.0f} would admit it"),
-            )
-    if objective.max_cost_usd is not None and c.cost_usd is not None:
-        if c.cost_usd > objective.max_cost_usd:
-            c.reject(
-                "rejected_policy",
-                f"cost ${c.cost_usd:.2f} > max_cost_usd ${objective.max_cost_usd:g}",
-                Miss(c.cost_usd / objective.max_cost_usd, f"max_cost_usd >= {c.cost_usd:.2f} would admit it"),
-            )
+    """Cost above ``max_cost_usd`` or time above ``deadline_minutes`` -> rejected_policy.
+
+    The exact figures are compared, not the rounded ones the report shows: 9.9992 min meets a
+    9.9995 min deadline although it shows as 10.0 (``exceeds``).
+    """
+    deadline, minutes = objective.deadline_minutes, c.exact_time
+    if deadline is not None and minutes is not None and exceeds(minutes, deadline):
+        c.reject(
+            "rejected_policy",
+            f"time {_exceeding(minutes, deadline, 0)} min > deadline {deadline:g} min",
+            Miss(minutes / deadline, f"deadline_minutes >= {_admitting(minutes, 0)} would admit it"),
+        )
+    budget, cost = objective.max_cost_usd, c.exact_cost
+    if budget is not None and cost is not None and exceeds(cost, budget):
+        c.reject(
+            "rejected_policy",
+            f"cost ${_exceeding(cost, budget, 2)} > max_cost_usd ${budget:g}",
+            Miss(cost / budget, f"max_cost_usd >= {_admitting(cost, 2)} would admit it"),
+        )
+
+
+# Relative slack of a limit check: float noise is no excess (3 x 0.1 min = 0.30000000000000004 min
+# meets a 0.3 min deadline), while any difference a figure could show (4 decimals at 1e4) still counts.
+_FLOAT_SLACK = 1e-9
+
+
+def exceeds(value: float, limit: float) -> bool:
+    """Whether an exact estimate is over a limit, float noise aside."""
+    return value > limit + abs(limit) * _FLOAT_SLACK
+
+
+_MAX_PLACES = 12
+_PLAIN_BELOW = 1e15  # from here on a float has no fractional digits to show; repr() is exact and short
+
+
+def _exceeding(value: float, limit: float, places: int) -> str:
+    """``value`` (> ``limit``) to ``places`` decimals, or to more where rounding would hide the excess."""
+    if math.isfinite(value) and abs(value) < _PLAIN_BELOW:
+        for digits in range(places, _MAX_PLACES):
+            text = f"{value:.{digits}f}"
+            if float(text) > limit:
+                return text
+    return repr(value)
+
+
+def _admitting(value: float, places: int) -> str:
+    """The figure to ``places`` decimals (or more) rounded up, so that a limit of it admits ``value``."""
+    if math.isfinite(value) and abs(value) < _PLAIN_BELOW:
+        for digits in range(places, _MAX_PLACES):
+            scale = 10**digits
+            text = f"{math.ceil(value * scale) / scale:.{digits}f}"
+            if float(text) >= value:
+                return text
+    return repr(value)

@@ -59,13 +59,13 @@ class Link:
             grad_text = mb_text(grad_bytes)
         if family == "ddp":
             volume = K.ALLREDUCE_FACTOR * share * grad_bytes
-            buckets = max(1, math.ceil(grad_bytes / K.DDP_BUCKET_BYTES))
-            lat = buckets * K.ALLREDUCE_FACTOR * (w - 1) * latency
+            buckets = max(1, math.ceil(grad_bytes / K.DDP_BUCKET_BYTES)) if math.isfinite(grad_bytes) else grad_bytes
+            lat = float(buckets) * K.ALLREDUCE_FACTOR * (w - 1) * latency
             what = f"ring all-reduce of {grad_text} gradients"
         else:
             per_micro = 2 * share * param_bytes + share * grad_bytes
             volume = per_micro * micro_batches
-            lat = micro_batches * K.FSDP_COLLECTIVES_PER_LAYER * layers * (w - 1) * latency
+            lat = float(micro_batches) * K.FSDP_COLLECTIVES_PER_LAYER * layers * (w - 1) * latency
             what = (
                 f"all-gather {mb_text(param_bytes)} parameters twice + reduce-scatter {grad_text} gradients "
                 f"x {micro_batches} micro-batches"

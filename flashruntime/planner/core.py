@@ -1,6 +1,7 @@
 """The planning pipeline (SPEC §7.1): digest the request, resolve model and GPU, run the
 workload's candidate menu, rank, mint. Pure and deterministic; a request the planner
-cannot resolve becomes a report with a hint, never an exception.
+cannot resolve, or whose figures no float can carry, becomes a report with a hint, never an
+exception.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 from flashruntime.planner.candidate import Candidate
 from flashruntime.planner.catalog_gpus import GpuFacts, resolve_gpu
 from flashruntime.planner.hints import no_valid_strategy_hint
+from flashruntime.planner.limits import apply_finite, unmodelable_input
 from flashruntime.planner.menu_classical import classical_candidates
 from flashruntime.planner.menu_finetune import finetune_candidates
 from flashruntime.planner.menu_pytorch import pytorch_candidates
@@ -43,6 +45,8 @@ def plan(request: PlanRequest | Mapping[str, Any]) -> PlanReport:
     warnings: list[str] = []
     try:
         candidates = _candidates(request, warnings)
+        for candidate in candidates:
+            apply_finite(candidate, request.workload.kind)
     except UnplannableRequest as exc:
         return PlanReport(
             planner_version=PLANNER_VERSION,
@@ -74,6 +78,9 @@ def plan(request: PlanRequest | Mapping[str, Any]) -> PlanReport:
 
 
 def _candidates(request: PlanRequest, warnings: list[str]) -> list[Candidate]:
+    out_of_range = unmodelable_input(request)
+    if out_of_range is not None:
+        raise UnplannableRequest(out_of_range)
     wl, res, obj = request.workload, request.resources, request.objective
     if isinstance(wl, TransformerFineTune):
         return finetune_candidates(wl, res, obj, _gpu(request), warnings)

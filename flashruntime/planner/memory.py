@@ -40,8 +40,8 @@ class FineTune:
 
 def lora_params(shape: ModelShape, rank: int) -> float:
     """2·h·r per adapted projection x adapted projections x layers (Hu et al. 2021; QLoRA §4)."""
-    per_projection = K.LORA_PARAMS_PER_PROJECTION_PER_RANK_PER_HIDDEN * shape.hidden * rank
-    return per_projection * K.LORA_ADAPTED_PROJECTIONS * shape.layers
+    per_projection = K.LORA_PARAMS_PER_PROJECTION_PER_RANK_PER_HIDDEN * float(shape.hidden) * rank
+    return per_projection * K.LORA_ADAPTED_PROJECTIONS * float(shape.layers)
 
 
 def optimizer_bytes(optimizer: str, precision: str) -> float:
@@ -54,7 +54,9 @@ def activation_bytes(ft: FineTune, checkpointing: bool) -> float:
     """Korthikanti et al. 2022: per-layer s·b·h·(34 + 5as/h), or 2sbh per layer input plus one layer's
     working set with full recompute; plus 4sbh + 4sbv for embeddings, output layer and fp32 logits."""
     shape = ft.shape
-    s, b, h, a, layers, v = ft.seq_len, ft.micro_batch, shape.hidden, shape.heads, shape.layers, shape.vocab
+    # floats: an astronomically large request overflows to inf (rejected later) instead of raising
+    s, b, h, a = float(ft.seq_len), float(ft.micro_batch), float(shape.hidden), float(shape.heads)
+    layers, v = float(shape.layers), float(shape.vocab)
     scale = K.FP32_ACTIVATION_SCALE if ft.precision == "fp32" else 1.0
     per_layer = s * b * h * (K.ACT_LINEAR_COEFF + K.ACT_ATTENTION_COEFF * a * s / h) * scale
     output = K.ACT_OUTPUT_HIDDEN_COEFF * s * b * h * scale + K.ACT_OUTPUT_LOGITS_COEFF * s * b * v

@@ -9,7 +9,7 @@ import math
 
 from flashruntime.planner import constants as K
 from flashruntime.planner import timing
-from flashruntime.planner.candidate import Candidate, Knobs, Memory
+from flashruntime.planner.candidate import Candidate, Knobs, Memory, Miss
 from flashruntime.planner.catalog_gpus import GpuFacts
 from flashruntime.planner.catalog_models import ModelShape, resolve_model
 from flashruntime.planner.checks import MemoryBand, apply_efficiency, apply_host_ram, apply_objective
@@ -139,7 +139,7 @@ class _Method:
             if ft.method == "qlora":
                 applied.append(timing.QLORA)
             slowdown = timing.combined(applied)
-            tokens_per_step = ft.micro_batch * ft.seq_len * ft.grad_accum
+            tokens_per_step = float(ft.micro_batch) * ft.seq_len * ft.grad_accum
             step_s = timing.step_compute_seconds(ft.shape.params, tokens_per_step, self._tflops, slowdown)
             pace = self._pace[ackpt] = (step_s, slowdown, timing.factors_text(applied))
         return pace
@@ -211,8 +211,11 @@ def _evaluate(s: _Shared, m: _Method, family: str, workers: int) -> Candidate:
         libraries=libraries,
     )
     if ft.method == "qlora" and not s.obj.allow_quantization:
+        # ratio 1: one switch admits it; a memory or host-RAM miss recorded later replaces this one
         c.reject(
-            "rejected_policy", "method 'qlora' quantises the base model, but objective.allow_quantization is false"
+            "rejected_policy",
+            "method 'qlora' quantises the base model, but objective.allow_quantization is false",
+            Miss(1.0, "set objective.allow_quantization true or use method 'lora'"),
         )
     band.apply(c, mem, note)
     if c.miss is not None and family in SHARDED_FAMILIES and not mem.total_gb <= usable:
@@ -233,7 +236,7 @@ def gpus_to_fit(mem: Memory, workers: int, vram_gb: float) -> int | None:
     sharded = (mem.weights_gb + mem.gradients_gb + mem.optimizer_gb) * workers
     usable = K.BAND_INFEASIBLE_ABOVE * vram_gb - K.CUDA_CONTEXT_BYTES / K.GIB
     per_gpu = usable / (1 + K.FRAGMENTATION_FRACTION) - mem.activations_gb - mem.transient_gb
-    if per_gpu <= 0:
+    if per_gpu <= 0 or not math.isfinite(sharded / per_gpu):
         return None
     return max(workers + 1, math.ceil(sharded / per_gpu))
 
@@ -274,10 +277,8 @@ def _estimate_time(
     if s.clock is None:
         c.reasons.append("no time estimate: workload.train_tokens_m not set")
         return
-    minutes, time_text = s.clock.minutes(workers, slowdown, factors, efficiency)
-    c.time_min, c.time_note = minutes, time_text
-    c.reasons.append(time_text)
+    minutes, time_text, exact = s.clock.minutes(workers, slowdown, factors, efficiency)
+    c.set_time(minutes, time_text, exact)
     hourly = s.res.hourly_cost_usd_per_gpu
     if hourly is not None:
-        c.cost_usd, c.cost_note = timing.cost_usd(minutes, workers, hourly)
-        c.reasons.append(c.cost_note)
+        c.set_cost(*timing.cost_usd(minutes, workers, hourly, exact))

@@ -82,10 +82,10 @@ def _evaluate(
     if wl.est_train_gpu_hours is None:
         c.reasons.append("no time estimate: est_train_gpu_hours not set")
     else:
-        minutes, text = timing.gpu_hours_minutes(wl.est_train_gpu_hours, workers, None)
-        c.set_time(minutes, text)
+        minutes, text, exact = timing.gpu_hours_minutes(wl.est_train_gpu_hours, workers, None)
+        c.set_time(minutes, text, exact)
         if res.hourly_cost_usd_per_gpu is not None:
-            c.set_cost(*timing.cost_usd(minutes, workers, res.hourly_cost_usd_per_gpu))
+            c.set_cost(*timing.cost_usd(minutes, workers, res.hourly_cost_usd_per_gpu, exact))
     if c.feasible:
         apply_objective(c, obj)
     return c

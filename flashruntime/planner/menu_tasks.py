@@ -88,10 +88,12 @@ def task_candidates(
 
 
 def _timed(c: Candidate, wl: IndependentTasks, res: Resources, waves: int, gpus: int, how: str) -> None:
-    minutes = round(waves * wl.est_minutes_per_task, 2)
+    exact = waves * wl.est_minutes_per_task
+    minutes = round(exact, 2)
     c.set_time(
         minutes,
         f"time {minutes:.0f} min = {waves} x {wl.est_minutes_per_task:g} min per task ({how}, {wl.task_count} tasks)",
+        exact,
     )
     if wl.needs_gpu and res.hourly_cost_usd_per_gpu is not None:
-        c.set_cost(*timing.cost_usd(minutes, gpus, res.hourly_cost_usd_per_gpu))
+        c.set_cost(*timing.cost_usd(minutes, gpus, res.hourly_cost_usd_per_gpu, exact))

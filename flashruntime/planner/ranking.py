@@ -11,6 +11,7 @@ import math
 
 from flashruntime.planner import constants as K
 from flashruntime.planner.candidate import Candidate
+from flashruntime.planner.checks import exceeds
 
 _INF = math.inf
 _LOCAL_FAMILIES = ("single_gpu", "local_process")
@@ -40,7 +41,7 @@ def _reliable_key(c: Candidate) -> tuple:
 
 
 def cheapest_cost(feasible: list[Candidate]) -> float | None:
-    costs = [c.cost_usd for c in feasible if c.cost_usd is not None]
+    costs = [c.exact_cost for c in feasible if c.cost_usd is not None]  # exact: the band's floor
     return min(costs) if costs else None
 
 
@@ -53,11 +54,14 @@ def rank(candidates: list[Candidate], mode: str) -> list[Candidate]:
         return sorted(feasible, key=lambda c: (_num(c.time_min), _num(c.cost_usd), c.workers, _tie(c)))
     if mode == "reliable":
         return sorted(feasible, key=_reliable_key)
-    # balanced: within 10 % of the cheapest cost first, fastest among them; the rest by cost.
+    # balanced: within 10 % of the cheapest cost first, fastest among them; the rest by cost. Band
+    # membership compares exact costs; the sort keys are the shown figures, so estimates equal to the
+    # cent and minute fall through to fewer workers rather than to float noise.
     floor = cheapest_cost(feasible)
 
     def balanced_key(c: Candidate) -> tuple:
-        in_band = floor is None or (c.cost_usd is not None and c.cost_usd <= K.BALANCED_COST_SLACK * floor)
+        cost = c.exact_cost
+        in_band = floor is None or (cost is not None and not exceeds(cost, K.BALANCED_COST_SLACK * floor))
         if in_band:
             return (0, _num(c.time_min), _num(c.cost_usd), c.workers, _tie(c))
         return (1, _num(c.cost_usd), _num(c.time_min), c.workers, _tie(c))

@@ -7,6 +7,7 @@ Each function returns the figure and the arithmetic as text for the candidate's 
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from flashruntime.planner import constants as K
@@ -60,11 +61,14 @@ class FineTuneClock:
         self._middle = f" min = 6 x {params / 1e9:.2f}e9 params x {tokens / 1e6:g}e6 tokens / ("
         self._tflops_text = f" x {tflops:g} TFLOP/s x MFU {_MFU_TEXT})"
 
-    def minutes(self, workers: int, slowdown: float, factors: str, efficiency: float) -> tuple[float, str]:
-        """Wall minutes and their arithmetic; ``slowdown`` is ``combined`` of the slowdowns that
-        ``factors`` (``factors_text``) lists."""
-        seconds = self._flops / (workers * self.tflops * 1e12 * K.MFU) * slowdown / efficiency
-        minutes = round(seconds / 60, 2)  # the figure the report carries; text and wire agree
+    def minutes(self, workers: int, slowdown: float, factors: str, efficiency: float) -> tuple[float, str, float]:
+        """``(shown minutes, arithmetic, exact minutes)``; ``slowdown`` is ``combined`` of the slowdowns
+        that ``factors`` (``factors_text``) lists."""
+        seconds = self._flops / (workers * self.tflops * 1e12 * K.MFU) * slowdown
+        # efficiency 0 (or NaN) only comes from overflowed communication estimates: no finite time
+        seconds = seconds / efficiency if efficiency > 0 else math.inf
+        exact = seconds / 60
+        minutes = round(exact, 2)  # the figure the report carries; text and wire agree
         text = "time %.0f%s%s%s%s / efficiency %.2f" % (
             minutes,
             self._middle,
@@ -73,18 +77,25 @@ class FineTuneClock:
             factors,
             efficiency,
         )
-        return minutes, text
+        return minutes, text, exact
 
 
-def gpu_hours_minutes(gpu_hours: float, workers: int, efficiency: float | None) -> tuple[float, str]:
-    """Wall minutes from a GPU-hour estimate split over ``workers``."""
+def gpu_hours_minutes(gpu_hours: float, workers: int, efficiency: float | None) -> tuple[float, str, float]:
+    """``(shown minutes, arithmetic, exact minutes)`` of a GPU-hour estimate split over ``workers``."""
     eff = 1.0 if efficiency is None else efficiency
-    minutes = round(gpu_hours * 60 / workers / eff, 2)
+    exact = gpu_hours * 60 / workers / eff
+    minutes = round(exact, 2)
     scaling = "linear scaling assumed" if efficiency is None else f"efficiency {eff:.2f}"
-    return minutes, f"time {minutes:.0f} min = {gpu_hours:g} GPU-h x 60 / {workers} GPUs ({scaling})"
+    return minutes, f"time {minutes:.0f} min = {gpu_hours:g} GPU-h x 60 / {workers} GPUs ({scaling})", exact
 
 
-def cost_usd(minutes: float, gpus: int, hourly_usd_per_gpu: float) -> tuple[float, str]:
-    cost = round(minutes / 60 * gpus * hourly_usd_per_gpu, 2)
+def cost_usd(
+    minutes: float, gpus: int, hourly_usd_per_gpu: float, exact_minutes: float | None = None
+) -> tuple[float, str, float]:
+    """``(shown cost, arithmetic, exact cost)`` on ``gpus`` GPUs for ``minutes`` as the report shows
+    them (the arithmetic quotes those) and ``exact_minutes`` as computed (None: the same). The report
+    shows cents; the budget and the balanced band compare the exact cost."""
+    exact = (minutes if exact_minutes is None else exact_minutes) / 60 * gpus * hourly_usd_per_gpu
+    cost = round(exact, 2)
     text = "cost $%.2f = %.2f h x %s GPU x $%g/GPU-h" % (cost, minutes / 60, gpus, hourly_usd_per_gpu)
-    return cost, text
+    return cost, text, exact

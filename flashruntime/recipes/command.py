@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import os
+import re
+import string
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,7 +26,17 @@ _ALLOW_UNSANDBOXED_ENV = "FLASHML_ALLOW_UNSANDBOXED_ARGV"
 
 _ARTIFACT_SCHEME = "artifact://"
 _DEFAULT_LEASE_SECONDS = 60.0
+_FORMATTER = string.Formatter()
 _PLACEHOLDER_ERRORS = (KeyError, IndexError, ValueError, AttributeError, TypeError)
+# The largest width or precision a placeholder's format spec may ask for: enough for any
+# zero-padded index or printed number, too little to grow a token without bound.
+MAX_FORMAT_NUMBER = 1000
+# A task's argv and env together: Linux's execve takes at most ARG_MAX (2 MiB with the default
+# 8 MiB stack) of both, so no task over this can start anyway.
+MAX_TASK_ARGV_ENV_BYTES = 2 * 1024 * 1024
+# All tasks of one job together: placeholders repeat a value, so a small body could otherwise
+# make the coordinator store (and serve on every claim) far more than it received.
+MAX_JOB_ARGV_ENV_BYTES = 64 * 1024 * 1024
 
 
 def _given(params: Mapping[str, Any], key: str, default: Any) -> Any:
@@ -73,17 +85,69 @@ def _env_problems(env: object) -> list[str]:
 
 
 def _format(template: str, values: Mapping[str, Any] | None, task_index: int, where: str) -> str:
+    """``template.format_map(values)``, after refusing what an untrusted template could abuse.
+
+    Any submitter can send a command job (POST /v1alpha1/jobs needs no token in open mode),
+    so a field may not read an attribute (``{x.__class__}`` renders the coordinator's own
+    objects), nest a field in its format spec, or ask for a width or precision over
+    ``MAX_FORMAT_NUMBER`` (``{x:>20000000}`` grows a token without bound). Everything else
+    ``str.format`` does is kept: specs such as ``{lr:.3g}`` or ``{i:05d}``, conversions, and
+    indexing such as ``{xs[0]}`` or ``{cfg[lr]}``."""
     if values is None:
         return template  # no task_params: tokens are taken verbatim
+    keys = sorted(map(str, values))
     try:
+        fields = [(field, spec) for _, field, spec, _ in _FORMATTER.parse(template) if field is not None]
+    except ValueError as exc:  # a lone '{' or '}'
+        fields, parse_error = [], exc
+    else:
+        parse_error = None
+    for field, spec in fields:
+        problem = _unsafe_field(field, spec or "")
+        if problem is not None:
+            raise ValueError(
+                f"task {task_index}: placeholder in {where} {template!r} is not allowed: {problem}; a placeholder "
+                "names a task_params key, optionally indexed ('{xs[0]}', '{cfg[lr]}'), with an optional conversion "
+                f"and a format spec whose widths and precisions are at most {MAX_FORMAT_NUMBER} ('{{lr:.3g}}', "
+                "'{i:05d}'); write literal braces as '{{' and '}}'"
+            )
+    try:
+        if parse_error is not None:
+            raise parse_error
         return template.format_map(values)
     except _PLACEHOLDER_ERRORS as exc:
         detail = f"no value for {exc}" if isinstance(exc, KeyError) else str(exc) or type(exc).__name__
         raise ValueError(
             f"task {task_index}: placeholder in {where} {template!r} cannot be filled from "
-            f"task_params[{task_index}] (keys: {sorted(map(str, values))}): {detail}; "
+            f"task_params[{task_index}] (keys: {keys}): {detail}; "
             "add the missing key to that parameter set, or write literal braces as '{{' and '}}'"
         ) from None
+
+
+def _unsafe_field(field: str, spec: str) -> str | None:
+    """Why the replacement field ``{field:spec}`` may not be filled, or None."""
+    depth = 0
+    for char in field:  # '.' outside brackets is attribute access; inside, part of an index key
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth = max(depth - 1, 0)
+        elif char == "." and depth == 0:
+            return f"{{{field}}} reads an attribute"
+    if "{" in spec or "}" in spec:
+        return f"{{{field}:{spec}}} takes part of its format spec from another field"
+    too_big = [number for number in re.findall(r"\d+", spec) if int(number) > MAX_FORMAT_NUMBER]
+    if too_big:
+        return f"{{{field}:{spec}}} asks for a width or precision of {too_big[0]}"
+    return None
+
+
+def _argv_env_bytes(argv: list[str], env: Mapping[str, str]) -> int:
+    """What ``execve`` copies for this argv and env: each string, its NUL, and ``=``."""
+    return sum(len(token.encode("utf-8", "surrogatepass")) + 1 for token in argv) + sum(
+        len(name.encode("utf-8", "surrogatepass")) + len(value.encode("utf-8", "surrogatepass")) + 2
+        for name, value in env.items()
+    )
 
 
 class CommandRecipe(WorkloadRecipe):
@@ -154,11 +218,28 @@ class CommandRecipe(WorkloadRecipe):
         env: dict[str, str] = _given(params, "env", {})
         common = _common_payload(params, spec)
         tasks = []
+        job_bytes = 0
         for i, values in enumerate(params.get("task_params") or [None]):
             task_id = f"task-{i:03d}"
+            argv = [_format(token, values, i, "argv token") for token in command]
+            task_env = {name: _format(value, values, i, f"env {name}") for name, value in env.items()}
+            task_bytes = _argv_env_bytes(argv, task_env)
+            if task_bytes > MAX_TASK_ARGV_ENV_BYTES:
+                raise ValueError(
+                    f"task {i}: its argv and env come to {task_bytes} bytes once filled from task_params[{i}], "
+                    f"more than the {MAX_TASK_ARGV_ENV_BYTES} a task may have (no worker could start it); "
+                    "pass large values as an input artifact (parameters.inputs) instead"
+                )
+            job_bytes += task_bytes
+            if job_bytes > MAX_JOB_ARGV_ENV_BYTES:
+                raise ValueError(
+                    f"the argv and env of tasks 0..{i} come to {job_bytes} bytes, more than the "
+                    f"{MAX_JOB_ARGV_ENV_BYTES} one job's tasks may have together; pass large values as an input "
+                    "artifact (parameters.inputs), or split the job"
+                )
             payload: dict[str, Any] = {
-                "argv": [_format(token, values, i, "argv token") for token in command],
-                "env": {name: _format(value, values, i, f"env {name}") for name, value in env.items()},
+                "argv": argv,
+                "env": task_env,
                 "inputs": dict(_given(params, "inputs", {})),
                 "output_prefix": output_prefix(job_id, task_id),
                 "task_id": task_id,

@@ -11,10 +11,12 @@ previous content as it was.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import hashlib
 import os
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 from flashruntime.errors import FlashRuntimeError
@@ -23,6 +25,10 @@ __all__ = ["ArtifactConflict", "ArtifactStore", "ArtifactTooLarge", "BadArtifact
 
 _TMP_PREFIX = ".upload-"
 _BLOCK = 1 << 20  # bytes handed to the writer thread at a time
+MAX_SEGMENT_BYTES = 255  # NAME_MAX of Linux file systems: one file or directory name, in bytes
+# What the file system answers for a path it cannot take as a name (too long as a whole, bytes it
+# will not store): the key's fault, so a 400 like any other bad key, not a 500.
+_KEY_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EILSEQ})
 
 
 class BadArtifactKey(FlashRuntimeError, ValueError):
@@ -47,7 +53,33 @@ def check_key(key: str) -> str:
         raise BadArtifactKey(f"artifact key {key!r} must not contain '.', '..' or empty segments")
     if not parts[-1] or parts[-1].startswith(_TMP_PREFIX):
         raise BadArtifactKey(f"artifact key {key!r} must name a file")
+    for part in parts:
+        size = len(part.encode("utf-8", "surrogatepass"))
+        if size > MAX_SEGMENT_BYTES:
+            raise BadArtifactKey(
+                f"artifact key segment {_shortened(part)!r} is {size} bytes long; each '/'-separated segment of a "
+                f"key is a file or directory name, at most {MAX_SEGMENT_BYTES} bytes (UTF-8): shorten it, or split "
+                "it with '/'"
+            )
     return key
+
+
+def _shortened(text: str, keep: int = 40) -> str:
+    return text if len(text) <= keep else f"{text[:keep]}...({len(text)} characters)"
+
+
+@contextlib.contextmanager
+def _key_os_errors(key: str) -> Iterator[None]:
+    """An ``OSError`` the key itself causes (the path is too long as a whole, say) → ``BadArtifactKey``."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _KEY_ERRNOS:
+            raise
+        raise BadArtifactKey(
+            f"artifact key {_shortened(key)!r} cannot be a path on the coordinator's disk: "
+            f"{exc.strerror or exc}; use a shorter key (fewer or shorter segments)"
+        ) from None
 
 
 def sha256_of(path: Path) -> str:
@@ -81,13 +113,14 @@ class ArtifactStore:
         Hashing, writing and the fsync run on a worker thread, a block at a time, so a large
         upload never stalls the event loop that serves every other node's heartbeats."""
         target = self.path_of(key)
-        self._refuse_clash(key, target)
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):  # a file took a parent's place meanwhile
+        with _key_os_errors(key):
             self._refuse_clash(key, target)
-            raise
-        fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=target.parent)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):  # a file took a parent's place meanwhile
+                self._refuse_clash(key, target)
+                raise
+            fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=target.parent)
         digest = hashlib.sha256()
         size = 0
         pending = bytearray()
@@ -121,7 +154,8 @@ class ArtifactStore:
                 if commit_check is not None:
                     commit_check()
                 try:
-                    os.replace(tmp_name, target)
+                    with _key_os_errors(key):
+                        os.replace(tmp_name, target)
                 except IsADirectoryError:  # another upload made the key a directory meanwhile
                     self._refuse_clash(key, target)
                     raise
@@ -155,7 +189,8 @@ class ArtifactStore:
 
     def read_path(self, key: str) -> Path | None:
         path = self.path_of(key)
-        return path if path.is_file() else None
+        with _key_os_errors(key):
+            return path if path.is_file() else None
 
     def list(self, prefix: str) -> list[tuple[str, int]]:
         """(key, size) of every file under ``prefix`` (a directory key ending in ``/``), sorted by key.

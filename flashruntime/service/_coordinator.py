@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import secrets
 import threading
 from collections.abc import Callable
@@ -73,6 +74,9 @@ class Coordinator:
         self.artifacts = ArtifactStore(settings.artifacts_dir, settings.max_artifact_mb * 1024 * 1024)
         self.placement = IsolationAwarePlacement()
         self._jobs_lock = threading.Lock()  # serialises the read-refresh-write of job records
+        # Per thread: the lease ids whose TASK_COMMIT_ACCEPTED this thread's manager.complete
+        # emitted, i.e. the commits this call made (the manager emits it for the transition only).
+        self._committing = threading.local()
 
     def close(self) -> None:
         self.manager.store.close()  # type: ignore[attr-defined]
@@ -85,6 +89,10 @@ class Coordinator:
     def record_event(self, event: Event) -> None:
         """Ledger append plus one JSON log line; counts lease expiries for /metrics."""
         self.ledger.append_event(event)
+        if event.type is EventType.TASK_COMMIT_ACCEPTED:
+            made = getattr(self._committing, "made", None)
+            if made is not None:
+                made.add(event.data.get("lease_id"))
         self._observe(event)
 
     def _observe(self, event: Event) -> None:
@@ -111,6 +119,13 @@ class Coordinator:
             raise NoBackend(
                 f"backend {spec.spec.execution.backend!r} is not configured on this coordinator; "
                 "submit with spec.execution.backend = 'leases'"
+            )
+        where = _non_finite(spec.spec.workload.parameters, "spec.workload.parameters")
+        if where is not None:
+            raise ExpansionError(
+                f"{where[0]} is {where[1]}: workload parameters must be finite numbers (JSON has no NaN or "
+                "Infinity, and the job record would keep it as null); give a finite number, or a string such as "
+                "'nan' if your task reads one"
             )
         job_id = secrets.token_hex(6)
         tasks = expand_tasks(job_id, spec)
@@ -152,9 +167,11 @@ class Coordinator:
             current = self.ledger.get_job(record.job_id) or record
             updated, event = refreshed(current, counts, now)
             if updated is not current:
-                self.ledger.upsert_job(updated)
+                # One transaction: a crash can never leave a terminal (frozen) record whose
+                # JOB_SUCCEEDED / JOB_FAILED is missing for good.
+                self.ledger.upsert_job(updated, events=() if event is None else (event,))
         if event is not None:
-            self.record_event(event)
+            self._observe(event)
         return updated
 
     def job(self, job_id: str) -> JobRecord | None:
@@ -225,9 +242,18 @@ class Coordinator:
                 pass
             self.metrics.count_commit("invalid_output")
             return {"accepted": False, "detail": problem}
-        if not self.manager.complete(lease.lease_id, request.output_sha256, now=now):
+        self._committing.made = made = set()
+        try:
+            accepted = self.manager.complete(lease.lease_id, request.output_sha256, now=now)
+        finally:
+            self._committing.made = None
+        if not accepted:
             self.metrics.count_commit("rejected")
             return {"accepted": False, "detail": "lease is no longer live"}
+        if lease.lease_id not in made:
+            # A duplicate of this same commit, racing it past the checks above: the manager
+            # answered as to the winner's retry (step 2), so it is counted and recorded once.
+            return {"accepted": True}
         self.metrics.count_commit("accepted")
         self.nodes.count_accepted(lease.node_id)
         claimed_at = lease.deadline.timestamp() - lease.lease_seconds  # the lease as first issued
@@ -257,6 +283,22 @@ class Coordinator:
             if record.backend == "leases" and record.state not in TERMINAL_JOB_STATES:
                 self.refresh(record)
         return expired
+
+
+def _non_finite(value: Any, path: str) -> tuple[str, float] | None:
+    """(where, value) of the first NaN or infinity in a JSON-like ``value``, or None.
+    Iterative: a deeply nested body must not exhaust the stack here."""
+    stack: list[tuple[str, Any]] = [(path, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return where, item
+        elif isinstance(item, dict):
+            stack.extend(reversed([(f"{where}.{key}", inner) for key, inner in item.items()]))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(reversed([(f"{where}[{i}]", inner) for i, inner in enumerate(item)]))
+    return None
 
 
 def _accepted_evidence(record: Any, row: dict[str, Any] | None) -> dict[str, Any] | None:

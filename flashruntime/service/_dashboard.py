@@ -48,6 +48,8 @@ const esc = (v) => String(v ?? "").replace(/[&<>"']/g, (c) => ({"&":"&amp;","<":
 const cell = (v, cls) => `<td${cls ? ` class="${cls}"` : ""}>${esc(v)}</td>`;
 const fill = (id, rows) => { document.querySelector(`#${id} tbody`).innerHTML = rows.join("") ||
   `<tr><td colspan="9" class="muted">none</td></tr>`; };
+// Each segment escaped on its own: '#', '?' and '%%' in a key are part of the key, not of the URL.
+const keyPath = (key) => key.split("/").map(encodeURIComponent).join("/");
 async function get(path) { const r = await fetch(path); if (!r.ok) throw new Error(`${path}: ${r.status}`); return r.json(); }
 async function refresh() {
   try {
@@ -73,7 +75,7 @@ async function refresh() {
         cell(`${t.attempts} / ${t.max_attempts}`) + cell(t.node_id, "mono") + cell(t.deadline) + cell(t.failures) +
         cell(`${t.expiries} / ${t.max_expiries}`) + "</tr>"));
       fill("events", events.slice(-200).reverse().map((e) => `<tr>${cell(e.timestamp, "mono")}${cell(e.type)}${cell(e.message)}</tr>`));
-      fill("artifacts", artifacts.map((a) => `<tr><td><a href="/v1alpha1/artifacts/${encodeURI(a.key)}">${esc(a.key)}</a></td>` +
+      fill("artifacts", artifacts.map((a) => `<tr><td><a href="/v1alpha1/artifacts/${keyPath(a.key)}">${esc(a.key)}</a></td>` +
         cell(`${a.size_bytes} B`) + "</tr>"));
     }
     document.getElementById("status").textContent = `updated ${new Date().toLocaleTimeString()}`;

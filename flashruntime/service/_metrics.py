@@ -17,6 +17,12 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+# The methods the request histogram names; any other token a client sends (``curl -X FOO1``)
+# is counted as "other", so no request can add a series of its own.
+_KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"})
+OTHER_METHOD = "other"
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -53,7 +59,9 @@ class Metrics:
             self.lease_expiries += n
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        key = (method, route, str(status))
+        """One request in the histogram; ``route`` must be a template (a bounded set), and a
+        method outside the standard ones is labelled ``"other"``."""
+        key = (method if method in _KNOWN_METHODS else OTHER_METHOD, route, str(status))
         with self._lock:
             row = self._requests.get(key)
             if row is None:

@@ -99,7 +99,14 @@ def fleet_router(coordinator: Coordinator) -> APIRouter:
         if body.seconds is not None:
             if not body.seconds > 0:
                 raise HTTPException(422, f"seconds must be > 0, got {body.seconds}")
-            until = now + timedelta(seconds=body.seconds)
+            try:
+                until = now + timedelta(seconds=body.seconds)
+            except OverflowError:  # beyond timedelta's range, or past year 9999
+                raise HTTPException(
+                    422,
+                    f"seconds {body.seconds:g} puts the cordon's end past the last date the coordinator can hold "
+                    "(year 9999); give fewer seconds, or neither seconds nor until to cordon until uncordoned",
+                ) from None
         if until is not None and until <= now:
             raise HTTPException(422, f"until {until.isoformat()} is not in the future")
         coordinator.manager.cordon(node_id, until=until, reason=body.reason, now=now)

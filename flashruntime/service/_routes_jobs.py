@@ -133,6 +133,8 @@ def jobs_router(coordinator: Coordinator) -> APIRouter:
             raise HTTPException(413, str(exc)) from None
         except ArtifactConflict as exc:
             raise HTTPException(409, str(exc)) from None
+        except BadArtifactKey as exc:  # a path the file system refuses, e.g. too long as a whole
+            raise HTTPException(400, str(exc)) from None
         record = ArtifactRecord(uri=f"artifact://{key}", backend="local", bucket=str(coordinator.artifacts.root),
                                 object_key=key, sha256=sha256, size_bytes=size)
         return JSONResponse(record.model_dump(mode="json"))

@@ -67,11 +67,18 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
     @app.middleware("http")
     async def _timed(request: Request, call_next: Any) -> Response:
         start = time.perf_counter()
-        response: Response = await call_next(request)
-        route = request.scope.get("route")
-        template = getattr(route, "path", None) or "<unmatched>"
-        coordinator.metrics.observe_request(request.method, template, response.status_code,
-                                            time.perf_counter() - start)
+
+        def observe(status: int) -> None:
+            route = request.scope.get("route")
+            template = getattr(route, "path", None) or "<unmatched>"
+            coordinator.metrics.observe_request(request.method, template, status, time.perf_counter() - start)
+
+        try:
+            response: Response = await call_next(request)
+        except Exception:
+            observe(500)  # the server answers a handler's exception with 500, outside this middleware
+            raise
+        observe(response.status_code)
         return response
 
     app.include_router(jobs_router(coordinator))

@@ -55,6 +55,19 @@ def _require_id(name: str, value: object) -> str:
     return value  # type: ignore[return-value]
 
 
+def _require_events(events: Sequence[Event]) -> None:
+    for event in events:
+        if not isinstance(event, Event):
+            raise TypeError(f"events must be Events, got a {type(event).__name__}")
+
+
+def _insert_events(conn: sqlite3.Connection, events: Sequence[Event]) -> None:
+    conn.executemany(
+        "INSERT INTO events (job_id, type, timestamp, payload) VALUES (?, ?, ?, ?)",
+        [(e.job_id, e.type.value, _timestamp(e.timestamp), e.model_dump_json()) for e in events],
+    )
+
+
 class Ledger:
     """Jobs, events and attempt evidence in the SQLite file at ``path``.
 
@@ -113,10 +126,13 @@ class Ledger:
 
     # --- jobs -----------------------------------------------------------------
 
-    def upsert_job(self, record: JobRecord) -> None:
-        """Insert ``record``, or replace the stored record with the same ``job_id``."""
+    def upsert_job(self, record: JobRecord, *, events: Sequence[Event] = ()) -> None:
+        """Insert ``record``, or replace the stored record with the same ``job_id``; ``events``
+        are appended (in order) in the same transaction, so either all of it is committed or
+        none of it is."""
         if not isinstance(record, JobRecord):
             raise TypeError(f"record must be a JobRecord, got {type(record).__name__}")
+        _require_events(events)
         with self._connect(write=True) as conn:
             conn.execute(
                 "INSERT INTO jobs (job_id, record, state, created_at) VALUES (?, ?, ?, ?) "
@@ -124,6 +140,7 @@ class Ledger:
                 "created_at = excluded.created_at",
                 (record.job_id, record.model_dump_json(), record.state.value, _timestamp(record.created_at)),
             )
+            _insert_events(conn, events)
 
     def add_job(self, record: JobRecord, events: Sequence[Event]) -> None:
         """Store a new job together with its first ``events`` (in order) in one transaction:
@@ -131,9 +148,7 @@ class Ledger:
         ``ValueError`` and changes nothing."""
         if not isinstance(record, JobRecord):
             raise TypeError(f"record must be a JobRecord, got {type(record).__name__}")
-        for event in events:
-            if not isinstance(event, Event):
-                raise TypeError(f"events must be Events, got a {type(event).__name__}")
+        _require_events(events)
         with self._connect(write=True) as conn:
             try:
                 conn.execute(
@@ -142,10 +157,7 @@ class Ledger:
                 )
             except sqlite3.IntegrityError:
                 raise ValueError(f"job {record.job_id!r} is already in the ledger; submit it under a new id") from None
-            conn.executemany(
-                "INSERT INTO events (job_id, type, timestamp, payload) VALUES (?, ?, ?, ?)",
-                [(e.job_id, e.type.value, _timestamp(e.timestamp), e.model_dump_json()) for e in events],
-            )
+            _insert_events(conn, events)
 
     def get_job(self, job_id: str) -> JobRecord | None:
         _require_str("job_id", job_id)

@@ -109,7 +109,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, "text/html; charset=utf-8", self.page)
         elif path == "/api/state":
             with self.state_lock:
-                body = json.dumps(collect(self.run_dir), allow_nan=False, default=str).encode("utf-8")
+                state = collect(self.run_dir)
+            body = json.dumps(state, allow_nan=False, default=str).encode("utf-8")
             self._send(200, "application/json", body)
         elif path == "/docs" or path.startswith("/docs/"):
             self._docs(path[len("/docs"):])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -44,7 +45,7 @@ def _collect(run_dir: Path) -> dict[str, Any]:
     except OSError as exc:
         return {"error": f"cannot read {run_json}: {exc.strerror or exc}"}
     try:
-        doc = json.loads(text, parse_constant=_no_constant)
+        doc = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except ValueError:
         return {"error": f"{run_json} is not valid JSON (torn or being written); retrying"}
     if not isinstance(doc, dict) or doc.get("contract") != CONTRACT:
@@ -87,6 +88,12 @@ def _no_constant(name: str) -> None:
     """NaN and ±Infinity (which Python's json writes) become null: the page gets strict JSON."""
 
 
+def _finite_float(text: str) -> float | None:
+    """A JSON number; one too large for a float (``1e999``) becomes null like ``Infinity``."""
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
 def _attempt_dir(run_dir: Path, attempt: dict[str, Any]) -> Path | None:
     raw = attempt.get("output_dir")
     if not isinstance(raw, str) or not raw:
@@ -125,7 +132,7 @@ def _json_lines(path: Path, keep: int) -> list[dict[str, Any]]:
     records = []
     for line in _tail_lines(path):
         try:
-            record = json.loads(line, parse_constant=_no_constant)
+            record = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float)
         except ValueError:
             continue
         if isinstance(record, dict):
@@ -142,7 +149,7 @@ def _ranks(ranks_dir: Path) -> list[dict[str, Any]]:
     for path in sorted(glob.glob(os.path.join(glob.escape(str(ranks_dir)), "rank-*.json"))):
         try:
             with open(path, "rb") as handle:
-                record = json.loads(handle.read(WINDOW_BYTES), parse_constant=_no_constant)
+                record = json.loads(handle.read(WINDOW_BYTES), parse_constant=_no_constant, parse_float=_finite_float)
         except (OSError, ValueError):
             continue  # mid-replace or torn: the next poll sees it
         if isinstance(record, dict) and isinstance(record.get("rank"), int):

@@ -89,6 +89,17 @@ def test_unreadable_request_exits_1(tmp_path: Path, name: str, content: str | No
     assert message in result.stderr
 
 
+@pytest.mark.parametrize("name", ["latin1.json", "latin1.yaml"])
+def test_a_request_that_is_not_utf8_exits_1_with_a_message_not_a_traceback(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_bytes('{"model": "caf\u00e9"}'.encode("latin-1"))
+    result = _cli(str(path))
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"flashruntime plan: {path}: not UTF-8 text (byte 0xe9 at offset 14); save the request as UTF-8 JSON or YAML"
+    )
+
+
 def test_yaml_without_pyyaml_exits_2_with_the_install_hint() -> None:
     code = blocking_prelude(refuse=("yaml",)) + (
         "import runpy\n"

@@ -98,6 +98,39 @@ def test_runs_lists_newest_first_and_marks_unreadable(tmp_path: Path) -> None:
     assert table.stdout.splitlines()[0].split() == ["path", "state", "mode", "attempts", "started", "duration"]
 
 
+def test_runs_shows_malformed_fields_as_question_marks_and_exits_0(tmp_path: Path) -> None:
+    """One hand-edited or foreign-but-labelled run.json must not hide every other run."""
+    docs = {
+        "workload_str": {"workload": "cmd", "state": "SUCCEEDED", "attempts": []},
+        "attempts_int": {"state": "RUNNING", "attempts": 3, "started_at": 1000, "finished_at": 1010},
+        "huge_start": {"state": "RUNNING", "started_at": 1e20, "finished_at": 1e20 + 1},
+        "state_number": {"state": 7, "started_at": True, "workload": {"mode": ["local"]}},
+        "good": {"state": "SUCCEEDED", "workload": {"mode": "local"}, "attempts": [{}], "started_at": 2000.0,
+                 "finished_at": 2012.5},
+    }
+    for name, doc in docs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({"contract": "viewer_v1", **doc}))
+    result = _cli("runs", "--root", str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr
+    by_name = {Path(r.pop("path")).name: r for r in json.loads(result.stdout)}
+    assert by_name == {
+        "workload_str": {"state": "SUCCEEDED", "mode": "?", "attempts": 0, "started": None, "duration_s": None},
+        "attempts_int": {"state": "RUNNING", "mode": None, "attempts": "?", "started": "1970-01-01T00:16:40Z",
+                         "duration_s": 10},
+        "huge_start": {"state": "RUNNING", "mode": None, "attempts": 0, "started": "?", "duration_s": "?"},
+        "state_number": {"state": "?", "mode": "?", "attempts": 0, "started": "?", "duration_s": None},
+        "good": {"state": "SUCCEEDED", "mode": "local", "attempts": 1, "started": "1970-01-01T00:33:20Z",
+                 "duration_s": 12.5},
+    }
+    table = _cli("runs", "--root", str(tmp_path))
+    assert table.returncode == 0 and table.stderr == ""
+    rows = {Path(line.split()[0]).name: line.split()[1:] for line in table.stdout.splitlines()[1:]}
+    assert rows["huge_start"] == ["RUNNING", "-", "0", "?", "?"]
+    assert rows["attempts_int"] == ["RUNNING", "-", "?", "1970-01-01T00:16:40Z", "10s"]
+    assert rows["good"] == ["SUCCEEDED", "local", "1", "1970-01-01T00:33:20Z", "12.5s"]
+
+
 def test_runs_on_a_missing_root_exit_2(tmp_path: Path) -> None:
     result = _cli("runs", "--root", str(tmp_path / "nope"))
     assert result.returncode == 2 and "is not a directory" in result.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -46,4 +47,28 @@ def test_dashboard_shows_the_fleet_and_a_jobs_detail(browser: Any, tmp_path: Pat
         assert "TASK_COMMIT_ACCEPTED" in _text(browser, "#events")
         assert "metrics.json" in _text(browser, "#artifacts")
         wait_for(browser, lambda d: "1 completed" in _text(d, "#jobs"), what="the job's task counts")
+        assert not severe_log_entries(browser)
+
+
+def test_artifact_links_escape_hash_question_mark_and_percent_in_keys(browser: Any, tmp_path: Path) -> None:
+    """A key's '#', '?' and '%' belong to the key: each link fetches exactly its artifact."""
+    from selenium.webdriver.common.by import By
+
+    with serve_in_thread(settings_for(tmp_path / "data")) as url, httpx.Client(base_url=url, timeout=10) as api:
+        job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=1)).json()["job_id"]
+        names = {"a#b.txt": b"hash", "c?d=1.txt": b"query", "e%20f.txt": b"percent", "g h.txt": b"space"}
+        for name, content in names.items():
+            encoded = "/".join(quote(part, safe="") for part in f"jobs/{job_id}/trial-000/{name}".split("/"))
+            assert api.put(f"/v1alpha1/artifacts/{encoded}", content=content).status_code == 200
+        browser.get(url + "/")
+        wait_for(browser, lambda d: job_id in _text(d, "#jobs"), what="the job")
+        browser.find_element(By.CSS_SELECTOR, f'tr.job[data-job="{job_id}"]').click()
+        wait_for(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#artifacts a")) == len(names),
+                 what="the artifact links")
+        links = {a.text: a.get_attribute("href") for a in browser.find_elements(By.CSS_SELECTOR, "#artifacts a")}
+        for name, content in names.items():
+            href = links[f"jobs/{job_id}/trial-000/{name}"]
+            assert "#" not in href and "?" not in href, href
+            fetched = httpx.get(href, timeout=10)
+            assert (fetched.status_code, fetched.content) == (200, content), href
         assert not severe_log_entries(browser)

@@ -115,6 +115,25 @@ def test_cancel_kills_a_child_in_another_session_that_ignores_sigterm(tmp_path: 
     assert not pid_alive(child) and not pid_alive(int(handle.execution_id))
 
 
+def test_a_non_utf8_attempt_directory_launches_and_cancel_reaches_every_process(tmp_path: Path) -> None:
+    """A path that is not UTF-8 (surrogate-escaped in Python) is a valid directory: the
+    launch succeeds and the attempt's marker is the path's own bytes, so the sweep still
+    finds a child in another session by its environment."""
+    root = Path(os.fsdecode(os.fsencode(tmp_path) + b"/out-\xff"))
+    launcher = LocalProcessLauncher(root, term_grace_s=0.5)
+    spec = LaunchSpec(argv=[sys.executable, "-c", STUBBORN_CHILD.format(tail="time.sleep(300)")])
+    handle = launcher.launch(spec, "j", "a")
+    child = int(_wait_for(handle.output_dir / "child.pid"))
+    try:
+        assert pid_alive(child) and os.getpgid(child) != int(handle.execution_id)
+        handle.cancel()
+        assert handle.poll() is LaunchState.CANCELLED
+        assert not pid_alive(child) and not pid_alive(int(handle.execution_id))
+    finally:
+        if pid_alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
 def test_leader_death_sweeps_the_survivors_before_reporting(tmp_path: Path) -> None:
     launcher = LocalProcessLauncher(tmp_path, term_grace_s=0.5)
     tail = "import time; time.sleep(0.3); os.kill(os.getpid(), signal.SIGKILL)"

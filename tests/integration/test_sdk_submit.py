@@ -318,3 +318,59 @@ def test_a_relative_checkpoint_dir_is_stored_absolute(tmp_path: Path, monkeypatc
     expected = str((tmp_path / "relckpt").resolve())
     assert str(run.checkpoint_dir) == expected
     assert json.loads(run.run_json_path.read_text())["checkpoint_dir"] == expected
+
+
+def test_a_collect_pattern_reaching_outside_the_source_is_refused_before_launching(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    ran = tmp_path / "ran"
+    workload = CommandWorkload(command=[PY, "-c", f"open({str(ran)!r}, 'w').write('x')"],
+                               source=Source(path=str(source)), outputs=OutputSpec(collect=["../escape/*.txt"]))
+    with pytest.raises(ValueError, match=r"pattern '\.\./escape/\*\.txt' reaches outside the source directory"):
+        submit(workload, output_dir=tmp_path / "out", watch=False)
+    assert not ran.exists() and not (tmp_path / "out").exists()  # nothing launched, no run recorded
+
+
+def test_collect_never_copies_a_match_that_resolves_outside_the_source(tmp_path: Path) -> None:
+    source, outside = tmp_path / "src", tmp_path / "outside"
+    source.mkdir()
+    outside.mkdir()
+    (source / "leak.json").symlink_to(outside / "secret.json")
+    code = (f"import json; open({str(outside / 'secret.json')!r}, 'w').write('{{}}'); "
+            "json.dump({'score': 1}, open('metrics.json', 'w'))")
+    workload = CommandWorkload(command=[PY, "-c", code], source=Source(path=str(source)),
+                               outputs=OutputSpec(collect=["*.json"]))
+    run = submit(workload, output_dir=tmp_path / "out", watch=False)
+    assert run.state is LaunchState.SUCCEEDED
+    attempt_dir = tmp_path / "out" / "local" / "task-000"
+    assert run.artifacts == [attempt_dir / "metrics.json"]
+    assert not (attempt_dir / "leak.json").exists()
+
+
+def test_a_cancel_after_the_last_attempt_ended_names_no_stopped_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cancel() lands while the drive loop collects the finished attempt's outputs: the
+    attempt stopped by itself, so RUN_CANCELLED is the plain "run cancelled" (SPEC §5.4)."""
+    import threading
+
+    from flashruntime import sdk
+
+    collecting, cancelled = threading.Event(), threading.Event()
+    collect = sdk._collect_outputs
+
+    def gated(*args: object, **kwargs: object) -> None:
+        collecting.set()
+        assert cancelled.wait(60), "hang guard"
+        collect(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sdk, "_collect_outputs", gated)
+    run = submit(CommandWorkload(command=[PY, "-c", "print('done')"]), output_dir=tmp_path / "out", wait=False,
+                 watch=False)
+    assert collecting.wait(60), "hang guard"
+    run.cancel()
+    cancelled.set()
+    assert run.wait(timeout=60) is LaunchState.CANCELLED
+    assert [(a["attempt_id"], a["state"]) for a in run.attempts] == [("task-000", "SUCCEEDED")]
+    assert [(e["type"], e["message"]) for e in run.events][-2:] == [
+        ("ATTEMPT_FINISHED", "task-000 finished SUCCEEDED (exit 0)"), ("RUN_CANCELLED", "run cancelled")]

@@ -145,6 +145,30 @@ def test_upsert_replaces_the_record_and_its_state_column(ledger: Ledger) -> None
         conn.close()
 
 
+def test_upsert_with_events_stores_the_record_and_its_events_together_or_not_at_all(ledger: Ledger) -> None:
+    """What the coordinator's refresh relies on: a terminal record is never stored without
+    its JOB_SUCCEEDED / JOB_FAILED (SPEC §9.8)."""
+    ledger.upsert_job(_job("j1", state=JobState.RUNNING), events=[_event("j1", EventType.JOB_ACCEPTED)])
+    conn = sqlite3.connect(ledger.path)
+    try:
+        conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.type = 'JOB_FAILED' "
+                     "BEGIN SELECT RAISE(ABORT, 'injected fault'); END")
+        conn.commit()
+    finally:
+        conn.close()
+    failed = _job("j1", state=JobState.FAILED, finished_at=T0)
+    with pytest.raises(sqlite3.IntegrityError, match="injected fault"):
+        ledger.upsert_job(failed, events=[_event("j1", EventType.TASK_EXHAUSTED), _event("j1", EventType.JOB_FAILED)])
+    assert ledger.get_job("j1") == _job("j1", state=JobState.RUNNING)  # neither half was stored
+    assert [e.type for e in ledger.events_for("j1")] == [EventType.JOB_ACCEPTED]
+    with pytest.raises(TypeError, match="events must be Events, got a str"):
+        ledger.upsert_job(failed, events=["JOB_FAILED"])  # type: ignore[list-item]
+    assert ledger.get_job("j1") == _job("j1", state=JobState.RUNNING)
+    ledger.upsert_job(failed, events=[_event("j1", EventType.TASK_EXHAUSTED)])
+    assert ledger.get_job("j1") == failed
+    assert [e.type for e in ledger.events_for("j1")] == [EventType.JOB_ACCEPTED, EventType.TASK_EXHAUSTED]
+
+
 def test_list_jobs_is_newest_first_across_formats(ledger: Ledger) -> None:
     # Whole seconds against fractions, and another offset: text order must still be time order.
     created = {

@@ -166,3 +166,22 @@ def test_concurrent_polls_never_collect_at_once(tmp_path: Path, monkeypatch: pyt
         for thread in threads:
             thread.join(timeout=30)
     assert inside["most"] == 1
+
+
+def test_a_metric_too_large_for_a_float_is_served_as_null_not_a_dropped_poll(tmp_path: Path) -> None:
+    """``1e999`` is valid JSON but parses to inf, which strict JSON cannot carry: before, every
+    /api/state poll failed while the line was in the window."""
+    run_dir = _run_dir(tmp_path)
+    attempt = run_dir / "attempt-0"
+    attempt.mkdir()
+    (attempt / "metrics.jsonl").write_text(
+        '{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 1e999, "grad": [-1e999, 2.0], "lr": NaN}\n')
+    doc = json.loads((run_dir / "run.json").read_text())
+    doc["attempts"] = [{"attempt": 0, "output_dir": "attempt-0"}]
+    (run_dir / "run.json").write_text(json.dumps(doc))
+    with RunViewerServer(run_dir) as server:
+        assert server.url is not None
+        status, kind, body = _get(server.url, "/api/state")
+    assert status == 200 and kind == "application/json", body[:300]
+    assert json.loads(body)["attempts"][0]["metrics"] == [
+        {"step": 1, "loss": 0.5}, {"step": 2, "loss": None, "grad": [None, 2.0], "lr": None}]

@@ -52,6 +52,7 @@ def test_docstring_draws_the_tree() -> None:
 # attempt, a fused lease transition handing its case to the general path inside the
 # method), and the simulated crash a task module raises as ``SystemExit``.
 _OUTSIDE_THE_FAMILY = {
+    "flashruntime._run_guard._Terminated",
     "flashruntime.leases._memory_fast._TakeGeneralPath",
     "flashruntime.service._worker_run._LeaseLost",
     "flashruntime.service.commands.plan._RequestError",

@@ -224,7 +224,7 @@ def _with_metrics(coord: FakeCoordinator, task: str, **changes) -> FakeCoordinat
     return coord
 
 
-@pytest.mark.parametrize("bad", ["../delta.json", "a/b.json", ".delta", "", "delta json", 5])
+@pytest.mark.parametrize("bad", ["../delta.json", "a/b.json", ".delta", "", "delta json", 5, "delta.json\n"])
 def test_delta_file_must_stay_inside_the_task_prefix(bad):
     coord = _with_metrics(FakeCoordinator(quadratic_worker(TARGETS)), "shard-001", delta_file=bad)
     with pytest.raises(ValueError, match=r"task shard-001: delta_file .* must be a plain file name"):
@@ -336,3 +336,21 @@ def test_resume_state_edge_cases():
     coord.raise_next["get_artifact"] = [ConnectionError("down")]
     with pytest.raises(ConnectionError):
         resume_state(coord, [(1, "k")])
+
+
+@pytest.mark.parametrize("raw", [b"", b"  \n", "", b"{}"])
+def test_resume_state_reads_a_blank_weights_artifact_as_present_but_empty(raw):
+    coord = FakeCoordinator(quadratic_worker(TARGETS))
+    coord.store["jobs/j/round-004/weights.json"] = raw
+    with pytest.raises(RuntimeError, match=r"resume_state: jobs/j/round-004/weights.json is present but empty"):
+        resume_state(coord, [(4, "j")])
+
+
+def test_resume_state_names_the_key_of_undecodable_weights():
+    coord = FakeCoordinator(quadratic_worker(TARGETS))
+    coord.store["jobs/j/round-004/weights.json"] = b'{"w": '
+    with pytest.raises(json.JSONDecodeError, match=r"resume_state: jobs/j/round-004/weights.json is not valid JSON"):
+        resume_state(coord, [(4, "j")])
+    coord.store["jobs/j/round-004/weights.json"] = b"\x80{}"
+    with pytest.raises(UnicodeDecodeError, match=r"resume_state: jobs/j/round-004/weights.json is not valid JSON"):
+        resume_state(coord, [(4, "j")])

@@ -145,12 +145,25 @@ def test_malformed_entries_fail_the_shape_check(entry, match):
     ("bad", "what"),
     [(math.nan, "non-finite value nan"), (math.inf, "non-finite value inf"), (-math.inf, "non-finite value -inf"),
      ("1.5", "non-numeric value '1.5'"), (None, "non-numeric value None"), ([1.0], r"non-numeric value \[1.0\]"),
-     (10**400, "integer too large")],
+     (10**400, "integer too large"), (True, r"non-numeric value True \(bool\)"),
+     (False, r"non-numeric value False \(bool\)")],
 )
 def test_require_finite_names_where_parameter_and_flat_index(bad, what):
     b = {"a": {"shape": [2], "data": [1.0, 2.0]}, "w": {"shape": [2, 2], "data": [0.0, 1.0, bad, 3.0]}}
     with pytest.raises(NonFiniteWeights, match=rf"shard-007: parameter 'w' has (a|an) {what}.* at flat index 2"):
         require_finite(b, "shard-007")
+
+
+@pytest.mark.parametrize("accel", PATHS)
+@pytest.mark.parametrize(("data", "index"), [([0.5, True], 1), ([False, 0.5], 0), ([True, True], 0),
+                                             ([1, 2, False], 2), ([0.0, 1.0, 1, 0, True], 4)])
+def test_json_booleans_are_not_numbers_on_either_path(accel, data, index):
+    honest = (blob(w=[0.0] * len(data)), 1)
+    with pytest.raises(NonFiniteWeights, match=rf"contribution 1: parameter 'w' has a non-numeric value "
+                                               rf"(True|False) \(bool\) at flat index {index}"):
+        reduce_deltas([honest, (blob(w=data), 1)], accel=accel)
+    with pytest.raises(NonFiniteWeights, match=rf"apply_delta: delta: parameter 'w' .* at flat index {index}"):
+        apply_delta(blob(w=[0.0] * len(data)), blob(w=data))
 
 
 def test_require_finite_returns_the_blob_itself_and_checks_compact_entries():

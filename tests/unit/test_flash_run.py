@@ -102,6 +102,43 @@ def test_a_string_command_and_a_bare_script_are_wrapped_too() -> None:
     assert bare.env == {"FLASHML_PLAN_ID": "pl_0123456789abcdef", "FLASHML_STRATEGY_FAMILY": "fsdp2"}
 
 
+@pytest.mark.parametrize("command, tail, carried", [
+    ("python -u train.py --x 1", ["train.py", "--x", "1"], {"PYTHONUNBUFFERED": "1"}),
+    ("python3 -OO -uB train.py", ["train.py"],
+     {"PYTHONOPTIMIZE": "2", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}),
+    ("python -O -X dev -Xutf8=0 -W ignore::DeprecationWarning -Werror train.py -W x", ["train.py", "-W", "x"],
+     {"PYTHONOPTIMIZE": "1", "PYTHONDEVMODE": "1", "PYTHONUTF8": "0",
+      "PYTHONWARNINGS": "ignore::DeprecationWarning,error"}),
+    ("python -u -m pkg.train --lr 1", ["-m", "pkg.train", "--lr", "1"], {"PYTHONUNBUFFERED": "1"}),
+    ("python -q -- train.py", ["train.py"], {}),
+])
+def test_interpreter_options_are_carried_by_the_environment_not_given_to_torchrun(
+    command: str, tail: list[str], carried: dict[str, str]
+) -> None:
+    wrapped = coordinated_workload(make_plan(), CommandWorkload(command=command, env={"KEEP": "1"}))
+    assert wrapped.argv() == [*TORCHRUN_HEAD, *tail]
+    assert wrapped.env == {"KEEP": "1", **carried, "FLASHML_PLAN_ID": "pl_0123456789abcdef",
+                           "FLASHML_STRATEGY_FAMILY": "ddp"}
+
+
+def test_warning_filters_follow_the_workloads_own() -> None:
+    workload = CommandWorkload(command="python -W error t.py", env={"PYTHONWARNINGS": "ignore"})
+    assert coordinated_workload(make_plan(), workload).env["PYTHONWARNINGS"] == "ignore,error"
+
+
+@pytest.mark.parametrize("command, message", [
+    ("python -c 'print(1)'", "runs code given with -c; torchrun launches a script or a module"),
+    ("python -I train.py", "gives python the option -I, which cannot be carried to the ranks"),
+    ("python -X nosuch train.py", "gives python the option -X nosuch, which cannot be carried"),
+    ("python --version", "gives python the option --version"),
+    ("python -W", "python's option -W needs a value"),
+    ("python -u", "names no script"),
+])
+def test_interpreter_options_that_cannot_be_carried_are_refused(command: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        coordinated_workload(make_plan(), CommandWorkload(command=command))
+
+
 def test_nproc_per_node_is_the_plans_workers() -> None:
     for workers in (1, 3, 8):
         argv = coordinated_workload(make_plan(workers=workers), CommandWorkload(command="python t.py")).argv()

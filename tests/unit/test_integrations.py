@@ -119,6 +119,15 @@ def test_sweep_argv_uses_the_sorted_union_of_keys() -> None:
     assert w.task_params[0]["C"] == 0.1  # type: ignore[index]
 
 
+def test_sweep_refuses_parameter_sets_with_different_keys_before_anything_runs() -> None:
+    with pytest.raises(ValueError, match=r"task_params\[0\] \{'lr': 0.1\} has no 'depth': every parameter set "
+                                         r"needs the same keys \(depth, lr\)"):
+        sk.sweep("trial.py", [{"lr": 0.1}, {"lr": 0.2, "depth": 3}])
+    with pytest.raises(ValueError, match=r"task_params\[1\] \{'depth': 3\} has no 'lr'"):
+        sk.sweep("trial.py", [{"lr": 0.1, "depth": 1}, {"depth": 3}])
+    assert sk.sweep("trial.py", []).task_params == []
+
+
 def test_sweep_metric_and_direction() -> None:
     w = sk.sweep("s.py", [{"alpha": 1}], metric="rmse", maximize=False)
     assert (w.outputs.primary_metric, w.outputs.maximize, w.argv()[0]) == ("rmse", False, "python")
@@ -196,6 +205,32 @@ def test_callback_commits_manifests_and_latest_checkpoint_finds_them(
 
     (second / "model.safetensors").write_bytes(b"truncated")  # no longer verifies: resume the older one
     assert huggingface.latest_checkpoint(tmp_path) == str(first)
+
+
+def test_latest_checkpoint_holds_from_any_directory_and_after_the_tree_moved(
+    fake_transformers: type, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The Trainer's output_dir is often relative ("out"): the manifest records an absolute
+    prefix, and latest_checkpoint answers with the directory it found, wherever that is now."""
+    from flashruntime.checkpoint.local import latest_valid_manifest
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    _hf_checkpoint(Path("out"), 10)
+    callback = huggingface.flashruntime_callback()
+    callback.on_save(types.SimpleNamespace(output_dir="out", world_size=1),
+                     types.SimpleNamespace(global_step=10, is_world_process_zero=True), None)
+    written = tmp_path / "a" / "out" / "checkpoint-10"
+    manifest = latest_valid_manifest(written.parent, pattern="checkpoint-*")
+    assert manifest is not None and manifest.storage_prefix == str(written)
+    assert huggingface.latest_checkpoint("out") == str(written)
+
+    monkeypatch.chdir(tmp_path / "b")
+    assert huggingface.latest_checkpoint(tmp_path / "a" / "out") == str(written)
+    (tmp_path / "a" / "out").rename(tmp_path / "moved")
+    assert huggingface.latest_checkpoint(tmp_path / "moved") == str(tmp_path / "moved" / "checkpoint-10")
+    assert huggingface.latest_checkpoint("../moved") == str(tmp_path / "moved" / "checkpoint-10")
 
 
 def test_callback_skips_a_missing_checkpoint_dir_and_warns_on_an_empty_one(

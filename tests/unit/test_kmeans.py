@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 import sys
@@ -100,6 +101,39 @@ def test_bad_shards_and_centroids_are_refused(tmp_path: Path, text: str, centroi
     (tmp_path / "s.csv").write_text(text, encoding="utf-8")
     with pytest.raises(ValueError, match=match):
         ks.run_shard(shard_spec(tmp_path / "s.csv", centroids))
+
+
+def test_distances_beyond_float64_are_refused_naming_the_line(tmp_path: Path) -> None:
+    (tmp_path / "s.csv").write_text("0.5\n\n1e200\n-1e200\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"^shard line 3: the squared distance from this row to its nearest "
+                                         r"centroid overflows float64 .*rescale the data"):
+        ks.run_shard(shard_spec(tmp_path / "s.csv", [[0.0], [1.0]]))
+    # huge coordinates near a centroid are fine: only the nearest distance has to be a float
+    (tmp_path / "near.csv").write_text("1e200\n", encoding="utf-8")
+    metrics = ks.run_shard(shard_spec(tmp_path / "near.csv", [[0.0], [1e200]]))
+    assert metrics["counts"] == [0, 1] and metrics["inertia"] == 0.0 and metrics["sums"] == [[0.0], [1e200]]
+    # finite squares whose sum leaves float64 count as an infinite distance
+    assert ks.assign([[1e154, 1e154]], [[0.0, 0.0], [1e154, 1e154]]) == ([1], [0.0])
+    assert ks.assign([[1e154, 1e154]], [[0.0, 0.0]]) == ([0], [math.inf])
+
+
+def test_sums_beyond_float64_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "s.csv").write_text("1e308\n1e308\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"^shard: the sum of column 1 of the rows nearest params.centroids\[1\] "
+                                         r"overflows float64"):
+        ks.run_shard(shard_spec(tmp_path / "s.csv", [[0.0], [1e308]]))
+
+
+def test_cli_refuses_huge_coordinates_with_exit_one_and_no_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "s.csv").write_text("1e200\n-1e200\n", encoding="utf-8")
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(shard_spec(tmp_path / "s.csv", [[0.0], [1.0]])), encoding="utf-8")
+    assert ks.main(["--spec", str(spec_path), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kmeans_shard: ValueError: shard line 1: the squared distance"), err
+    assert not (tmp_path / "out" / "metrics.json").exists()
 
 
 def test_ragged_rows_without_a_known_dimension_name_both_lines(tmp_path: Path) -> None:

@@ -97,6 +97,52 @@ def test_offloaded_states_must_fit_80_percent_of_host_ram() -> None:
     assert _status(roomy)["zero3_cpu_offload_x4+ackpt"] in ("selected", "feasible")
 
 
+def test_qlora_with_quantization_disallowed_hints_at_the_switch() -> None:
+    report = _plan({"kind": "transformer_finetune", "model": "gpt2", "method": "qlora"},
+                   {"gpus": 2, "gpu_type": "h100"}, {"allow_quantization": False})
+    assert set(_status(report).values()) == {"rejected_policy"}
+    assert report.no_valid_strategy_hint == (
+        "no valid strategy: the nearest miss is single_gpu (rejected_policy): method 'qlora' quantises the base "
+        "model, but objective.allow_quantization is false; set objective.allow_quantization true or use method "
+        "'lora'"
+    )
+
+
+TASKS_3X = {"kind": "independent_tasks", "task_count": 3, "est_minutes_per_task": 4.9996}  # 2 waves: 9.9992 min
+
+
+@pytest.mark.parametrize(("deadline", "status"), [(9.9995, "selected"), (9.9992, "selected"),
+                                                  (9.99915, "rejected_policy")])
+def test_deadline_compares_the_exact_time_not_the_rounded_one(deadline: float, status: str) -> None:
+    report = _plan(TASKS_3X, {}, {"deadline_minutes": deadline})
+    leased = next(c for c in report.candidates if c.name == "lease_tasks")
+    assert leased.est_time_min is not None and leased.est_time_min.value == 10.0  # shown rounded
+    assert leased.status == status
+    if status == "rejected_policy":
+        assert "time 10 min > deadline 9.99915 min" in leased.reasons
+        assert report.no_valid_strategy_hint is not None
+        assert report.no_valid_strategy_hint.endswith("deadline_minutes >= 10 would admit it")
+
+
+def test_float_noise_is_not_over_a_limit() -> None:
+    # 3 x 0.1 min = 0.30000000000000004 min meets a 0.3 min deadline
+    report = _plan({"kind": "independent_tasks", "task_count": 3, "est_minutes_per_task": 0.1}, {"cpu_cores": 4},
+                   {"deadline_minutes": 0.3})
+    assert report.selected is not None
+
+
+def test_budget_compares_the_exact_cost_and_the_fix_admits_it() -> None:
+    # 60 min on one GPU at $1.004/h: shown as $1.00, but over a $1 budget
+    workload = {"kind": "independent_tasks", "task_count": 1, "est_minutes_per_task": 60, "needs_gpu": True}
+    report = _plan(workload, {"gpus": 1, "hourly_cost_usd_per_gpu": 1.004}, {"max_cost_usd": 1})
+    assert report.selected is None
+    leased = next(c for c in report.candidates if c.name == "lease_tasks")
+    assert leased.est_cost_usd is not None and leased.est_cost_usd.value == 1.0
+    assert "cost $1.004 > max_cost_usd $1" in leased.reasons
+    assert (report.no_valid_strategy_hint or "").endswith("max_cost_usd >= 1.01 would admit it")
+    assert _plan(workload, {"gpus": 1, "hourly_cost_usd_per_gpu": 1.004}, {"max_cost_usd": 1.01}).selected
+
+
 def test_cost_and_deadline_constraints_reject_by_policy() -> None:
     report = _plan(LORA_7B, FOUR_4090, {"max_cost_usd": 2.5})
     assert report.selected is None

@@ -38,6 +38,15 @@ def test_balanced_prefers_the_fastest_within_ten_percent_of_the_cheapest() -> No
     assert "within 10% of the cheapest estimated cost ($2.00 -> <= $2.20)" in objective_line("balanced", POOL[:4])
 
 
+def test_balanced_band_compares_exact_costs() -> None:
+    # b shows $2.20 (the band's edge, 1.10 x $2.00) but costs $2.2049: outside the band
+    b = _c("b", 2, 160, 2.20)
+    b.cost_exact = 2.2049
+    assert _names(rank([_c("a", 1, 300, 2.00), b], "balanced")) == ["a", "b"]
+    b.cost_exact = 2.1999
+    assert _names(rank([_c("a", 1, 300, 2.00), b], "balanced")) == ["b", "a"]
+
+
 def test_balanced_without_costs_orders_by_time() -> None:
     pool = [_c("slow", 1, 100, None), _c("fast", 2, 50, None), _c("unknown", 1, None, None)]
     assert _names(rank(pool, "balanced")) == ["fast", "slow", "unknown"]

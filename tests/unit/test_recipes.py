@@ -294,7 +294,7 @@ def test_step4_without_task_params_one_task_with_tokens_verbatim(task_params: An
     ("command", "env", "index", "where"),
     [
         (["run", "{lr}"], {}, 1, "argv token"),  # KeyError: task_params[1] has no lr
-        (["run", "{xs[5]}"], {}, 0, "argv token"),  # IndexError
+        (["run", "{xs[5]}"], {}, 0, "argv token"),  # IndexError: xs has one item
         (["run", "{lr"], {}, 0, "argv token"),  # ValueError: unbalanced brace
         (["run"], {"LR": "{lr}"}, 1, "env LR"),  # KeyError in an env value
     ],
@@ -306,6 +306,67 @@ def test_step4_unfillable_placeholder_names_the_task(
     with pytest.raises(ValueError, match=rf"^task {index}: placeholder in {where}") as caught:
         expand(params)
     assert "'{{' and '}}'" in str(caught.value)  # says how to write literal braces
+
+
+@pytest.mark.parametrize(
+    ("token", "problem"),
+    [
+        ("{x:>20000000}", "{x:>20000000} asks for a width or precision of 20000000"),
+        ("{x:.1001f}", "{x:.1001f} asks for a width or precision of 1001"),
+        ("{x.__class__.__mro__}", "{x.__class__.__mro__} reads an attribute"),
+        ("{xs[0].real}", "{xs[0].real} reads an attribute"),
+        ("{x:{y}}", "{x:{y}} takes part of its format spec from another field"),
+    ],
+)
+def test_step4_placeholders_may_not_read_attributes_or_grow_without_bound(token: str, problem: str) -> None:
+    """Any submitter can send a command job (open mode needs no token): attribute access renders
+    the coordinator's objects, and a width from the spec (or from another field) could grow one
+    token to any size."""
+    params = {"command": ["run", f"a{token}b"], "task_params": [{"x": 1, "y": 2, "xs": [1]}]}
+    with pytest.raises(ValueError, match=r"^task 0: placeholder in argv token .* is not allowed: ") as caught:
+        expand(params)
+    message = str(caught.value)
+    assert f"is not allowed: {problem}; " in message
+    assert "widths and precisions are at most 1000" in message and "'{{' and '}}'" in message
+    with pytest.raises(ValueError, match=r"^task 0: placeholder in env E .* is not allowed"):
+        expand({"command": ["run"], "env": {"E": token}, "task_params": [{"x": 1, "y": 2, "xs": [1]}]})
+
+
+def test_step4_format_specs_conversions_and_indexing_fill_as_str_format_does() -> None:
+    """What ``str.format`` offers a legitimate template still works: bounded specs, conversions,
+    indexing into lists and dicts (an index key may hold a '.')."""
+    values = {"lr": 0.00123, "i": 7, "name": "a b", "xs": [3, 4], "cfg": {"a.b": "deep"}}
+    template = "{lr:.3g}|{i:05d}|{name!r}|{xs[1]}|{cfg[a.b]}|{i:0>1000}"
+    [task] = expand({"command": [template], "task_params": [values]})
+    assert task.payload["argv"] == [template.format_map(values)]
+    assert task.payload["argv"][0].startswith("0.00123|00007|'a b'|4|deep|000")
+
+
+def test_step4_plain_fields_fill_like_str_format() -> None:
+    values = {"x": 1.5, "name": "a b", "flag": True, "n": None, "xs": [1, 2], "lr-rate": 0.1}
+    template = "{x}/{name}/{flag}/{n}/{xs}/{lr-rate}/{{x}}/{x:}"
+    [task] = expand({"command": [template], "env": {"V": "{name}"}, "task_params": [values]})
+    assert task.payload["argv"] == [template.format_map(values)] == ["1.5/a b/True/None/[1, 2]/0.1/{x}/1.5"]
+    assert task.payload["env"] == {"V": "a b"}
+
+
+def test_step4_a_task_whose_argv_and_env_exceed_what_exec_takes_is_refused() -> None:
+    big = "v" * (1024 * 1024)
+    assert len(expand({"command": ["run", "{v}"], "task_params": [{"v": big}]})) == 1
+    with pytest.raises(ValueError, match=r"^task 1: its argv and env come to 2097\d{3} bytes once filled from "
+                                         r"task_params\[1\], more than the 2097152 a task may have"):
+        expand({"command": ["run", "{v}"], "env": {"V": "{v}"},
+                "task_params": [{"v": "small"}, {"v": big}]})
+
+
+def test_step4_a_job_whose_tasks_together_exceed_the_cap_is_refused() -> None:
+    """A placeholder repeated in many tokens multiplies a value: small body, huge job."""
+    value = "v" * (64 * 1024)
+    params = {"command": ["{v}"] * 16, "task_params": [{"v": value}] * 64}  # 64 tasks of 1 MiB each
+    with pytest.raises(ValueError, match=r"^the argv and env of tasks 0\.\.63 come to \d+ bytes, more than the "
+                                         r"67108864 one job's tasks may have together"):
+        expand(params)
+    assert len(expand({**params, "task_params": [{"v": value}] * 63})) == 63
 
 
 # --- payload keys, TaskSpec fields ------------------------------------------------------------

@@ -63,6 +63,7 @@ def test_collect_never_raises_even_for_a_file_path(tmp_path: Path) -> None:
 def test_attempts_get_bounded_tails_of_their_files_with_torn_lines_dropped(tmp_path: Path) -> None:
     row, attempt_dir = _attempt(tmp_path)
     lines = [json.dumps({"step": i, "loss": 1.0 / (i + 1), "ts": 1000.0 + i}) for i in range(METRICS_RECORDS + 20)]
+    lines.append(json.dumps({"step": 998, "loss": 1e308}).replace("1e+308", "1e999"))  # too large for a float
     lines.append(json.dumps({"step": 999, "loss": float("nan")}))
     (attempt_dir / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 1000, "lo')  # last line being written
     (attempt_dir / "launcher.log").write_text("".join(f"line {i} <b>\n" for i in range(LOG_LINES + 50)))
@@ -79,7 +80,8 @@ def test_attempts_get_bounded_tails_of_their_files_with_torn_lines_dropped(tmp_p
     attempt = result["attempts"][0]
     metrics = attempt["metrics"]
     assert len(metrics) == METRICS_RECORDS and metrics[-1] == {"step": 999, "loss": None}  # NaN -> null
-    assert metrics[0]["step"] == 21  # the newest 500 complete records
+    assert metrics[-2] == {"step": 998, "loss": None}  # 1e999 -> null, like Infinity
+    assert metrics[0]["step"] == 22  # the newest 500 complete records
     assert attempt["log_tail"] == [f"line {i} <b>" for i in range(50, LOG_LINES + 50)]
     assert len(attempt["telemetry"]) == TELEMETRY_TICKS and attempt["telemetry"][-1] == ticks[-1]
     assert [r["rank"] for r in attempt["ranks"]] == [0, 1]

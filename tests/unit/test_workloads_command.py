@@ -64,6 +64,24 @@ def test_inputs_must_be_artifact_uris() -> None:
         CommandWorkload(command="x", inputs={"data": "/tmp/x.csv"})
 
 
+@pytest.mark.parametrize("pattern, message", [
+    ("", "pattern '' names no file"),
+    (".", "pattern '.' names no file"),
+    ("/abs/metrics.json", "pattern '/abs/metrics.json' is absolute; patterns are globs relative to the source"),
+])
+def test_collect_patterns_that_can_match_nothing_are_refused(pattern: str, message: str) -> None:
+    with pytest.raises(ValidationError, match=message) as info:
+        OutputSpec(collect=["metrics.json", pattern])
+    assert isinstance(info.value, ValueError)
+
+
+def test_collect_patterns_relative_to_the_source_are_kept() -> None:
+    patterns = ["metrics.json", "results/*.csv", "**/model.pt", "./metrics.json"]
+    assert OutputSpec(collect=patterns).collect == patterns
+    # Reaching outside the source is refused by submit() (before launching), not here.
+    assert OutputSpec(collect=["../results/*.json"]).collect == ["../results/*.json"]
+
+
 def test_to_jobspec() -> None:
     w = CommandWorkload(command="python t.py --lr {lr}", env={"A": "1"}, inputs={"d": "artifact://d"},
                         task_params=[{"lr": 0.1}], isolation=IsolationSpec(tier="sandboxed"),

@@ -48,6 +48,12 @@ def _load(path: Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise _RequestError(f"cannot read request file {str(path)!r}: {exc.strerror or exc}", EXIT_INVALID) from None
+    except UnicodeDecodeError as exc:
+        raise _RequestError(
+            f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); save the request "
+            "as UTF-8 JSON or YAML",
+            EXIT_INVALID,
+        ) from None
     if path.suffix.lower() in (".yaml", ".yml"):
         try:
             import yaml  # optional: the `service` extra

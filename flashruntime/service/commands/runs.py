@@ -18,11 +18,14 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=handle)
 
 
+UNKNOWN = "?"  # a field run.json holds in a shape no flashruntime writes
+
+
 def _describe(directory: Path) -> dict[str, Any] | None:
     path = directory / "run.json"
     if not path.is_file():
         return None
-    row: dict[str, Any] = {"path": str(directory), "state": "?", "mode": None, "attempts": None,
+    row: dict[str, Any] = {"path": str(directory), "state": UNKNOWN, "mode": None, "attempts": None,
                            "started": None, "duration_s": None, "_sort": path.stat().st_mtime}
     try:
         doc = json.loads(path.read_text())
@@ -32,18 +35,49 @@ def _describe(directory: Path) -> dict[str, Any] | None:
         return row  # unreadable: listed with state "?"
     if doc.get("contract") != "viewer_v1":
         return None  # some other tool's run.json
-    started, finished = doc.get("started_at"), doc.get("finished_at")
+    # Field by field: one malformed value shows as "?" in its own column, never hides the row.
+    started, finished = _timestamp(doc.get("started_at")), _timestamp(doc.get("finished_at"))
+    state = doc.get("state", UNKNOWN)
+    workload = doc.get("workload") or {}
+    mode = workload.get("mode") if isinstance(workload, dict) else UNKNOWN
+    attempts = doc.get("attempts") or []
     row.update(
-        state=doc.get("state", "?"),
-        mode=(doc.get("workload") or {}).get("mode"),
-        attempts=len(doc.get("attempts") or []),
-        started=(datetime.fromtimestamp(started, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-                 if isinstance(started, (int, float)) else None),
-        duration_s=(round(finished - started, 1)
-                    if isinstance(started, (int, float)) and isinstance(finished, (int, float)) else None),
-        _sort=started if isinstance(started, (int, float)) else row["_sort"],
+        state=state if isinstance(state, str) else UNKNOWN,
+        mode=mode if mode is None or isinstance(mode, str) else UNKNOWN,
+        attempts=len(attempts) if isinstance(attempts, list) else UNKNOWN,
+        started=_iso(started),
+        duration_s=_elapsed(started, finished),
+        _sort=row["_sort"] if started is None or started == UNKNOWN else started,
     )
     return row
+
+
+def _timestamp(value: object) -> float | str | None:
+    """A run.json time in seconds since the epoch; None when absent, "?" when malformed
+    (not a number, not finite, or beyond the dates ``datetime`` can show)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return UNKNOWN
+    try:
+        datetime.fromtimestamp(value, timezone.utc)
+    except (OverflowError, ValueError, OSError):
+        return UNKNOWN
+    return value
+
+
+def _elapsed(started: float | str | None, finished: float | str | None) -> float | str | None:
+    if started is None or finished is None:
+        return None  # not started, or still running
+    if isinstance(started, str) or isinstance(finished, str):
+        return UNKNOWN
+    return round(finished - started, 1)
+
+
+def _iso(seconds: float | str | None) -> str | None:
+    if seconds is None or isinstance(seconds, str):
+        return seconds
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def find_runs(root: Path) -> list[dict[str, Any]]:
@@ -73,9 +107,15 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     headers = ("path", "state", "mode", "attempts", "started", "duration")
     table = [(r["path"], r["state"], r["mode"] or "-", "-" if r["attempts"] is None else str(r["attempts"]),
-              r["started"] or "-", "-" if r["duration_s"] is None else f"{r['duration_s']}s") for r in rows]
+              r["started"] or "-", _duration(r["duration_s"])) for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
     return 0
+
+
+def _duration(seconds: float | str | None) -> str:
+    if seconds is None:
+        return "-"
+    return seconds if isinstance(seconds, str) else f"{seconds}s"

@@ -1,0 +1,217 @@
+"""No attempt outlives the process driving it.
+
+SIGTERM and SIGHUP (timeout, kill, docker stop, a closed terminal) end a process by
+default and would leave the attempt, in a session of its own, running unwatched with
+run.json saying RUNNING. While this process drives runs, a handler (installed on the
+main thread, only over the default action) cancels and settles them first; then the
+process dies of the same signal, so its parent sees the status it expects. Runs still
+live when the interpreter exits (``wait=False``, then the script ended) are cancelled by
+an atexit hook. ``flashruntime.sdk`` drives the runs; this module only guards them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from flashruntime._run import Run
+from flashruntime.launchers import LaunchState
+
+_TERMINATING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+_SETTLE_TIMEOUT_S = 60.0  # for a drive loop to settle a cancelled run
+
+
+class _Terminated(BaseException):
+    """A terminating signal, raised on the main thread while it drives a run inline:
+    handled like a KeyboardInterrupt by the drive loop, then the signal is re-raised."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by signal {signum}")
+        self.signum = signum
+
+
+class _Guard:
+    """The runs this process drives and the signal handling around them."""
+
+    def __init__(self) -> None:
+        self.installed: set[int] = set()
+        self.hooks_registered = False
+        self.reset()
+
+    def reset(self) -> None:
+        """Also the state of a forked child: it drives nothing (its parent's runs are not
+        its own to cancel)."""
+        self.pid = os.getpid()  # a handler running in another process (a fork) has no runs
+        self.lock = threading.RLock()  # re-entrant: the signal handler may run while it is held
+        self.live: list[Run] = []
+        self.inline = 0  # inline drives in progress on the main thread
+        self.received: int | None = None  # the first terminating signal, once one arrived
+        self.pending = False  # it arrived inside a launch window and waits to be raised
+        self.local = threading.local()  # .deferred: launch windows open on this thread
+
+
+_guard = _Guard()
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _track(run: Run) -> None:
+    with _guard.lock:
+        _guard.live.append(run)
+        if not _guard.hooks_registered:
+            atexit.register(_cancel_at_exit)
+            if hasattr(os, "register_at_fork"):  # POSIX
+                os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                                    after_in_child=_after_fork_in_child)
+            _guard.hooks_registered = True
+    if _on_main_thread():  # signal.signal works there only
+        for signum in _TERMINATING:
+            if signum not in _guard.installed and signal.getsignal(signum) is signal.SIG_DFL:
+                signal.signal(signum, _on_terminating_signal)
+                _guard.installed.add(signum)
+
+
+def _untrack(run: Run) -> None:
+    with _guard.lock:
+        if run in _guard.live:
+            _guard.live.remove(run)
+
+
+def _restore_handlers() -> None:
+    """Back to the default action once nothing is driven (main thread only; a handler
+    someone else installed over ours is left alone). Where this never runs (wait=False
+    runs), ours stays and acts as the default would once nothing is live."""
+    if not _on_main_thread():
+        return
+    with _guard.lock:
+        if _guard.live:
+            return
+    for signum in sorted(_guard.installed):
+        if signal.getsignal(signum) is _on_terminating_signal:
+            signal.signal(signum, signal.SIG_DFL)
+    _guard.installed.clear()
+
+
+# A forked child (multiprocessing's default on Linux) drives none of its parent's runs
+# and gets the default action back. Our signals are blocked across the fork: CPython
+# drops a signal that reaches a child inside fork() while a Python handler is set.
+_fork_mask = threading.local()
+
+
+def _before_fork() -> None:
+    signals = set(_guard.installed)
+    _fork_mask.saved = signal.pthread_sigmask(signal.SIG_BLOCK, signals) if signals else None
+
+
+def _after_fork_in_parent() -> None:
+    saved, _fork_mask.saved = getattr(_fork_mask, "saved", None), None
+    if saved is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, saved)
+
+
+def _after_fork_in_child() -> None:
+    _guard.reset()
+    try:
+        for signum in sorted(_guard.installed):
+            if signal.getsignal(signum) is _on_terminating_signal:
+                signal.signal(signum, signal.SIG_DFL)
+    finally:  # never leave the child with these signals blocked
+        _guard.installed.clear()
+        _after_fork_in_parent()  # lets through what arrived meanwhile, to the default action
+
+
+def _on_terminating_signal(signum: int, frame: Any) -> None:
+    if os.getpid() != _guard.pid:  # forked without the at-fork hooks (from C): the default action
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    if _guard.received is not None:
+        return  # already winding down: the process dies of the first signal
+    _guard.received = signum
+    if _guard.inline:
+        if getattr(_guard.local, "deferred", 0):
+            _guard.pending = True  # raised once the launched attempt has a handle
+            return
+        raise _Terminated(signum)
+    _cancel_live_runs()
+    _die_of(signum)
+
+
+@contextlib.contextmanager
+def _launch_window() -> Iterator[None]:
+    """Spawning an attempt and recording its handle are not interrupted by a terminating
+    signal: in between, nothing could stop the attempt. The signal is raised after."""
+    local = _guard.local
+    local.deferred = getattr(local, "deferred", 0) + 1
+    try:
+        yield
+    finally:
+        local.deferred -= 1
+    if _guard.pending and not local.deferred and _on_main_thread() and _guard.received is not None:
+        _guard.pending = False
+        raise _Terminated(_guard.received)
+
+
+def _settle_interrupted(run: Run, *, stop: bool) -> None:
+    """End a run its drive loop did not settle, as cancelled. ``stop``: cancel its attempt
+    too (else only its row is settled: the attempt was cancelled already)."""
+    if run.state.terminal:
+        return
+    run._cancel_requested.set()
+    if stop:
+        from flashruntime.sdk import _stop_active_attempt  # the drive loop's own way of stopping one
+
+        run._end_cancelled(_stop_active_attempt(run))
+        return
+    attempt = run._active_attempt
+    if attempt is not None:
+        run._settle_attempt(attempt, state=str(LaunchState.CANCELLED), finished_at=time.time())
+    run._end_cancelled(attempt)
+
+
+def _cancel_live_runs() -> None:
+    """Cancel every run this process still drives and wait until each is settled."""
+    with _guard.lock:
+        runs = list(_guard.live)
+    for run in runs:
+        if not run.cancel_requested:
+            run.cancel()
+    deadline = time.monotonic() + _SETTLE_TIMEOUT_S
+    for run in runs:
+        if not (run.state.terminal or run._done.wait(max(0.0, deadline - time.monotonic()))):
+            # Its drive loop is stuck (perhaps behind a lock this thread holds): settle here.
+            _settle_interrupted(run, stop=False)
+
+
+def _cancel_at_exit() -> None:
+    if os.getpid() != _guard.pid:
+        return  # a forked child's exit: the runs are its parent's
+    with _guard.lock:
+        live = [run for run in _guard.live if not run.state.terminal]
+    for run in live:
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # stderr gone: cancel all the same
+            print(f"flashruntime: the interpreter is exiting while the run in {run.output_dir} is still "
+                  "running (submit(wait=False)); cancelling it. Call run.wait() to let a run finish.",
+                  file=sys.stderr, flush=True)
+    _cancel_live_runs()
+
+
+def _die_of(signum: int) -> None:
+    """End this process as ``signum``'s default action does (a shell sees 128+signum)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # none, broken or closed
+            stream.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    # Reached only where the signal is blocked: exit with the status it would have given.
+    _guard.received = None
+    raise SystemExit(128 + signum)

@@ -1,0 +1,231 @@
+"""No attempt outlives the process driving it (SPEC §5.3–§5.5): a SIGTERM or SIGHUP to
+a process inside ``flash.submit`` or the ``flashruntime submit`` CLI, or the end of a
+script that left a ``wait=False`` run going, cancels and settles the run first; the
+process then ends as the signal (or the script) would have ended it. Real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._support import REPO_ROOT, pid_alive, wait_until
+
+PY = sys.executable
+
+# The attempt: records its pid in its attempt directory, then sleeps far past any test.
+SLEEPER = ("import os, time; open(os.path.join(os.environ['FLASHML_OUTPUT_DIR'], 'pid'), 'w')"
+           ".write(str(os.getpid())); time.sleep(300)")
+
+PRELUDE = f"""
+import signal, sys, time
+sys.path.insert(0, {str(REPO_ROOT)!r})
+import flashruntime as flash
+out = sys.argv[1]
+sleeper = flash.CommandWorkload(command=[sys.executable, "-c", {SLEEPER!r}])
+"""
+
+# submit(wait=True), as a training script calls it.
+INLINE = PRELUDE + """
+flash.submit(sleeper, output_dir=out, max_restarts=2, watch=False)
+print("submit returned", flush=True)
+"""
+
+# wait=False, then the script ends with the run still going.
+ENDS_EARLY = PRELUDE + """
+import os
+run = flash.submit(sleeper, output_dir=out, max_restarts=2, watch=False, wait=False)
+pid_file = os.path.join(out, "local", "task-000", "pid")
+deadline = time.monotonic() + 60
+while not (os.path.exists(pid_file) and open(pid_file).read()) and time.monotonic() < deadline:
+    time.sleep(0.02)
+print("script ends", flush=True)
+"""
+
+# A run that has ended leaves SIGTERM doing what it did before any run.
+AFTER_THE_RUN = PRELUDE + """
+run = flash.submit(flash.CommandWorkload(command=[sys.executable, "-c", "pass"]), output_dir=out, watch=False,
+                   wait=False)
+run.wait()
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+# A handler of the user's own is left in place: it decides how the process ends.
+OWN_HANDLER = PRELUDE + """
+def stop(signum, frame):
+    raise SystemExit(3)
+signal.signal(signal.SIGTERM, stop)
+flash.submit(sleeper, output_dir=out, watch=False)
+"""
+
+# A forked child (multiprocessing's default on Linux) drives none of its parent's runs: a
+# SIGTERM to it ends it alone, as before, and never cancels the parent's run; its handler
+# is the default again (a sleeping child would otherwise only wake to run a Python one).
+FORKED = PRELUDE + """
+import os
+run = flash.submit(sleeper, output_dir=out, watch=False, wait=False)
+pid_file = os.path.join(out, "local", "task-000", "pid")
+deadline = time.monotonic() + 60
+while not (os.path.exists(pid_file) and open(pid_file).read()) and time.monotonic() < deadline:
+    time.sleep(0.02)
+statuses = []
+for _ in range(5):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(10)
+        os._exit(0)  # a child that missed the signal: the assertion fails, after 10 s
+    os.kill(pid, signal.SIGTERM)  # at once: a signal reaching the child inside fork() is not lost either
+    statuses.append(os.waitpid(pid, 0)[1])
+died = all(os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM for status in statuses)
+answer, tell = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(tell, b"default" if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL else b"handler")
+    os._exit(0)
+os.waitpid(pid, 0)
+print(died, os.read(answer, 16).decode(), run.state, flush=True)
+run.cancel()
+run.wait()
+"""
+
+# Handlers around an inline submit: installed over the default only, and put back after.
+HANDLERS = PRELUDE + """
+def mine(signum, frame):
+    pass
+signal.signal(signal.SIGHUP, mine)
+quick = flash.CommandWorkload(command=[sys.executable, "-c", "pass"])
+flash.submit(quick, output_dir=out, watch=False)
+print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, signal.getsignal(signal.SIGHUP) is mine, flush=True)
+"""
+
+
+def _start(code: str, out: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([PY, "-c", code, str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _attempt_pid(out: Path) -> int:
+    pid_file = out / "local" / "task-000" / "pid"
+    wait_until(lambda: pid_file.exists() and bool(pid_file.read_text()), "the attempt to start", timeout=60)
+    return int(pid_file.read_text())
+
+
+def _finish(process: subprocess.Popen[str]) -> tuple[str, str]:
+    try:
+        return process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def _assert_cancelled_and_gone(out: Path, child: int) -> dict[str, Any]:
+    doc = json.loads((out / "run.json").read_text())
+    assert doc["state"] == "CANCELLED" and doc["finished_at"] is not None
+    [row] = doc["attempts"]  # no restart after the cancel
+    assert row["attempt_id"] == "task-000" and row["state"] == "CANCELLED"
+    assert row["exit_code"] is not None and row["finished_at"] is not None
+    assert [(e["type"], e["message"]) for e in doc["events"]][-2:] == [
+        ("ATTEMPT_FINISHED", f"task-000 finished CANCELLED (exit {row['exit_code']})"),
+        ("RUN_CANCELLED", "run cancelled (task-000 stopped)"),
+    ]
+    assert not pid_alive(child)
+    return doc
+
+
+@pytest.fixture
+def reap() -> Any:
+    """Kills, at the end, every attempt pid a failing test left behind."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_terminating_signal_during_submit_settles_the_run_then_ends_the_process(
+    tmp_path: Path, signum: int, reap: list[int]
+) -> None:
+    out = tmp_path / "out"
+    driver = _start(INLINE, out)
+    try:
+        reap.append(child := _attempt_pid(out))
+        driver.send_signal(signum)
+    finally:
+        stdout, stderr = _finish(driver)
+    assert driver.returncode == -signum, stderr  # a shell reports 128 + signum, as without a run
+    assert "submit returned" not in stdout and "Traceback" not in stderr
+    _assert_cancelled_and_gone(out, child)
+
+
+def test_sigterm_to_the_submit_cli_settles_the_run_then_ends_the_cli(tmp_path: Path, reap: list[int]) -> None:
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (src / "sleeper.py").write_text(SLEEPER)
+    cli = subprocess.Popen([PY, "-m", "flashruntime.service.cli", "submit", f"{PY} sleeper.py", "--source", str(src),
+                            "--output-dir", str(out), "--no-watch"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    try:
+        reap.append(child := _attempt_pid(out))
+        cli.send_signal(signal.SIGTERM)
+    finally:
+        _, stderr = _finish(cli)
+    assert cli.returncode == -signal.SIGTERM, stderr
+    _assert_cancelled_and_gone(out, child)
+
+
+def test_a_script_ending_with_a_wait_false_run_going_cancels_it(tmp_path: Path, reap: list[int]) -> None:
+    out = tmp_path / "out"
+    script = _start(ENDS_EARLY, out)
+    stdout, stderr = _finish(script)
+    reap.append(child := _attempt_pid(out))
+    assert script.returncode == 0, stderr
+    assert "script ends" in stdout
+    assert f"the run in {out} is still running (submit(wait=False)); cancelling it" in stderr
+    _assert_cancelled_and_gone(out, child)
+
+
+def test_once_its_runs_ended_the_process_still_dies_of_sigterm(tmp_path: Path) -> None:
+    script = _start(AFTER_THE_RUN, tmp_path / "out")
+    try:
+        assert script.stdout is not None and script.stdout.readline() == "ready\n"
+        script.send_signal(signal.SIGTERM)
+    finally:
+        _, stderr = _finish(script)
+    assert script.returncode == -signal.SIGTERM, stderr
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["state"] == "SUCCEEDED"
+
+
+def test_a_handler_of_the_users_own_is_left_to_decide(tmp_path: Path, reap: list[int]) -> None:
+    out = tmp_path / "out"
+    driver = _start(OWN_HANDLER, out)
+    try:
+        reap.append(child := _attempt_pid(out))
+        driver.send_signal(signal.SIGTERM)
+    finally:
+        _, stderr = _finish(driver)
+    assert driver.returncode == 3, stderr  # the user's SystemExit(3), after the run was settled
+    _assert_cancelled_and_gone(out, child)
+
+
+def test_inline_submit_puts_the_default_handlers_back_and_leaves_others_alone(tmp_path: Path) -> None:
+    script = _start(HANDLERS, tmp_path / "out")
+    stdout, stderr = _finish(script)
+    assert script.returncode == 0, stderr
+    assert stdout.splitlines() == ["True True"]
+
+
+def test_a_forked_child_dies_of_sigterm_without_touching_the_parents_run(tmp_path: Path, reap: list[int]) -> None:
+    out = tmp_path / "out"
+    script = _start(FORKED, out)
+    stdout, stderr = _finish(script)
+    reap.append(_attempt_pid(out))
+    assert script.returncode == 0, stderr
+    assert stdout.splitlines() == ["True default RUNNING"]
