@@ -34,24 +34,19 @@ class Source(BaseModel):
     git_revision: str | None = None  # reserved
 
 
-def _unmatchable(pattern: str) -> str | None:
-    """Why ``pattern`` can match nothing at all (pathlib refuses it), or None."""
-    if not PurePath(pattern).parts:
+def collect_pattern_problem(pattern: str) -> str | None:
+    """Why ``pattern`` cannot be an ``outputs.collect`` glob (relative to the source
+    directory and inside it), or None when it can (pure). ``submit()`` refuses such a
+    pattern before launching; building an ``OutputSpec`` with one stays allowed (SPEC §0.1),
+    as ``to_jobspec`` never reads it."""
+    parts = PurePath(pattern).parts
+    if not parts:
         return (f"outputs.collect pattern {pattern!r} names no file; give a glob relative to the source "
                 "directory, e.g. 'metrics.json' or 'results/*.csv'")
     if PurePath(pattern).anchor:
         return (f"outputs.collect pattern {pattern!r} is absolute; patterns are globs relative to the source "
                 "directory (Source.path), e.g. 'metrics.json' or 'results/*.csv'")
-    return None
-
-
-def collect_pattern_problem(pattern: str) -> str | None:
-    """Why ``pattern`` cannot be an ``outputs.collect`` glob (relative to the source
-    directory and inside it), or None when it can (pure)."""
-    unmatchable = _unmatchable(pattern)
-    if unmatchable is not None:
-        return unmatchable
-    if ".." in PurePath(pattern).parts:
+    if ".." in parts:
         return (f"outputs.collect pattern {pattern!r} reaches outside the source directory with '..'; "
                 "collected files must lie inside it: have the command write them there (or straight into "
                 "its FLASHML_OUTPUT_DIR)")
@@ -65,17 +60,6 @@ class OutputSpec(BaseModel):
     collect: list[str] = Field(default_factory=lambda: ["metrics.json"])
     primary_metric: str | None = None
     maximize: bool = True
-
-    @field_validator("collect")
-    @classmethod
-    def _collect_can_match(cls, collect: list[str]) -> list[str]:
-        # Empty and absolute patterns never worked anywhere. A '..' pattern is refused by
-        # submit() instead (before launching), so building such a workload stays allowed.
-        for pattern in collect:
-            problem = _unmatchable(pattern)
-            if problem is not None:
-                raise ValueError(problem)
-        return collect
 
 
 class CommandWorkload(BaseModel):
