@@ -142,8 +142,10 @@ def _on_terminating_signal(signum: int, frame: Any) -> None:
             _guard.pending = True  # raised once the launched attempt has a handle
             return
         raise _Terminated(signum)
-    _cancel_live_runs()
-    _die_of(signum)
+    try:
+        _cancel_live_runs()
+    finally:  # a KeyboardInterrupt that cuts the cancel short must not keep the process alive
+        _die_of(signum)
 
 
 @contextlib.contextmanager
@@ -206,10 +208,9 @@ def _cancel_at_exit() -> None:
 
 
 def _die_of(signum: int) -> None:
-    """End this process as ``signum``'s default action does (a shell sees 128+signum)."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(AttributeError, OSError, ValueError):  # none, broken or closed
-            stream.flush()
+    """End this process as ``signum``'s default action does (a shell sees 128+signum).
+    Like that action, it flushes nothing: a flush can block on a full pipe, or raise when
+    the signal interrupted a write to the same stream."""
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
     # Reached only where the signal is blocked: exit with the status it would have given.

@@ -155,9 +155,11 @@ def _drive_inline(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> No
     finally:
         signum = _guard.received if main else None
         if signum is not None:
-            _settle_interrupted(run, stop=True)
-            _cancel_live_runs()
-            _die_of(signum)
+            try:
+                _settle_interrupted(run, stop=True)
+                _cancel_live_runs()
+            finally:  # even when a KeyboardInterrupt cuts the settling short
+                _die_of(signum)
         _restore_handlers()
 
 

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +230,61 @@ def test_a_forked_child_dies_of_sigterm_without_touching_the_parents_run(tmp_pat
     reap.append(_attempt_pid(out))
     assert script.returncode == 0, stderr
     assert stdout.splitlines() == ["True default RUNNING"]
+
+
+# The main thread floods a pipe nobody reads, so it sits blocked in a write when SIGTERM comes.
+FLOODS_STDOUT = PRELUDE + """
+run = flash.submit(sleeper, output_dir=out, watch=False, wait=False)
+while True:
+    print("x" * 1000)
+"""
+
+# The attempt ignores SIGTERM, so cancelling it takes the grace period; a Ctrl-C lands in it
+# and the script catches it (as a notebook or a REPL would) and carries on.
+INTERRUPTED_CANCEL = PRELUDE + """
+stubborn = flash.CommandWorkload(command=[sys.executable, "-c",
+    "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + {sleeper!r}])
+run = flash.submit(stubborn, output_dir=out, watch=False, wait=False)
+try:
+    run.wait()
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+while True:
+    time.sleep(0.1)
+""".replace("{sleeper!r}", repr(SLEEPER))
+
+
+def test_sigterm_while_the_main_thread_is_blocked_writing_still_ends_the_process(
+    tmp_path: Path, reap: list[int]
+) -> None:
+    """Dying of the signal flushes nothing, as the default action: a flush of the stdout whose
+    write the signal interrupted blocked on the full pipe, or raised a reentrancy error."""
+    out = tmp_path / "out"
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}  # a buffered stdout
+    driver = subprocess.Popen([PY, "-c", FLOODS_STDOUT, str(out)], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, env=env)
+    try:
+        reap.append(child := _attempt_pid(out))
+        wait_until(lambda: driver.poll() is None, "the driver to run", timeout=5)
+        driver.send_signal(signal.SIGTERM)
+        assert driver.wait(timeout=60) == -signal.SIGTERM  # stdout is not read until it died
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        driver.communicate()
+    _assert_cancelled_and_gone(out, child)
+
+
+def test_a_ctrl_c_during_the_cancel_of_a_sigterm_does_not_keep_the_process_alive(
+    tmp_path: Path, reap: list[int]
+) -> None:
+    out = tmp_path / "out"
+    driver = _start(INTERRUPTED_CANCEL, out)
+    try:
+        reap.append(_attempt_pid(out))
+        driver.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # the handler is now waiting out the stubborn attempt's 10 s grace period
+        driver.send_signal(signal.SIGINT)
+        assert driver.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        _finish(driver)
