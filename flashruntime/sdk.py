@@ -241,18 +241,18 @@ def _run_param_set(
                 else f"{attempt_id} starts at step 0 (no valid checkpoint)",
             )
         started_ns = _filesystem_now_ns(run.output_dir)
-        with _launch_window():
+        with _launch_window():  # a terminating signal waits until the attempt has its handle and its row
             handle = launcher.launch(spec, job_id, attempt_id)
             run._set_active(handle, attempt_id)
-        launched = f"{attempt_id} launched (pid {handle.execution_id})"
-        if handle.previous_dir is not None:
-            launched += f"; an earlier run's {attempt_id}/ was moved to {handle.previous_dir.name}/"
-        run.record_event("LAUNCH_STARTED", launched)
-        run._add_attempt({
-            "attempt_id": attempt_id, "job_id": job_id, "state": "RUNNING", "pid": handle.execution_id,
-            "started_at": time.time(), "finished_at": None, "output_dir": str(handle.output_dir),
-            "exit_code": None,
-        })
+            launched = f"{attempt_id} launched (pid {handle.execution_id})"
+            if handle.previous_dir is not None:
+                launched += f"; an earlier run's {attempt_id}/ was moved to {handle.previous_dir.name}/"
+            run.record_event("LAUNCH_STARTED", launched)
+            run._add_attempt({
+                "attempt_id": attempt_id, "job_id": job_id, "state": "RUNNING", "pid": handle.execution_id,
+                "started_at": time.time(), "finished_at": None, "output_dir": str(handle.output_dir),
+                "exit_code": None,
+            })
         sampler = _start_sampler(handle)
         if run.cancel_requested:  # cancel() raced the launch: it could not see this handle
             handle.cancel()

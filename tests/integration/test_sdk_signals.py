@@ -288,3 +288,32 @@ def test_a_ctrl_c_during_the_cancel_of_a_sigterm_does_not_keep_the_process_alive
         assert driver.wait(timeout=60) == -signal.SIGTERM
     finally:
         _finish(driver)
+
+
+# The launch is slowed after the spawn, so that SIGTERM lands between the spawn and the
+# attempt's row in run.json.
+SLOW_LAUNCH = PRELUDE + """
+import os
+from flashruntime.launchers.local import LocalProcessLauncher
+spawn = LocalProcessLauncher.launch
+def slow_launch(self, *args, **kwargs):
+    handle = spawn(self, *args, **kwargs)
+    open(os.path.join(out, "spawned"), "w").close()
+    time.sleep(2.0)
+    return handle
+LocalProcessLauncher.launch = slow_launch
+flash.submit(sleeper, output_dir=out, max_restarts=2, watch=False)
+"""
+
+
+def test_a_sigterm_during_the_launch_waits_for_the_attempts_row(tmp_path: Path, reap: list[int]) -> None:
+    out = tmp_path / "out"
+    driver = _start(SLOW_LAUNCH, out)
+    try:
+        reap.append(child := _attempt_pid(out))
+        wait_until(lambda: (out / "spawned").exists(), "the spawn", timeout=60)
+        driver.send_signal(signal.SIGTERM)  # inside the launch: the row does not exist yet
+    finally:
+        _, stderr = _finish(driver)
+    assert driver.returncode == -signal.SIGTERM, stderr
+    _assert_cancelled_and_gone(out, child)  # one attempt row, settled CANCELLED with its exit code
