@@ -163,6 +163,27 @@ def _launch_window() -> Iterator[None]:
         raise _Terminated(_guard.received)
 
 
+def _stop_active_attempt(run: Run) -> str | None:
+    """Cancel the attempt still running, if any, and settle it; returns its id when the
+    cancel stopped it (None when it had already ended by itself)."""
+    handle, attempt_id = run._active_handle, run._active_attempt
+    if handle is None or attempt_id is None:
+        return None
+    handle.cancel()
+    state = handle.poll()
+    state = state if state.terminal else LaunchState.CANCELLED
+    _finish_attempt(run, handle, attempt_id, state)
+    return attempt_id if state is LaunchState.CANCELLED else None
+
+
+def _finish_attempt(run: Run, handle: Any, attempt_id: str, state: LaunchState) -> None:
+    """Log block, settled row and ATTEMPT_FINISHED for an attempt that has ended."""
+    run._set_active(None, None)
+    run._add_log_block(f"--- {attempt_id} ({state}) ---\n{handle.logs()}")
+    run._settle_attempt(attempt_id, state=str(state), finished_at=time.time(), exit_code=handle.exit_code)
+    run.record_event("ATTEMPT_FINISHED", f"{attempt_id} finished {state} (exit {handle.exit_code})")
+
+
 def _settle_interrupted(run: Run, *, stop: bool) -> None:
     """End a run its drive loop did not settle, as cancelled. ``stop``: cancel its attempt
     too (else only its row is settled: the attempt was cancelled already)."""
@@ -170,8 +191,6 @@ def _settle_interrupted(run: Run, *, stop: bool) -> None:
         return
     run._cancel_requested.set()
     if stop:
-        from flashruntime.sdk import _stop_active_attempt  # the drive loop's own way of stopping one
-
         run._end_cancelled(_stop_active_attempt(run))
         return
     attempt = run._active_attempt

@@ -20,11 +20,13 @@ from flashruntime._run import Run
 from flashruntime._run_guard import (
     _cancel_live_runs,
     _die_of,
+    _finish_attempt,
     _guard,
     _launch_window,
     _on_main_thread,
     _restore_handlers,
     _settle_interrupted,
+    _stop_active_attempt,
     _Terminated,
     _track,
     _untrack,
@@ -163,19 +165,6 @@ def _drive_inline(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> No
         _restore_handlers()
 
 
-def _stop_active_attempt(run: Run) -> str | None:
-    """Cancel the attempt still running, if any, and settle it; returns its id when the
-    cancel stopped it (None when it had already ended by itself)."""
-    handle, attempt_id = run._active_handle, run._active_attempt
-    if handle is None or attempt_id is None:
-        return None
-    handle.cancel()
-    state = handle.poll()
-    state = state if state.terminal else LaunchState.CANCELLED
-    _finish_attempt(run, handle, attempt_id, state)
-    return attempt_id if state is LaunchState.CANCELLED else None
-
-
 def _stopped_attempt(run: Run) -> str | None:
     """The attempt a cancel() stopped: the last one, if it settled CANCELLED. A cancel
     that arrives after the last attempt ended by itself stopped nothing."""
@@ -183,14 +172,6 @@ def _stopped_attempt(run: Run) -> str | None:
     if rows and rows[-1]["state"] == str(LaunchState.CANCELLED):
         return str(rows[-1]["attempt_id"])
     return None
-
-
-def _finish_attempt(run: Run, handle: Any, attempt_id: str, state: LaunchState) -> None:
-    """Log block, settled row and ATTEMPT_FINISHED for an attempt that has ended."""
-    run._set_active(None, None)
-    run._add_log_block(f"--- {attempt_id} ({state}) ---\n{handle.logs()}")
-    run._settle_attempt(attempt_id, state=str(state), finished_at=time.time(), exit_code=handle.exit_code)
-    run.record_event("ATTEMPT_FINISHED", f"{attempt_id} finished {state} (exit {handle.exit_code})")
 
 
 def _drive_all(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> None:
