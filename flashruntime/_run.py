@@ -121,9 +121,13 @@ class Run:
         self._end_cancelled(attempt if stopped else None)
 
     def _end_cancelled(self, attempt: str | None) -> None:
-        """Record RUN_CANCELLED (naming the attempt that was stopped) and end CANCELLED."""
-        self.record_event("RUN_CANCELLED", f"run cancelled ({attempt} stopped)" if attempt else "run cancelled")
-        self._finish(LaunchState.CANCELLED)
+        """Record RUN_CANCELLED (naming the attempt that was stopped) and end CANCELLED, unless
+        the run has ended already (the drive loop and the signal guard may both get here)."""
+        with self._lock:
+            if self.state.terminal:
+                return
+            self.record_event("RUN_CANCELLED", f"run cancelled ({attempt} stopped)" if attempt else "run cancelled")
+            self._finish(LaunchState.CANCELLED)
 
     @property
     def cancel_requested(self) -> bool:

@@ -23,6 +23,7 @@ from typing import Any
 
 from flashruntime._run import Run
 from flashruntime.launchers import LaunchState
+from flashruntime.launchers.local import LocalLaunchHandle
 
 _TERMINATING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 _SETTLE_TIMEOUT_S = 60.0  # for a drive loop to settle a cancelled run
@@ -139,19 +140,53 @@ def _on_terminating_signal(signum: int, frame: Any) -> None:
     _guard.received = signum
     if _guard.inline:
         if getattr(_guard.local, "deferred", 0):
-            _guard.pending = True  # raised once the launched attempt has a handle
+            _guard.pending = True  # raised at the end of the deferred section
             return
         raise _Terminated(signum)
+    _wind_down_and_die(signum)
+
+
+def _wind_down_and_die(signum: int, current: Run | None = None, *, hurry: bool = False) -> None:
+    """Cancel and settle ``current`` (the run this thread drove, if any) and every live run,
+    then die of ``signum``. A second interrupt (a Ctrl-C) during the cancel's grace period,
+    or ``hurry``, kills the attempts at once instead: either way nothing is left running."""
     try:
-        _cancel_live_runs()
-    finally:  # a KeyboardInterrupt that cuts the cancel short must not keep the process alive
+        if not hurry:
+            try:
+                if current is not None:
+                    _settle_interrupted(current)
+                _cancel_live_runs()
+            except BaseException:
+                hurry = True
+        if hurry:
+            _kill_live_runs(current)
+    finally:  # whatever cuts the settling short must not keep the process alive
         _die_of(signum)
 
 
+def _kill_live_runs(current: Run | None = None) -> None:
+    """Kill every live run's attempt without a grace period and settle the runs. Further
+    Ctrl-Cs are ignored meanwhile (main thread): the process is on its way out already."""
+    if _on_main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with _guard.lock:
+        runs = list(_guard.live)
+    if current is not None and current not in runs:
+        runs.insert(0, current)
+    for run in runs:
+        if run.state.terminal:
+            continue
+        run._cancel_requested.set()
+        handle = run._active_handle
+        if isinstance(handle, LocalLaunchHandle):
+            handle.cancel(grace_s=0)
+        _settle_interrupted(run)
+
+
 @contextlib.contextmanager
-def _launch_window() -> Iterator[None]:
-    """Spawning an attempt and recording its handle are not interrupted by a terminating
-    signal: in between, nothing could stop the attempt. The signal is raised after."""
+def _signals_deferred() -> Iterator[None]:
+    """A section a terminating signal does not cut in two (spawning an attempt and recording
+    its handle; recording an attempt's end): the signal is raised after it."""
     local = _guard.local
     local.deferred = getattr(local, "deferred", 0) + 1
     try:
@@ -177,26 +212,26 @@ def _stop_active_attempt(run: Run) -> str | None:
 
 
 def _finish_attempt(run: Run, handle: Any, attempt_id: str, state: LaunchState) -> None:
-    """Log block, settled row and ATTEMPT_FINISHED for an attempt that has ended."""
-    run._set_active(None, None)
-    run._add_log_block(f"--- {attempt_id} ({state}) ---\n{handle.logs()}")
-    run._settle_attempt(attempt_id, state=str(state), finished_at=time.time(), exit_code=handle.exit_code)
-    run.record_event("ATTEMPT_FINISHED", f"{attempt_id} finished {state} (exit {handle.exit_code})")
+    """Log block, settled row and ATTEMPT_FINISHED for an attempt that has ended, recorded
+    once: by the drive loop, or by the guard when the loop cannot get there. The attempt
+    stays the run's active one until all of it is recorded, so an interrupt before that
+    leaves it to the guard to record, never half recorded."""
+    logs = handle.logs()
+    with run._lock, _signals_deferred():
+        if run._active_attempt != attempt_id:
+            return  # recorded already
+        run._add_log_block(f"--- {attempt_id} ({state}) ---\n{logs}")
+        run._settle_attempt(attempt_id, state=str(state), finished_at=time.time(), exit_code=handle.exit_code)
+        run.record_event("ATTEMPT_FINISHED", f"{attempt_id} finished {state} (exit {handle.exit_code})")
+        run._set_active(None, None)
 
 
-def _settle_interrupted(run: Run, *, stop: bool) -> None:
-    """End a run its drive loop did not settle, as cancelled. ``stop``: cancel its attempt
-    too (else only its row is settled: the attempt was cancelled already)."""
+def _settle_interrupted(run: Run) -> None:
+    """End, as cancelled, a run its drive loop did not settle, stopping its attempt first."""
     if run.state.terminal:
         return
     run._cancel_requested.set()
-    if stop:
-        run._end_cancelled(_stop_active_attempt(run))
-        return
-    attempt = run._active_attempt
-    if attempt is not None:
-        run._settle_attempt(attempt, state=str(LaunchState.CANCELLED), finished_at=time.time())
-    run._end_cancelled(attempt)
+    run._end_cancelled(_stop_active_attempt(run))
 
 
 def _cancel_live_runs() -> None:
@@ -208,9 +243,18 @@ def _cancel_live_runs() -> None:
             run.cancel()
     deadline = time.monotonic() + _SETTLE_TIMEOUT_S
     for run in runs:
-        if not (run.state.terminal or run._done.wait(max(0.0, deadline - time.monotonic()))):
-            # Its drive loop is stuck (perhaps behind a lock this thread holds): settle here.
-            _settle_interrupted(run, stop=False)
+        if run.state.terminal:
+            continue
+        # This thread may have been interrupted while holding the run's lock (reading
+        # run.attempts, say): then the drive loop cannot record anything, so settle here.
+        if _holds(run._lock) or not run._done.wait(max(0.0, deadline - time.monotonic())):
+            _settle_interrupted(run)
+
+
+def _holds(lock: Any) -> bool:
+    """Whether this thread holds ``lock``, an ``RLock`` (``_is_owned`` is what
+    ``threading.Condition`` asks it too)."""
+    return bool(lock._is_owned())
 
 
 def _cancel_at_exit() -> None:
@@ -223,7 +267,10 @@ def _cancel_at_exit() -> None:
             print(f"flashruntime: the interpreter is exiting while the run in {run.output_dir} is still "
                   "running (submit(wait=False)); cancelling it. Call run.wait() to let a run finish.",
                   file=sys.stderr, flush=True)
-    _cancel_live_runs()
+    try:
+        _cancel_live_runs()
+    except BaseException:  # a Ctrl-C during the grace period: no grace, but nothing left running
+        _kill_live_runs()
 
 
 def _die_of(signum: int) -> None:

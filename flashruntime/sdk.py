@@ -18,18 +18,16 @@ from typing import Any
 
 from flashruntime._run import Run
 from flashruntime._run_guard import (
-    _cancel_live_runs,
-    _die_of,
     _finish_attempt,
     _guard,
-    _launch_window,
     _on_main_thread,
     _restore_handlers,
-    _settle_interrupted,
+    _signals_deferred,
     _stop_active_attempt,
     _Terminated,
     _track,
     _untrack,
+    _wind_down_and_die,
 )
 from flashruntime.checkpoint.local import latest_valid_manifest
 from flashruntime.errors import LaunchError
@@ -146,6 +144,7 @@ def _drive_inline(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> No
     main = _on_main_thread()
     if main:
         _guard.inline += 1
+    interrupted_again = False
     try:
         try:
             _drive(run, launcher, fan_out, reraise=True)
@@ -154,14 +153,14 @@ def _drive_inline(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> No
                 _guard.inline -= 1
     except _Terminated:
         pass  # settled by _drive; the signal is re-raised below
+    except BaseException:
+        if not (main and _guard.received is not None):
+            raise
+        interrupted_again = True  # a Ctrl-C cut short the cancel of the terminated attempt: hurry
     finally:
         signum = _guard.received if main else None
         if signum is not None:
-            try:
-                _settle_interrupted(run, stop=True)
-                _cancel_live_runs()
-            finally:  # even when a KeyboardInterrupt cuts the settling short
-                _die_of(signum)
+            _wind_down_and_die(signum, run, hurry=interrupted_again)
         _restore_handlers()
 
 
@@ -222,7 +221,7 @@ def _run_param_set(
                 else f"{attempt_id} starts at step 0 (no valid checkpoint)",
             )
         started_ns = _filesystem_now_ns(run.output_dir)
-        with _launch_window():  # a terminating signal waits until the attempt has its handle and its row
+        with _signals_deferred():  # a terminating signal waits until the attempt has its handle and its row
             handle = launcher.launch(spec, job_id, attempt_id)
             run._set_active(handle, attempt_id)
             launched = f"{attempt_id} launched (pid {handle.execution_id})"

@@ -61,7 +61,8 @@ class LocalLaunchHandle(LaunchHandle):
         self._term_grace_s = term_grace_s
         # The launcher builds the marker before it spawns (building it can fail); see _output_marker.
         self._marker = marker if marker is not None else _output_marker(output_dir)
-        self._lock = threading.Lock()
+        # Re-entrant: a signal handler on the thread that is settling may cancel the same handle.
+        self._lock = threading.RLock()
         self._cancel_requested = False
         self._state: LaunchState | None = None
         self.exit_code: int | None = None
@@ -115,7 +116,12 @@ class LocalLaunchHandle(LaunchHandle):
             return LaunchState.RUNNING
         return self._settle(returncode)
 
-    def cancel(self) -> None:
+    def cancel(self, *, grace_s: float | None = None) -> None:
+        """SIGTERM the attempt's processes, SIGKILL what is left after ``grace_s`` (default:
+        the launcher's ``term_grace_s``; 0 kills at once, as when a second interrupt says hurry)."""
+        grace = self._term_grace_s if grace_s is None else grace_s
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < float("inf"):
+            raise ValueError(f"grace_s must be a finite number of seconds >= 0 or None, got {grace_s!r}")
         if self._state is not None:
             return
         returncode = self._process.poll()
@@ -123,9 +129,9 @@ class LocalLaunchHandle(LaunchHandle):
             self._settle(returncode)
             return
         self._cancel_requested = True
-        sweep(self._find, self._term_grace_s)
+        sweep(self._find, grace)
         try:
-            returncode = self._process.wait(timeout=self._term_grace_s + 30)
+            returncode = self._process.wait(timeout=grace + 30)
         except subprocess.TimeoutExpired:
             return
         self._settle(returncode)

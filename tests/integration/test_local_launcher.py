@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -113,6 +114,37 @@ def test_cancel_kills_a_child_in_another_session_that_ignores_sigterm(tmp_path: 
     handle.cancel()
     assert handle.poll() is LaunchState.CANCELLED
     assert not pid_alive(child) and not pid_alive(int(handle.execution_id))
+
+
+def test_cancel_with_no_grace_kills_at_once_what_ignores_sigterm(tmp_path: Path) -> None:
+    """``cancel(grace_s=0)``, the hurry of a second Ctrl-C: the launcher's long grace period is
+    not waited out, so the child that ignores SIGTERM dies of SIGKILL."""
+    launcher = LocalProcessLauncher(tmp_path, term_grace_s=300)  # a wait this long would hang the test
+    handle = launcher.launch(
+        LaunchSpec(argv=[sys.executable, "-c", STUBBORN_CHILD.format(tail="time.sleep(300)")]), "j", "a")
+    child = int(_wait_for(handle.output_dir / "child.pid"))
+    cancel = threading.Thread(target=handle.cancel, kwargs={"grace_s": 0}, daemon=True)
+    cancel.start()
+    cancel.join(timeout=60)  # hang guard: the launcher's own grace would take 300 s
+    try:
+        assert not cancel.is_alive(), "cancel(grace_s=0) waited out the launcher's grace period"
+        assert handle.poll() is LaunchState.CANCELLED
+        assert not pid_alive(child) and not pid_alive(int(handle.execution_id))
+    finally:
+        _kill_quietly(child, int(handle.execution_id))
+
+
+@pytest.mark.parametrize("grace_s", [-1, float("nan"), float("inf"), True, "5"])
+def test_cancel_refuses_a_grace_period_that_is_not_a_duration(tmp_path: Path, grace_s: object) -> None:
+    handle = LocalProcessLauncher(tmp_path, term_grace_s=0.5).launch(
+        LaunchSpec(argv=[sys.executable, "-c", "import time; time.sleep(300)"]), "j", "a")
+    try:
+        with pytest.raises(ValueError, match=r"grace_s must be a finite number of seconds >= 0 or None, got"):
+            handle.cancel(grace_s=grace_s)  # type: ignore[arg-type]
+        assert handle.poll() is LaunchState.RUNNING  # refused before anything was signalled
+    finally:
+        handle.cancel()
+    assert handle.poll() is LaunchState.CANCELLED
 
 
 def test_a_non_utf8_attempt_directory_launches_and_cancel_reaches_every_process(tmp_path: Path) -> None:

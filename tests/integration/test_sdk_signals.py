@@ -239,9 +239,15 @@ while True:
     print("x" * 1000)
 """
 
-# The attempt ignores SIGTERM, so cancelling it takes the grace period; a Ctrl-C lands in it
-# and the script catches it (as a notebook or a REPL would) and carries on.
-INTERRUPTED_CANCEL = PRELUDE + """
+# The attempt ignores SIGTERM, so cancelling it takes the grace period (made far longer than
+# any test waits); a Ctrl-C lands in it.
+LONG_GRACE = """
+from flashruntime.launchers.local import LocalProcessLauncher
+LocalProcessLauncher.__init__.__kwdefaults__["term_grace_s"] = 600.0
+"""
+
+# wait=False: the script catches the Ctrl-C (as a notebook or a REPL would) and carries on.
+INTERRUPTED_CANCEL = PRELUDE + LONG_GRACE + """
 stubborn = flash.CommandWorkload(command=[sys.executable, "-c",
     "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + {sleeper!r}])
 run = flash.submit(stubborn, output_dir=out, watch=False, wait=False)
@@ -275,19 +281,100 @@ def test_sigterm_while_the_main_thread_is_blocked_writing_still_ends_the_process
     _assert_cancelled_and_gone(out, child)
 
 
-def test_a_ctrl_c_during_the_cancel_of_a_sigterm_does_not_keep_the_process_alive(
-    tmp_path: Path, reap: list[int]
+# The same stubborn attempt under submit(wait=True): the SIGTERM interrupts the drive loop
+# itself, and the Ctrl-C lands in its cancel.
+INTERRUPTED_INLINE_CANCEL = PRELUDE + LONG_GRACE + """
+stubborn = flash.CommandWorkload(command=[sys.executable, "-c",
+    "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + {sleeper!r}])
+flash.submit(stubborn, output_dir=out, watch=False)
+""".replace("{sleeper!r}", repr(SLEEPER))
+
+
+@pytest.mark.parametrize("script", [INTERRUPTED_CANCEL, INTERRUPTED_INLINE_CANCEL], ids=["wait=False", "wait=True"])
+def test_a_ctrl_c_during_the_cancel_of_a_sigterm_kills_the_attempt_at_once_and_ends_the_process(
+    tmp_path: Path, reap: list[int], script: str
 ) -> None:
+    """The Ctrl-C says hurry: the attempt that ignores SIGTERM is killed without waiting out
+    the grace period, the run is settled, and the process dies of the SIGTERM."""
     out = tmp_path / "out"
-    driver = _start(INTERRUPTED_CANCEL, out)
+    driver = _start(script, out)
     try:
-        reap.append(_attempt_pid(out))
+        reap.append(child := _attempt_pid(out))
         driver.send_signal(signal.SIGTERM)
-        time.sleep(1.0)  # the handler is now waiting out the stubborn attempt's 10 s grace period
+        time.sleep(1.0)  # the cancel is now waiting out the stubborn attempt's grace period
         driver.send_signal(signal.SIGINT)
         assert driver.wait(timeout=60) == -signal.SIGTERM
     finally:
-        _finish(driver)
+        _, stderr = _finish(driver)
+    assert "Traceback" not in stderr
+    doc = _assert_cancelled_and_gone(out, child)
+    assert doc["attempts"][0]["exit_code"] == -signal.SIGKILL  # killed, not waited for
+
+
+# The main thread holds the run's lock when SIGTERM comes, as a loop reading run.attempts
+# does nearly all the time: the drive loop cannot record the cancelled attempt's end.
+HOLDS_THE_RUNS_LOCK = PRELUDE + """
+import os
+run = flash.submit(sleeper, output_dir=out, watch=False, wait=False)
+pid_file = os.path.join(out, "local", "task-000", "pid")
+deadline = time.monotonic() + 60
+while not (os.path.exists(pid_file) and open(pid_file).read()) and time.monotonic() < deadline:
+    time.sleep(0.02)
+with run._lock:
+    open(os.path.join(out, "holding"), "w").close()
+    time.sleep(300)
+"""
+
+
+def test_sigterm_while_the_main_thread_holds_the_runs_lock_settles_the_run_in_full(
+    tmp_path: Path, reap: list[int]
+) -> None:
+    out = tmp_path / "out"
+    driver = _start(HOLDS_THE_RUNS_LOCK, out)
+    try:
+        reap.append(child := _attempt_pid(out))
+        wait_until(lambda: (out / "holding").exists(), "the lock to be held", timeout=60)
+        driver.send_signal(signal.SIGTERM)
+        # Before: the guard waited 60 s for the blocked drive loop, then settled the row without an exit code.
+        assert driver.wait(timeout=45) == -signal.SIGTERM
+    finally:
+        _, stderr = _finish(driver)
+    assert "Traceback" not in stderr
+    doc = _assert_cancelled_and_gone(out, child)
+    assert doc["attempts"][0]["exit_code"] == -signal.SIGTERM
+
+
+# The attempt ends by itself; reading its log for the record is slow, and SIGTERM lands then.
+SLOW_RECORD = PRELUDE + """
+import os
+from flashruntime.launchers.local import LocalLaunchHandle
+read_logs = LocalLaunchHandle.logs
+def slow_logs(self, *args, **kwargs):
+    open(os.path.join(out, "recording"), "w").close()
+    time.sleep(2.0)
+    return read_logs(self, *args, **kwargs)
+LocalLaunchHandle.logs = slow_logs
+flash.submit(flash.CommandWorkload(command=[sys.executable, "-c", "print('done')"]), output_dir=out, watch=False)
+"""
+
+
+def test_a_sigterm_while_a_finished_attempt_is_recorded_leaves_its_row_settled(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    driver = _start(SLOW_RECORD, out)
+    try:
+        wait_until(lambda: (out / "recording").exists(), "the attempt to end", timeout=60)
+        driver.send_signal(signal.SIGTERM)
+    finally:
+        _, stderr = _finish(driver)
+    assert driver.returncode == -signal.SIGTERM, stderr
+    doc = json.loads((out / "run.json").read_text())
+    assert doc["state"] == "CANCELLED"
+    [row] = doc["attempts"]
+    assert (row["state"], row["exit_code"]) == ("SUCCEEDED", 0) and row["finished_at"] is not None
+    assert [(e["type"], e["message"]) for e in doc["events"]][-2:] == [
+        ("ATTEMPT_FINISHED", "task-000 finished SUCCEEDED (exit 0)"),
+        ("RUN_CANCELLED", "run cancelled"),
+    ]
 
 
 # The launch is slowed after the spawn, so that SIGTERM lands between the spawn and the
