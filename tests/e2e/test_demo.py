@@ -68,3 +68,20 @@ def test_demo_ddp_without_torch_says_how_to_get_it(tmp_path: Path) -> None:
         timeout=HANG_GUARD_S,
     )
     assert result.returncode == 1 and "--ddp needs PyTorch: pip install torch" in result.stderr
+
+
+def test_demo_refuses_a_directory_that_already_holds_a_run(tmp_path: Path) -> None:
+    """A second demo into the same directory would resume from the first one's checkpoints:
+    no crash, no recovery, and a confusing FAILED. It is refused before anything runs."""
+    code, _ = _demo("--output-dir", str(tmp_path), "--no-crash")
+    assert code == 0
+    before = sorted(path.name for path in tmp_path.rglob("*"))
+    result = run_core_only(
+        "from flashruntime.service.cli import main\n"
+        f"raise SystemExit(main(['demo', '--output-dir', {str(tmp_path)!r}]))\n",
+        timeout=HANG_GUARD_S,
+    )
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"{tmp_path} already holds a run (run.json)" in result.stderr
+    assert "pass a new --output-dir, or none for a temporary one" in result.stderr
+    assert sorted(path.name for path in tmp_path.rglob("*")) == before  # nothing launched, nothing moved aside

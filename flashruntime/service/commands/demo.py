@@ -54,6 +54,13 @@ def handle(args: argparse.Namespace) -> int:
         if not has_torch or shutil.which("torchrun") is None:
             print("error: --ddp needs PyTorch: pip install torch", file=sys.stderr)
             return 1
+    if args.output_dir is not None:
+        earlier = Path(args.output_dir).expanduser() / "run.json"
+        if earlier.exists():  # its checkpoints would be resumed from: nothing would crash or recover
+            print(f"error: {earlier.parent} already holds a run (run.json), and the demo would resume from its "
+                  "checkpoints instead of showing a crash and its recovery; pass a new --output-dir, or none "
+                  "for a temporary one", file=sys.stderr)
+            return 1
     crash = not args.no_crash
     run = submit(demo_workload(args.ddp, crash), output_dir=args.output_dir, max_restarts=2, watch=False)
     events = [e for e in run.events if e["type"] in SHOWN_EVENTS]
