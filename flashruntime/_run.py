@@ -26,6 +26,10 @@ RUN_JSON = "run.json"
 CONTRACT = "viewer_v1"
 
 
+def _event(type: str, message: str) -> dict[str, Any]:
+    return {"ts": time.time(), "type": str(type), "message": message}
+
+
 class Run:
     def __init__(
         self,
@@ -101,7 +105,7 @@ class Run:
     # --- mutation ---------------------------------------------------------
     def record_event(self, type: str, message: str) -> None:
         with self._lock:
-            self._events.append({"ts": time.time(), "type": str(type), "message": message})
+            self._events.append(_event(type, message))
             self._write()
 
     def cancel(self) -> None:
@@ -123,11 +127,8 @@ class Run:
     def _end_cancelled(self, attempt: str | None) -> None:
         """Record RUN_CANCELLED (naming the attempt that was stopped) and end CANCELLED, unless
         the run has ended already (the drive loop and the signal guard may both get here)."""
-        with self._lock:
-            if self.state.terminal:
-                return
-            self.record_event("RUN_CANCELLED", f"run cancelled ({attempt} stopped)" if attempt else "run cancelled")
-            self._finish(LaunchState.CANCELLED)
+        message = f"run cancelled ({attempt} stopped)" if attempt else "run cancelled"
+        self._finish(LaunchState.CANCELLED, _event("RUN_CANCELLED", message))
 
     @property
     def cancel_requested(self) -> bool:
@@ -139,14 +140,20 @@ class Run:
                 self.state = state
                 self._write()
 
-    def _finish(self, state: LaunchState) -> None:
+    def _finish(self, state: LaunchState, event: dict[str, Any] | None = None) -> None:
+        """End the run (with its last event, if any) unless it has ended: in memory first,
+        then one write, so an interrupt during the write neither loses nor repeats it."""
         with self._lock:
             if self.state.terminal:
                 return
+            if event is not None:
+                self._events.append(event)
             self.state = state
             self.finished_at = time.time()
-            self._write()
-        self._done.set()
+            try:
+                self._write()
+            finally:
+                self._done.set()
 
     def _set_active(self, handle: LaunchHandle | None, attempt: str | None) -> None:
         with self._lock:
@@ -157,16 +164,24 @@ class Run:
             self._attempts.append(row)
             self._write()
 
-    def _settle_attempt(self, attempt_id: str, **changes: Any) -> None:
+    def _record_attempt_end(
+        self, attempt_id: str, log_block: str, changes: dict[str, Any], event: dict[str, Any]
+    ) -> bool:
+        """Settle the active attempt: its row, log block and event, and it stops being the
+        active one. In memory first, then one write, so an interrupt can neither leave it
+        half recorded nor have it recorded twice. False when ``attempt_id`` is not the
+        active attempt (recorded already)."""
         with self._lock:
+            if self._active_attempt != attempt_id:
+                return False
+            self._log_blocks.append(log_block)
             for row in self._attempts:
                 if row["attempt_id"] == attempt_id:
                     row.update(changes)
+            self._events.append(event)
+            self._active_handle, self._active_attempt = None, None
             self._write()
-
-    def _add_log_block(self, block: str) -> None:
-        with self._lock:
-            self._log_blocks.append(block)
+        return True
 
     def _add_trial(self, trial: dict[str, Any]) -> None:
         with self._lock:

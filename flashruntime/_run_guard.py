@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from flashruntime._run import Run
+from flashruntime._run import Run, _event
 from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LocalLaunchHandle
 
@@ -217,21 +217,23 @@ def _finish_attempt(run: Run, handle: Any, attempt_id: str, state: LaunchState) 
     stays the run's active one until all of it is recorded, so an interrupt before that
     leaves it to the guard to record, never half recorded."""
     logs = handle.logs()
-    with run._lock, _signals_deferred():
-        if run._active_attempt != attempt_id:
-            return  # recorded already
-        run._add_log_block(f"--- {attempt_id} ({state}) ---\n{logs}")
-        run._settle_attempt(attempt_id, state=str(state), finished_at=time.time(), exit_code=handle.exit_code)
-        run.record_event("ATTEMPT_FINISHED", f"{attempt_id} finished {state} (exit {handle.exit_code})")
-        run._set_active(None, None)
+    with _signals_deferred():
+        run._record_attempt_end(
+            attempt_id,
+            f"--- {attempt_id} ({state}) ---\n{logs}",
+            {"state": str(state), "finished_at": time.time(), "exit_code": handle.exit_code},
+            _event("ATTEMPT_FINISHED", f"{attempt_id} finished {state} (exit {handle.exit_code})"),
+        )
 
 
 def _settle_interrupted(run: Run) -> None:
-    """End, as cancelled, a run its drive loop did not settle, stopping its attempt first."""
-    if run.state.terminal:
-        return
-    run._cancel_requested.set()
-    run._end_cancelled(_stop_active_attempt(run))
+    """End, as cancelled, a run its drive loop did not settle, stopping its attempt first.
+    Then write run.json once more: the signal may have cut its last write short."""
+    if not run.state.terminal:
+        run._cancel_requested.set()
+        run._end_cancelled(_stop_active_attempt(run))
+    with run._lock:
+        run._write()
 
 
 def _cancel_live_runs() -> None:
@@ -239,8 +241,9 @@ def _cancel_live_runs() -> None:
     with _guard.lock:
         runs = list(_guard.live)
     for run in runs:
-        if not run.cancel_requested:
-            run.cancel()
+        # Also when a cancel was requested already: this thread may have been interrupted
+        # inside that cancel's grace period, which then never ends in a SIGKILL.
+        run.cancel()
     deadline = time.monotonic() + _SETTLE_TIMEOUT_S
     for run in runs:
         if run.state.terminal:

@@ -221,7 +221,9 @@ def _run_param_set(
                 else f"{attempt_id} starts at step 0 (no valid checkpoint)",
             )
         started_ns = _filesystem_now_ns(run.output_dir)
-        with _signals_deferred():  # a terminating signal waits until the attempt has its handle and its row
+        # A terminating signal waits until the attempt has its handle and its row; the run's lock,
+        # held throughout, makes a cancel on another thread wait for the handle too.
+        with run._lock, _signals_deferred():
             handle = launcher.launch(spec, job_id, attempt_id)
             run._set_active(handle, attempt_id)
             launched = f"{attempt_id} launched (pid {handle.execution_id})"

@@ -84,12 +84,12 @@ class LocalLaunchHandle(LaunchHandle):
             found[leader] = leader
         return found
 
-    def _settle(self, returncode: int) -> LaunchState:
+    def _settle(self, returncode: int, grace_s: float | None = None) -> LaunchState:
         """Called once the leader has exited: sweep the rest, then cache the result."""
         with self._lock:
             if self._state is not None:
                 return self._state
-            sweep(self._find, self._term_grace_s)
+            sweep(self._find, self._term_grace_s if grace_s is None else grace_s)
             self.exit_code = returncode
             if self._cancel_requested:
                 self._state = LaunchState.CANCELLED
@@ -119,14 +119,15 @@ class LocalLaunchHandle(LaunchHandle):
     def cancel(self, *, grace_s: float | None = None) -> None:
         """SIGTERM the attempt's processes, SIGKILL what is left after ``grace_s`` (default:
         the launcher's ``term_grace_s``; 0 kills at once, as when a second interrupt says hurry)."""
-        grace = self._term_grace_s if grace_s is None else grace_s
-        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < float("inf"):
-            raise ValueError(f"grace_s must be a finite number of seconds >= 0 or None, got {grace_s!r}")
+        grace = self._term_grace_s if grace_s is None else _grace_seconds(grace_s)
         if self._state is not None:
             return
         returncode = self._process.poll()
         if returncode is not None:  # it already exited: the exit decides, not this late cancel
-            self._settle(returncode)
+            if grace_s is not None:
+                # Outside the lock: another thread may be settling with the full grace period.
+                sweep(self._find, grace)
+            self._settle(returncode, grace)
             return
         self._cancel_requested = True
         sweep(self._find, grace)
@@ -134,10 +135,21 @@ class LocalLaunchHandle(LaunchHandle):
             returncode = self._process.wait(timeout=grace + 30)
         except subprocess.TimeoutExpired:
             return
-        self._settle(returncode)
+        self._settle(returncode, grace)
 
     def logs(self, tail_lines: int = 200) -> str:
         return _tail(self.output_dir / LOG_NAME, tail_lines)
+
+
+def _grace_seconds(value: object) -> float:
+    """An explicit ``grace_s`` as float seconds, refused before anything is signalled."""
+    try:
+        seconds = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    except OverflowError:
+        seconds = None
+    if seconds is None or not 0 <= seconds < float("inf"):
+        raise ValueError(f"grace_s must be a finite number of seconds >= 0 or None, got {value!r}")
+    return seconds
 
 
 def aside_path(attempt_dir: Path, now: datetime) -> Path:

@@ -134,7 +134,33 @@ def test_cancel_with_no_grace_kills_at_once_what_ignores_sigterm(tmp_path: Path)
         _kill_quietly(child, int(handle.execution_id))
 
 
-@pytest.mark.parametrize("grace_s", [-1, float("nan"), float("inf"), True, "5"])
+def test_cancel_with_no_grace_does_not_wait_when_the_leader_has_exited_already(tmp_path: Path) -> None:
+    """The leader is gone (a wrapper script, torchrun ending before its workers) but its child,
+    in a session of its own, ignores SIGTERM: settling must not wait out the launcher's grace."""
+    launcher = LocalProcessLauncher(tmp_path, term_grace_s=300)
+    handle = launcher.launch(LaunchSpec(argv=[sys.executable, "-c", STUBBORN_CHILD.format(tail="")]), "j", "a")
+    child = int(_wait_for(handle.output_dir / "child.pid"))
+    wait_until(lambda: handle._process.poll() is not None, "the leader to exit")
+    cancel = threading.Thread(target=handle.cancel, kwargs={"grace_s": 0}, daemon=True)
+    cancel.start()
+    cancel.join(timeout=60)  # hang guard: the launcher's own grace would take 300 s
+    try:
+        assert not cancel.is_alive(), "cancel(grace_s=0) waited out the launcher's grace period"
+        assert handle.poll() is LaunchState.SUCCEEDED  # the leader's exit decides, not the late cancel
+        assert not pid_alive(child)
+    finally:
+        _kill_quietly(child)
+
+
+def test_cancel_without_grace_s_keeps_the_launchers_unvalidated_grace(tmp_path: Path) -> None:
+    """``term_grace_s`` was never validated; a negative one still cancels (as 0 would)."""
+    handle = LocalProcessLauncher(tmp_path, term_grace_s=-1).launch(
+        LaunchSpec(argv=[sys.executable, "-c", "import time; time.sleep(300)"]), "j", "a")
+    handle.cancel()
+    assert handle.poll() is LaunchState.CANCELLED
+
+
+@pytest.mark.parametrize("grace_s", [-1, float("nan"), float("inf"), True, "5", 10**400])
 def test_cancel_refuses_a_grace_period_that_is_not_a_duration(tmp_path: Path, grace_s: object) -> None:
     handle = LocalProcessLauncher(tmp_path, term_grace_s=0.5).launch(
         LaunchSpec(argv=[sys.executable, "-c", "import time; time.sleep(300)"]), "j", "a")

@@ -290,7 +290,18 @@ flash.submit(stubborn, output_dir=out, watch=False)
 """.replace("{sleeper!r}", repr(SLEEPER))
 
 
-@pytest.mark.parametrize("script", [INTERRUPTED_CANCEL, INTERRUPTED_INLINE_CANCEL], ids=["wait=False", "wait=True"])
+# The attempt's leader (a shell) dies of the SIGTERM at once; the child it started ignores it.
+# Settling the exited leader sweeps the child with the grace period: the Ctrl-C must cut that too.
+INTERRUPTED_SETTLE = PRELUDE + LONG_GRACE + """
+stubborn = flash.CommandWorkload(command=["sh", "-c", '"$0" -c "$1"; echo leader done', sys.executable,
+    "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + {sleeper!r}])
+run = flash.submit(stubborn, output_dir=out, watch=False, wait=False)
+run.wait()
+""".replace("{sleeper!r}", repr(SLEEPER))
+
+
+@pytest.mark.parametrize("script", [INTERRUPTED_CANCEL, INTERRUPTED_INLINE_CANCEL, INTERRUPTED_SETTLE],
+                         ids=["wait=False", "wait=True", "the leader exited"])
 def test_a_ctrl_c_during_the_cancel_of_a_sigterm_kills_the_attempt_at_once_and_ends_the_process(
     tmp_path: Path, reap: list[int], script: str
 ) -> None:
@@ -308,7 +319,148 @@ def test_a_ctrl_c_during_the_cancel_of_a_sigterm_kills_the_attempt_at_once_and_e
         _, stderr = _finish(driver)
     assert "Traceback" not in stderr
     doc = _assert_cancelled_and_gone(out, child)
-    assert doc["attempts"][0]["exit_code"] == -signal.SIGKILL  # killed, not waited for
+    if script is not INTERRUPTED_SETTLE:  # there the leader died of the SIGTERM itself
+        assert doc["attempts"][0]["exit_code"] == -signal.SIGKILL  # killed, not waited for
+
+
+# The main thread is cancelling the run itself (its attempt ignores SIGTERM, so the cancel
+# waits out the grace period) when a SIGTERM comes: it must not wait for that cancel to end.
+SIGTERM_DURING_OWN_CANCEL = PRELUDE + """
+import os
+from flashruntime.launchers.local import LocalProcessLauncher
+LocalProcessLauncher.__init__.__kwdefaults__["term_grace_s"] = 5.0
+stubborn = flash.CommandWorkload(command=[sys.executable, "-c",
+    "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + {sleeper!r}])
+run = flash.submit(stubborn, output_dir=out, watch=False, wait=False)
+pid_file = os.path.join(out, "local", "task-000", "pid")
+deadline = time.monotonic() + 60
+while not (os.path.exists(pid_file) and open(pid_file).read()) and time.monotonic() < deadline:
+    time.sleep(0.02)
+open(os.path.join(out, "cancelling"), "w").close()
+run.cancel()
+run.wait()
+""".replace("{sleeper!r}", repr(SLEEPER))
+
+
+def test_a_sigterm_during_the_scripts_own_cancel_ends_within_the_grace_period(
+    tmp_path: Path, reap: list[int]
+) -> None:
+    out = tmp_path / "out"
+    driver = _start(SIGTERM_DURING_OWN_CANCEL, out)
+    try:
+        reap.append(child := _attempt_pid(out))
+        wait_until(lambda: (out / "cancelling").exists(), "the script's cancel", timeout=60)
+        time.sleep(1.0)  # inside the cancel's 5 s grace period
+        driver.send_signal(signal.SIGTERM)
+        # Before: the guard skipped the cancel already asked for, waited 60 s for the run, then cancelled again.
+        assert driver.wait(timeout=40) == -signal.SIGTERM
+    finally:
+        _, stderr = _finish(driver)
+    assert "Traceback" not in stderr
+    _assert_cancelled_and_gone(out, child)
+
+
+# The main thread holds the run's lock while the drive thread launches the attempt. The launch
+# is held back until the main thread has the lock, and the main thread waits for the spawn (5 s
+# at most: with the lock held across the launch, the drive thread cannot begin it).
+LAUNCH_UNDER_THE_LOCK = PRELUDE + """
+import os, threading
+from flashruntime.launchers.local import LocalProcessLauncher
+spawn = LocalProcessLauncher.launch
+holding, spawned = threading.Event(), threading.Event()
+def launch(self, *args, **kwargs):
+    holding.wait(5)
+    handle = spawn(self, *args, **kwargs)
+    spawned.set()
+    return handle
+LocalProcessLauncher.launch = launch
+run = flash.submit(sleeper, output_dir=out, watch=False, wait=False)
+with run._lock:
+    holding.set()
+    spawned.wait(5)
+    open(os.path.join(out, "holding"), "w").close()
+    time.sleep(300)
+"""
+
+
+def _attempt_processes(attempt_dir: Path) -> list[int]:
+    """Live processes whose environment names ``attempt_dir`` as their FLASHML_OUTPUT_DIR."""
+    marker = f"FLASHML_OUTPUT_DIR={attempt_dir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+                running = (entry / "stat").read_text().split()[2] != "Z"
+            except OSError:
+                continue
+            if marker in environ and running:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="lists processes through /proc")
+def test_an_attempt_launched_while_the_main_thread_holds_the_runs_lock_is_never_orphaned(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    driver = _start(LAUNCH_UNDER_THE_LOCK, out)
+    try:
+        wait_until(lambda: (out / "holding").exists(), "the lock to be held", timeout=60)
+        driver.send_signal(signal.SIGTERM)
+        assert driver.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        _, stderr = _finish(driver)
+    leftovers = _attempt_processes(out / "local" / "task-000")
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert leftovers == [], stderr  # before: spawned, then no handle recorded, so nothing stopped it
+    doc = json.loads((out / "run.json").read_text())
+    assert doc["state"] == "CANCELLED"
+    assert all(row["state"] == "CANCELLED" and row["exit_code"] is not None for row in doc["attempts"])
+
+
+# A signal lands while run.json is being written with the attempt's end or the run's end (the
+# write wrapped to send it then): the record is made once, and the file ends as the run did.
+SIGNAL_DURING_THE_WRITE = PRELUDE + """
+import os
+from flashruntime._run import Run
+write = Run._write
+fired = []
+def _write(self):
+    if not fired and self._events and self._events[-1]["type"] == EVENT:
+        fired.append(True)
+        os.kill(os.getpid(), SIGNAL)
+    write(self)
+Run._write = _write
+try:
+    flash.submit(flash.CommandWorkload(command=[sys.executable, "-c", COMMAND]), output_dir=out, watch=False)
+except KeyboardInterrupt:
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("event", "signum", "command", "ctrl_c_first"),
+    [("ATTEMPT_FINISHED", signal.SIGINT, "print('done')", False),
+     ("RUN_CANCELLED", signal.SIGTERM, SLEEPER, True)],
+    ids=["ctrl-c while the attempt's end is written", "sigterm while a ctrl-c's cancel is written"],
+)
+def test_a_signal_during_the_write_of_a_record_neither_repeats_nor_loses_it(
+    tmp_path: Path, reap: list[int], event: str, signum: int, command: str, ctrl_c_first: bool
+) -> None:
+    out = tmp_path / "out"
+    script = f"EVENT, SIGNAL, COMMAND = {event!r}, {int(signum)}, {command!r}\n" + SIGNAL_DURING_THE_WRITE
+    driver = _start(script, out)
+    try:
+        if ctrl_c_first:
+            reap.append(_attempt_pid(out))
+            driver.send_signal(signal.SIGINT)
+    finally:
+        _finish(driver)
+    doc = json.loads((out / "run.json").read_text())
+    assert doc["state"] == "CANCELLED"
+    types = [e["type"] for e in doc["events"]]
+    assert types.count("ATTEMPT_FINISHED") == 1 and types.count("RUN_CANCELLED") == 1, types
+    assert types[-1] == "RUN_CANCELLED"
 
 
 # The main thread holds the run's lock when SIGTERM comes, as a loop reading run.attempts
