@@ -35,7 +35,7 @@ from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LOG_NAME, LocalLaunchHandle, LocalProcessLauncher, read_log_tail
 from flashruntime.recovery import classify, decide, describe_launch, from_local_launch
 from flashruntime.strategies.command import compile_workload
-from flashruntime.workloads.command import CommandWorkload, collect_pattern_problem
+from flashruntime.workloads.command import CommandWorkload, collect_pattern_problem, task_params_problem
 
 __all__ = ["Run", "submit"]
 
@@ -64,6 +64,9 @@ def submit(
         problem = collect_pattern_problem(pattern)
         if problem is not None:  # refused before anything runs, not after the attempt succeeded
             raise ValueError(problem)
+    problem = task_params_problem(workload)
+    if problem is not None:  # a trial's placeholder it cannot fill: refused here, not as a KeyError mid-run
+        raise ValueError(problem)
     if output_dir is None:
         output_dir = tempfile.mkdtemp(prefix="flashruntime-run-")
     output_dir = Path(os.path.expanduser(str(output_dir))).resolve()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -34,14 +35,36 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_STDOUT_CLOSED = 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     handler: Handler | None = getattr(args, "handler", None)
-    if handler is None:
-        parser.print_help()
-        return 0
-    return handler(args)
+    try:
+        if handler is None:
+            parser.print_help()
+            code = 0
+        else:
+            code = handler(args)
+        sys.stdout.flush()  # inside the try: a reader gone by now (| head) is seen here, not at exit
+    except BrokenPipeError:
+        return _stdout_closed()
+    return code
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``flashruntime runs | head -1``): stop quietly, as Unix
+    tools do. stdout now points at devnull so the interpreter's final flush cannot fail again
+    (https://docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is no file descriptor (replaced in-process): nothing to redirect
+        pass
+    return EXIT_STDOUT_CLOSED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,7 +4,9 @@ to collect, and how to fan it out over parameter sets. Never run through a shell
 
 from __future__ import annotations
 
+import re
 import shlex
+import string
 from pathlib import PurePath
 from typing import Any, Literal
 
@@ -25,6 +27,10 @@ from flashruntime.providers import Requirements
 __all__ = ["CommandWorkload", "OutputSpec", "Source", "to_jobspec"]
 
 _LAUNCHERS_OF_COORDINATED_JOBS = ("torchrun", "accelerate")
+_FORMATTER = string.Formatter()
+# What ``str.format(**params)`` raises for a placeholder it cannot fill.
+_PLACEHOLDER_ERRORS = (KeyError, IndexError, ValueError, AttributeError, TypeError)
+_LITERAL_BRACES = "write literal braces as '{{' and '}}'"
 
 
 class Source(BaseModel):
@@ -104,6 +110,59 @@ class CommandWorkload(BaseModel):
         if tokens and tokens[0] in _LAUNCHERS_OF_COORDINATED_JOBS:
             return "coordinated"
         return "local"
+
+
+def _fill_problem(template: str, params: dict[str, Any], index: int, where: str) -> str | None:
+    """Why ``template.format(**params)``, what the launch does, fails (naming the placeholder
+    that cannot be filled), or None when it fills."""
+    try:
+        template.format(**params)
+        return None
+    except _PLACEHOLDER_ERRORS as exc:
+        failure: Exception = exc
+    keys = sorted(params)
+    try:
+        fields = [(field, spec, conv) for _, field, spec, conv in _FORMATTER.parse(template) if field is not None]
+    except ValueError as exc:  # a lone '{' or '}'
+        return f"task_params[{index}] cannot fill {where} {template!r}: {exc}; {_LITERAL_BRACES}"
+    culprit = ""
+    for field, spec, conv in fields:
+        placeholder = "{" + field + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
+        key = re.split(r"[.\[]", field, maxsplit=1)[0]  # '{cfg[lr]}' and '{x.real}' read the key 'cfg', 'x'
+        if key == "" or key.isdigit():
+            example = "{" + (keys[0] if keys else "lr") + "}"
+            return (f"task_params[{index}]: the placeholder {placeholder} in {where} {template!r} is positional; "
+                    f"name a key of the parameter set (keys: {keys}), e.g. {example}, or {_LITERAL_BRACES}")
+        if key not in params:
+            return (f"task_params[{index}] has no key {key!r} for the placeholder {placeholder} in {where} "
+                    f"{template!r} (keys: {keys}); add it to every parameter set, or {_LITERAL_BRACES}")
+        try:
+            placeholder.format(**params)
+        except _PLACEHOLDER_ERRORS as exc:
+            failure, culprit = exc, f"the placeholder {placeholder} in "
+            break
+    detail = f"no key {failure}" if isinstance(failure, KeyError) else str(failure) or type(failure).__name__
+    return (f"task_params[{index}] cannot fill {culprit}{where} {template!r} (keys: {keys}): {detail}; "
+            f"fix the placeholder or that parameter set, or {_LITERAL_BRACES}")
+
+
+def task_params_problem(workload: CommandWorkload) -> str | None:
+    """Why a parameter set of ``workload`` cannot fill a placeholder of its command or env
+    (task index, token, missing key, fix), or None (pure). Only a fan-out formats; without
+    one, braces are taken verbatim. ``submit()`` refuses such a workload before launching."""
+    if workload.resolved_mode() != "independent_tasks" or not workload.task_params:
+        return None
+    tokens = workload.argv()
+    for index, params in enumerate(workload.task_params):
+        for token in tokens:
+            problem = _fill_problem(token, params, index, "argv token")
+            if problem is not None:
+                return problem
+        for name, value in workload.env.items():
+            problem = _fill_problem(value, params, index, f"env {name}")
+            if problem is not None:
+                return problem
+    return None
 
 
 def to_jobspec(workload: CommandWorkload, name: str, image: ImageSpec | None = None) -> JobSpec:

@@ -27,7 +27,8 @@ SPEC = {
     "apiVersion": "flashml.dev/v1alpha1",
     "kind": "Job",
     "metadata": {"name": "sweep-a"},
-    "spec": {"image": {"name": "python:3.11"}, "workload": {"entrypoint": "python", "args": ["-c", "pass"]}},
+    "spec": {"image": {"repository": "python", "tag": "3.11"},
+             "workload": {"type": "command", "parameters": {"command": ["python", "-c", "pass"]}}},
 }
 SPEC_YAML = """\
 apiVersion: flashml.dev/v1alpha1
@@ -36,10 +37,12 @@ metadata:
   name: sweep-a
 spec:
   image:
-    name: "python:3.11"
+    repository: python
+    tag: "3.11"
   workload:
-    entrypoint: python
-    args: ["-c", "pass"]
+    type: command
+    parameters:
+      command: ["python", "-c", "pass"]
 """
 VALIDATION_422 = {"detail": [
     {"type": "missing", "loc": ["body", "spec", "image"], "msg": "Field required", "input": {}},
@@ -167,6 +170,28 @@ def test_submit_spec_yaml_sends_the_same_body_as_its_json_twin(
     assert run_cli("--api", fake.url, "submit-spec", str(spec)) == 0
     assert json.loads(capsys.readouterr().out) == RECORD
     assert json.loads(fake.requests[0].body) == {**SPEC, "spec": {**SPEC["spec"], "note": "2024-05-01"}}
+
+
+def test_submit_spec_warns_about_each_key_jobspec_ignores_and_still_posts_the_file(
+    fake: FakeCoordinator, run_cli: Callable[..., int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.routes[("POST", "/v1alpha1/jobs")] = (201, RECORD)
+    misspelt = {**SPEC, "metadata": {"name": "sweep-a", "label": {"team": "a"}},
+                "spec": {**SPEC["spec"], "retry_policy": {"maxTaskAttempts": 2},
+                         "resources": {"gpu_per_task": 1, "maximumWorkers": 3}}}
+    spec = _write(tmp_path, "job.json", json.dumps(misspelt))
+    assert run_cli("--api", fake.url, "submit-spec", str(spec)) == 0
+    out = capsys.readouterr()
+    assert out.err.splitlines() == [
+        ("flashruntime submit-spec: warning: metadata.label is not a field of JobSpec and is ignored "
+         "(did you mean 'labels'?)"),
+        ("flashruntime submit-spec: warning: spec.retry_policy is not a field of JobSpec and is ignored "
+         "(did you mean 'retryPolicy'?)"),
+        ("flashruntime submit-spec: warning: spec.resources.gpu_per_task is not a field of JobSpec and is ignored "
+         "(did you mean 'gpuPerTask'?)"),
+    ]
+    assert json.loads(out.out) == RECORD
+    assert json.loads(fake.requests[0].body) == misspelt  # sent as written: the coordinator decides
 
 
 def test_submit_spec_422_exits_1_with_each_validation_error(

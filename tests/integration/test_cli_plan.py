@@ -5,6 +5,7 @@ exit 0 with a plan, 3 with no valid strategy, 1 for an invalid or unreadable req
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,33 @@ def test_yaml_without_pyyaml_exits_2_with_the_install_hint() -> None:
     assert result.returncode == 2, result.stderr
     assert "reading a YAML request needs pyyaml: pip install 'flashruntime[service]'" in result.stderr
     assert result.stdout == ""
+
+
+def test_a_misspelt_key_is_warned_about_and_the_plan_is_made_as_before(tmp_path: Path) -> None:
+    request = json.loads(EXAMPLE_JSON.read_text())
+    request["workload"]["methd"] = "full"  # ignored by PlanRequest (SPEC §0.1): said on stderr, not refused
+    request["resorces"] = {"gpus": 64}
+    misspelt = tmp_path / "misspelt.json"
+    misspelt.write_text(json.dumps(request))
+    result, plain = _cli(str(misspelt), "--json"), _cli(str(EXAMPLE_JSON), "--json")
+    assert result.returncode == plain.returncode == 0
+    assert result.stderr.splitlines() == [
+        ("flashruntime plan: warning: workload.methd is not a field of PlanRequest and is ignored "
+         "(did you mean 'method'?)"),
+        "flashruntime plan: warning: resorces is not a field of PlanRequest and is ignored (did you mean 'resources'?)",
+    ]
+    assert json.loads(result.stdout)["selected"] == json.loads(plain.stdout)["selected"]
+    assert plain.stderr == ""
+
+
+def test_plan_into_a_closed_pipe_exits_1_without_a_traceback() -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader (| head -1) is gone before the report is printed
+    try:
+        for output in ((), ("--json",)):
+            result = subprocess.run([sys.executable, "-m", "flashruntime.service.cli", "plan", str(EXAMPLE_JSON),
+                                     *output], stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                                    timeout=120, check=False)
+            assert (result.returncode, result.stderr) == (1, "")
+    finally:
+        os.close(write_end)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,43 @@ def test_submit_invalid_task_params_exit_2(tmp_path: Path) -> None:
 def test_submit_launch_error_exit_1(tmp_path: Path) -> None:
     result = _cli("submit", "python t.py", "--source", str(tmp_path / "nope"), "--output-dir", str(tmp_path / "o"))
     assert result.returncode == 1 and "does not exist" in result.stderr
+    # the fix is named in this command's terms, not the SDK's Source(path=...)
+    missing = str(tmp_path / "nope")
+    expected = f"error: working directory {missing!r} does not exist; point --source at your project directory"
+    assert expected in result.stderr
+    assert "Source(" not in result.stderr
+
+
+def test_submit_placeholder_missing_from_task_params_exit_2_before_launching(tmp_path: Path) -> None:
+    result = _cli("submit", "python t.py --c {C}", "--task-params", '[{"D": 1}]', "--output-dir",
+                  str(tmp_path / "out"), "--no-watch")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        "error: invalid --task-params: task_params[0] has no key 'C' for the placeholder {C} in argv token '{C}' "
+        "(keys: ['D']); add it to every parameter set, or write literal braces as '{{' and '}}'\n"
+    )
+    assert result.stdout == "" and not (tmp_path / "out").exists()
+
+
+def _with_stdout_closed(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI writing into a pipe whose reader is already gone (``| head -1`` that has quit)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run([PY, "-m", "flashruntime.service.cli", *args], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, cwd=REPO_ROOT, timeout=120, check=False)
+    finally:
+        os.close(write_end)
+
+
+def test_runs_into_a_closed_pipe_exits_1_without_a_traceback(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({"contract": "viewer_v1", "state": "SUCCEEDED",
+                                                              "started_at": 1000.0, "attempts": []}))
+    for output in ((), ("--json",)):
+        result = _with_stdout_closed("runs", "--root", str(tmp_path), *output)
+        assert (result.returncode, result.stderr) == (1, "")
 
 
 def test_runs_lists_newest_first_and_marks_unreadable(tmp_path: Path) -> None:

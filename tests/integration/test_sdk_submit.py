@@ -331,6 +331,31 @@ def test_a_collect_pattern_reaching_outside_the_source_is_refused_before_launchi
     assert not ran.exists() and not (tmp_path / "out").exists()  # nothing launched, no run recorded
 
 
+def test_a_placeholder_a_parameter_set_cannot_fill_is_refused_before_launching(tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    workload = CommandWorkload(command=[PY, "-c", f"open({str(ran)!r}, 'w').write('x')", "--c {C}"],
+                               task_params=[{"C": 1}, {"D": 1}])
+    with pytest.raises(ValueError) as refused:
+        submit(workload, output_dir=tmp_path / "out", watch=False)
+    assert str(refused.value) == (
+        "task_params[1] has no key 'C' for the placeholder {C} in argv token '--c {C}' (keys: ['D']); "
+        "add it to every parameter set, or write literal braces as '{{' and '}}'"
+    )
+    assert not ran.exists() and not (tmp_path / "out").exists()  # not even the first trial ran; no run recorded
+    background = CommandWorkload(command=[PY, "-c", "pass"], env={"TAG": "{tag}"}, task_params=[{"lr": 1}])
+    with pytest.raises(ValueError, match=r"task_params\[0\] has no key 'tag' for the placeholder \{tag\} in env TAG"):
+        submit(background, output_dir=tmp_path / "out2", wait=False, watch=False)
+    assert not (tmp_path / "out2").exists()
+
+
+def test_braces_without_task_params_reach_the_command_verbatim(tmp_path: Path) -> None:
+    code = "import json, sys; json.dump({'argv': sys.argv[1:]}, open('metrics.json', 'w'))"
+    run = submit(CommandWorkload(command=[PY, "-c", code, "{C}", "{"], source=Source(path=str(tmp_path))),
+                 output_dir=tmp_path / "out", watch=False)
+    assert run.state is LaunchState.SUCCEEDED
+    assert run.trials == [{"argv": ["{C}", "{"]}]
+
+
 def test_collect_never_copies_a_match_that_resolves_outside_the_source(tmp_path: Path) -> None:
     source, outside = tmp_path / "src", tmp_path / "outside"
     source.mkdir()

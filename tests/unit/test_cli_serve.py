@@ -247,3 +247,12 @@ def test_bad_options_are_usage_errors(argv: list[str], capsys: pytest.CaptureFix
 def test_url_for_brackets_ipv6() -> None:
     assert serve.url_for("127.0.0.1", 8100) == "http://127.0.0.1:8100"
     assert serve.url_for("::1", 8100) == "http://[::1]:8100"
+
+
+def test_data_dir_help_names_every_file_kept_there(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _args("--help")
+    help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    settings = RuntimeSettings(ledger_path="D/flashruntime.db", artifacts_dir="D/artifacts")
+    for path in (settings.ledger_path, settings.leases_path, settings.checkpoints_path, settings.artifacts_dir):
+        assert str(path) in help_text

@@ -11,7 +11,14 @@ from flashruntime.protocol.plan_v1alpha1 import CheckpointPolicy
 from flashruntime.protocol.v1alpha1 import ImageSpec, IsolationSpec
 from flashruntime.strategies import LaunchSpec, StrategyCompiler, compiler_for, register_compiler
 from flashruntime.strategies.command import compile_workload
-from flashruntime.workloads.command import CommandWorkload, OutputSpec, Source, collect_pattern_problem, to_jobspec
+from flashruntime.workloads.command import (
+    CommandWorkload,
+    OutputSpec,
+    Source,
+    collect_pattern_problem,
+    task_params_problem,
+    to_jobspec,
+)
 
 IMAGE = ImageSpec(repository="ghcr.io/acme/train", tag="1.2")
 
@@ -45,6 +52,45 @@ def test_argv_formats_params_and_missing_placeholder_raises_keyerror() -> None:
     assert w.argv({"lr": 0.1}) == ["python", "t.py", "--lr", "0.1", "--name", "run-0.1"]
     with pytest.raises(KeyError, match="lr"):
         w.argv({"other": 1})
+
+
+def test_a_placeholder_no_parameter_set_can_fill_is_named_with_its_task_token_key_and_fix() -> None:
+    workload = CommandWorkload(command=["python", "t.py", "--c {C}"], task_params=[{"C": 1}, {"D": 1}])
+    assert task_params_problem(workload) == (
+        "task_params[1] has no key 'C' for the placeholder {C} in argv token '--c {C}' (keys: ['D']); "
+        "add it to every parameter set, or write literal braces as '{{' and '}}'"
+    )
+    env = CommandWorkload(command="python t.py", env={"LR": "{lr:.3g}"}, task_params=[{"x": 1}])
+    assert task_params_problem(env) == (
+        "task_params[0] has no key 'lr' for the placeholder {lr:.3g} in env LR '{lr:.3g}' (keys: ['x']); "
+        "add it to every parameter set, or write literal braces as '{{' and '}}'"
+    )
+
+
+@pytest.mark.parametrize(("command", "params", "message"), [
+    ("t.py {}", {"lr": 1}, (r"task_params\[0\]: the placeholder \{\} in argv token '\{\}' is positional; name a "
+                           r"key of the parameter set \(keys: \['lr'\]\), e.g. \{lr\}")),
+    ("t.py {cfg[lr]}", {"cfg": {}}, (r"cannot fill the placeholder \{cfg\[lr\]\} in argv token '\{cfg\[lr\]\}' "
+                                     r"\(keys: \['cfg'\]\): no key 'lr'; fix the placeholder or that parameter set")),
+    ("t.py {i:05d}", {"i": "a"}, r"cannot fill the placeholder \{i:05d\} .*: Unknown format code 'd'"),
+    ("t.py {lr", {"lr": 1}, r"cannot fill argv token '\{lr': expected '\}' before end of string; write literal"),
+])
+def test_every_way_a_placeholder_fails_to_fill_is_named(command: str, params: dict, message: str) -> None:
+    problem = task_params_problem(CommandWorkload(command=command, task_params=[params]))
+    assert problem is not None and re.search(message, problem), problem
+    with pytest.raises((KeyError, IndexError, ValueError)):  # what the launch would have hit mid-run instead
+        compile_workload(CommandWorkload(command=command, task_params=[params]), params)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"command": "python t.py --lr {lr} --tag {{x}} {cfg[a]:>4}", "task_params": [{"lr": 0.1, "cfg": {"a": 1}}]},
+    {"command": "python t.py {lr} {", "task_params": None},  # no params: braces taken verbatim
+    {"command": "python t.py {lr}", "task_params": []},
+    {"command": "python t.py {lr}", "task_params": [{"x": 1}], "mode": "local"},  # no fan-out, no formatting
+    {"command": "torchrun t.py {lr}", "task_params": [{"x": 1}], "mode": "coordinated"},
+])
+def test_workloads_the_launch_can_fill_or_never_formats_have_no_problem(kwargs: dict) -> None:
+    assert task_params_problem(CommandWorkload(**kwargs)) is None
 
 
 @pytest.mark.parametrize("kwargs, mode", [

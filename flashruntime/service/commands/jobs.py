@@ -1,5 +1,6 @@
 """The coordinator's job routes from a shell (SPEC §10, §9.2): ``submit-spec``, ``status``,
-``events``, ``logs``, ``cancel``. Each prints the response as JSON (indent 2).
+``events``, ``logs``, ``cancel``. Each prints the response as JSON (indent 2);
+``submit-spec`` first warns on stderr about each key JobSpec would ignore.
 
 Standard library HTTP only (urllib), so these work without the ``service`` extra.
 Exit codes: 0 success; 1 HTTP status >= 400 (status and FastAPI's ``detail`` printed)
@@ -175,13 +176,24 @@ def _run(command: str, args: argparse.Namespace, method: str, path: str, body_fr
         print(f"flashruntime {command}: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     try:
-        body = None if body_from is None else encode_spec(body_from, load_spec(body_from))
+        body = None if body_from is None else _spec_body(command, body_from)
         answer = request(api, method, path, body)
     except CommandError as exc:
         print(f"flashruntime {command}: {exc}", file=sys.stderr)
         return exc.code
     print(json.dumps(answer, indent=2))
     return EXIT_OK
+
+
+def _spec_body(command: str, path: Path) -> bytes:
+    """The spec file as the request body, after a warning for each key JobSpec would ignore."""
+    from flashruntime.protocol.v1alpha1 import JobSpec
+    from flashruntime.service.commands._unknown_keys import warning_lines
+
+    data = load_spec(path)
+    for line in warning_lines(command, JobSpec, data):
+        print(line, file=sys.stderr)
+    return encode_spec(path, data)
 
 
 def handle_submit_spec(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
 """``flashruntime plan REQUEST [--json]``: read a PlanRequest (JSON, or YAML via pyyaml),
-plan it, print the rendered report or the report as JSON (SPEC §10).
+plan it, print the rendered report or the report as JSON (SPEC §10). A key the
+request model would ignore (a misspelling, say) gets a warning on stderr first.
 
 Exit codes: 0 a plan was selected; 3 no valid strategy; 1 invalid or unreadable
 request; 2 pyyaml missing for a YAML file.
@@ -74,6 +75,7 @@ def handle(args: argparse.Namespace) -> int:
 
     from flashruntime.planner import plan, render
     from flashruntime.protocol.plan_v1alpha1 import PlanRequest
+    from flashruntime.service.commands._unknown_keys import warning_lines
 
     path = Path(args.request_file)
     try:
@@ -81,6 +83,8 @@ def handle(args: argparse.Namespace) -> int:
     except _RequestError as exc:
         print(f"flashruntime plan: {exc}", file=sys.stderr)
         return exc.code
+    for line in warning_lines("plan", PlanRequest, data):  # ignored by the model, so said here
+        print(line, file=sys.stderr)
     try:
         request = PlanRequest.model_validate(data)
     except ValidationError as exc:

@@ -38,6 +38,20 @@ def parse_task_params(raw: str | None) -> list[dict[str, Any]] | None:
     return value
 
 
+# The SDK's words for what this command sets with a flag (the launcher speaks to SDK users).
+_SDK_TO_FLAG = (
+    ("set Source(path=...) to your project", "point --source at your project directory"),
+    ("Source(path=...)", "--source"),
+)
+
+
+def in_cli_terms(message: str) -> str:
+    """``message`` with the SDK's names replaced by this command's flags."""
+    for sdk_words, cli_words in _SDK_TO_FLAG:
+        message = message.replace(sdk_words, cli_words)
+    return message
+
+
 def summary(run: Any) -> dict[str, Any]:
     best = None
     if run.workload.outputs.primary_metric:
@@ -50,7 +64,7 @@ def handle(args: argparse.Namespace) -> int:
     from flashruntime.errors import LaunchError
     from flashruntime.sdk import submit
     from flashruntime.service.commands._progress import watch
-    from flashruntime.workloads.command import CommandWorkload, Source
+    from flashruntime.workloads.command import CommandWorkload, Source, task_params_problem
 
     try:
         task_params = parse_task_params(args.task_params)
@@ -58,6 +72,10 @@ def handle(args: argparse.Namespace) -> int:
         print(f"error: invalid --task-params: {exc}", file=sys.stderr)
         return EXIT_BAD_PARAMS
     workload = CommandWorkload(command=args.cmd, source=Source(path=args.source), task_params=task_params)
+    problem = task_params_problem(workload)  # submit() would refuse it too, as a ValueError like any other
+    if problem is not None:
+        print(f"error: invalid --task-params: {problem}", file=sys.stderr)
+        return EXIT_BAD_PARAMS
     # --json promises one JSON object on stdout: what submit itself prints (the viewer's
     # address) goes to stderr then.
     printed = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
@@ -69,13 +87,13 @@ def handle(args: argparse.Namespace) -> int:
             watch(run, sys.stderr)
         run.wait()
     except (LaunchError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {in_cli_terms(str(exc))}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         run.cancel()
         run.wait()
     if run.events and run.events[-1]["type"] == "LAUNCH_FAILED":
-        print(f"error: {run.events[-1]['message']}", file=sys.stderr)
+        print(f"error: {in_cli_terms(run.events[-1]['message'])}", file=sys.stderr)
     result = summary(run)
     if args.json:
         print(json.dumps(result, default=str))
