@@ -46,13 +46,17 @@ def run(
     image: ImageSpec | str | None = None,
     name: str | None = None,
     headers: dict[str, str] | None = None,
+    pool: str | None = None,
 ) -> Run | JobRecord:
     """Run ``workload`` (or ``command``) the way ``plan`` says: a local ``Run`` for ``local`` and
     ``coordinated_training`` plans, the coordinator's ``JobRecord`` for ``independent_tasks``.
 
     Arguments that the plan's mode does not use are ignored, so one call serves every plan:
-    ``coordinator_url``, ``image``, ``name`` and ``headers`` matter only to ``independent_tasks``;
-    ``output_dir``, ``max_restarts``, ``wait`` and ``watch`` only to the local modes.
+    ``coordinator_url``, ``image``, ``name``, ``headers`` and ``pool`` matter only to
+    ``independent_tasks``; ``output_dir``, ``max_restarts``, ``wait`` and ``watch`` only to the
+    local modes. ``pool`` confines the job's tasks to the workers of that team pool
+    (``placement.pool``); with ``isolation.allowFallback`` on the workload, that is what lets
+    the bundled ``flashruntime worker --runner trusted --pools <pool>`` run them.
     """
     if plan is None:
         raise ValueError("run() got plan=None: the planner selected nothing; read report.no_valid_strategy_hint")
@@ -69,7 +73,7 @@ def run(
             "'coordinated_training' and 'independent_tasks' plans"
         )
     url = resolve_coordinator_url(coordinator_url, os.environ)
-    return post_job(url, independent_jobspec(plan, chosen, name=name, image=image), headers)
+    return post_job(url, independent_jobspec(plan, chosen, name=name, image=image, pool=pool), headers)
 
 
 def plan_workload(
@@ -220,11 +224,16 @@ def _image_spec(image: ImageSpec | str | None) -> ImageSpec | None:
 
 
 def independent_jobspec(
-    plan: StrategyPlan, workload: CommandWorkload, *, name: str | None = None, image: ImageSpec | str | None = None
+    plan: StrategyPlan, workload: CommandWorkload, *, name: str | None = None, image: ImageSpec | str | None = None,
+    pool: str | None = None,
 ) -> JobSpec:
     """The lease job for an ``independent_tasks`` plan (pure)."""
+    if pool is not None and (not isinstance(pool, str) or not pool.strip()):
+        raise ValueError(f"pool must be a team pool id such as 'team-7', or None for any worker; got {pool!r}")
     job_name = name if name is not None else "plan-" + plan.plan_id[3:]
     spec = to_jobspec(workload.model_copy(update={"mode": "independent_tasks"}), job_name, _image_spec(image))
+    if pool is not None:
+        spec.spec.placement.pool = pool
     current = spec.spec.resources
     spec.spec.resources = ResourcesSpec(
         minimumWorkers=1,
