@@ -134,3 +134,19 @@ def stop_process(process: subprocess.Popen[str]) -> str:
         process.kill()
         out, _ = process.communicate()
     return out or ""
+
+
+def run_worker(url: str, work_dir: Path, *options: str, max_tasks: int, timeout: float = 240) -> tuple[int, str]:
+    """A real ``flashruntime worker`` process against ``url`` until it has taken ``max_tasks``
+    tasks (then it exits by itself); ``timeout`` is a hang guard. → (exit code, its output)."""
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "flashruntime.service.cli", "--api", url, "worker", "--work-dir", str(work_dir),
+         "--poll-seconds", "0.2", "--max-tasks", str(max_tasks), *options],
+        env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        log, _ = worker.communicate(timeout=timeout)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            log, _ = worker.communicate()
+    return worker.returncode, log

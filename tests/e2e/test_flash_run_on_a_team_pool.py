@@ -5,7 +5,6 @@ the job's argv tasks are never claimed by the bundled worker, which is not ``arg
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 import flashruntime as flash
 from flashruntime.protocol.plan_v1alpha1 import StrategyPlan
 from flashruntime.protocol.v1alpha1 import IsolationSpec
-from tests.service_server import process_env, serve_in_thread, settings_for
+from tests.service_server import run_worker, serve_in_thread, settings_for
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 pytest.importorskip("uvicorn")
@@ -41,18 +40,9 @@ def test_a_plan_run_with_a_pool_is_carried_out_by_a_trusted_worker_of_that_pool(
     with serve_in_thread(settings_for(tmp_path / "data")) as url, httpx.Client(base_url=url, timeout=10) as api:
         record = flash.run(_plan(), url, workload=_workload(), image="local/trial:1", pool="team-7")
         assert record.spec.spec.placement.pool == "team-7"
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "flashruntime.service.cli", "--api", url, "worker", "--node-id", "w1",
-             "--runner", "trusted", "--pools", "team-7", "--work-dir", str(tmp_path / "work"),
-             "--poll-seconds", "0.2", "--max-tasks", "2"],
-            env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            log, _ = worker.communicate(timeout=240)  # hang guard; --max-tasks 2: it exits after the second task
-        finally:
-            if worker.poll() is None:
-                worker.kill()
-                log, _ = worker.communicate()
-        assert worker.returncode == 0, log
+        code, log = run_worker(url, tmp_path / "work", "--node-id", "w1", "--runner", "trusted", "--pools", "team-7",
+                               max_tasks=2)
+        assert code == 0, log
         deadline = time.monotonic() + 30
         while (job := api.get(f"/v1alpha1/jobs/{record.job_id}").json())["state"] == "RUNNING" \
                 and time.monotonic() < deadline:

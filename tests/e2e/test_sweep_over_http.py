@@ -4,14 +4,12 @@ worker`` process running three ``sklearn_trial`` tasks whose metrics come back a
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.service_server import process_env, serve_in_thread, settings_for
+from tests.service_server import run_worker, serve_in_thread, settings_for
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 pytest.importorskip("sklearn")
@@ -43,7 +41,6 @@ def sweep_spec() -> dict:
 
 
 def test_a_logreg_grid_runs_on_a_real_worker_and_every_trial_reports_its_accuracy(tmp_path: Path) -> None:
-    env = process_env()
     with serve_in_thread(settings_for(tmp_path / "data")) as url, httpx.Client(base_url=url, timeout=10) as api:
         put = api.put("/v1alpha1/artifacts/datasets/iris.csv", content=iris_csv())
         assert put.status_code == 200, put.text
@@ -51,17 +48,8 @@ def test_a_logreg_grid_runs_on_a_real_worker_and_every_trial_reports_its_accurac
         assert created.status_code == 201, created.text
         job_id = created.json()["job_id"]
 
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "flashruntime.service.cli", "--api", url, "worker", "--node-id", "w1",
-             "--work-dir", str(tmp_path / "work"), "--poll-seconds", "0.2", "--max-tasks", "3"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            log, _ = worker.communicate(timeout=240)  # --max-tasks 3: it exits after the third task
-        finally:
-            if worker.poll() is None:
-                worker.kill()
-                log, _ = worker.communicate()
-        assert worker.returncode == 0, log
+        code, log = run_worker(url, tmp_path / "work", "--node-id", "w1", max_tasks=3)
+        assert code == 0, log
 
         deadline = time.monotonic() + 30
         while (job := api.get(f"/v1alpha1/jobs/{job_id}").json())["state"] == "RUNNING" and time.monotonic() < deadline:

@@ -25,11 +25,17 @@ SLEEPER = ("import os, time; open(os.path.join(os.environ['FLASHML_OUTPUT_DIR'],
            ".write(str(os.getpid())); time.sleep(300)")
 
 PRELUDE = f"""
-import signal, sys, time
+import os, signal, sys, time
 sys.path.insert(0, {str(REPO_ROOT)!r})
 import flashruntime as flash
 out = sys.argv[1]
 sleeper = flash.CommandWorkload(command=[sys.executable, "-c", {SLEEPER!r}])
+
+def until_the_attempt_runs():
+    pid_file = os.path.join(out, "local", "task-000", "pid")
+    deadline = time.monotonic() + 60
+    while not (os.path.exists(pid_file) and open(pid_file).read()) and time.monotonic() < deadline:
+        time.sleep(0.02)
 """
 
 # submit(wait=True), as a training script calls it.
@@ -40,12 +46,8 @@ print("submit returned", flush=True)
 
 # wait=False, then the script ends with the run still going.
 ENDS_EARLY = PRELUDE + """
-import os
 run = flash.submit(sleeper, output_dir=out, max_restarts=2, watch=False, wait=False)
-pid_file = os.path.join(out, "local", "task-000", "pid")
-deadline = time.monotonic() + 60
-while not (os.path.exists(pid_file) and open(pid_file).read()) and time.monotonic() < deadline:
-    time.sleep(0.02)
+until_the_attempt_runs()
 print("script ends", flush=True)
 """
 
@@ -70,12 +72,8 @@ flash.submit(sleeper, output_dir=out, watch=False)
 # SIGTERM to it ends it alone, as before, and never cancels the parent's run; its handler
 # is the default again (a sleeping child would otherwise only wake to run a Python one).
 FORKED = PRELUDE + """
-import os
 run = flash.submit(sleeper, output_dir=out, watch=False, wait=False)
-pid_file = os.path.join(out, "local", "task-000", "pid")
-deadline = time.monotonic() + 60
-while not (os.path.exists(pid_file) and open(pid_file).read()) and time.monotonic() < deadline:
-    time.sleep(0.02)
+until_the_attempt_runs()
 statuses = []
 for _ in range(5):
     pid = os.fork()
@@ -326,16 +324,12 @@ def test_a_ctrl_c_during_the_cancel_of_a_sigterm_kills_the_attempt_at_once_and_e
 # The main thread is cancelling the run itself (its attempt ignores SIGTERM, so the cancel
 # waits out the grace period) when a SIGTERM comes: it must not wait for that cancel to end.
 SIGTERM_DURING_OWN_CANCEL = PRELUDE + """
-import os
 from flashruntime.launchers.local import LocalProcessLauncher
 LocalProcessLauncher.__init__.__kwdefaults__["term_grace_s"] = 5.0
 stubborn = flash.CommandWorkload(command=[sys.executable, "-c",
     "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + {sleeper!r}])
 run = flash.submit(stubborn, output_dir=out, watch=False, wait=False)
-pid_file = os.path.join(out, "local", "task-000", "pid")
-deadline = time.monotonic() + 60
-while not (os.path.exists(pid_file) and open(pid_file).read()) and time.monotonic() < deadline:
-    time.sleep(0.02)
+until_the_attempt_runs()
 open(os.path.join(out, "cancelling"), "w").close()
 run.cancel()
 run.wait()
@@ -421,7 +415,6 @@ def test_an_attempt_launched_while_the_main_thread_holds_the_runs_lock_is_never_
 # A signal lands while run.json is being written with the attempt's end or the run's end (the
 # write wrapped to send it then): the record is made once, and the file ends as the run did.
 SIGNAL_DURING_THE_WRITE = PRELUDE + """
-import os
 from flashruntime._run import Run
 write = Run._write
 fired = []
@@ -466,12 +459,8 @@ def test_a_signal_during_the_write_of_a_record_neither_repeats_nor_loses_it(
 # The main thread holds the run's lock when SIGTERM comes, as a loop reading run.attempts
 # does nearly all the time: the drive loop cannot record the cancelled attempt's end.
 HOLDS_THE_RUNS_LOCK = PRELUDE + """
-import os
 run = flash.submit(sleeper, output_dir=out, watch=False, wait=False)
-pid_file = os.path.join(out, "local", "task-000", "pid")
-deadline = time.monotonic() + 60
-while not (os.path.exists(pid_file) and open(pid_file).read()) and time.monotonic() < deadline:
-    time.sleep(0.02)
+until_the_attempt_runs()
 with run._lock:
     open(os.path.join(out, "holding"), "w").close()
     time.sleep(300)
@@ -498,7 +487,6 @@ def test_sigterm_while_the_main_thread_holds_the_runs_lock_settles_the_run_in_fu
 
 # The attempt ends by itself; reading its log for the record is slow, and SIGTERM lands then.
 SLOW_RECORD = PRELUDE + """
-import os
 from flashruntime.launchers.local import LocalLaunchHandle
 read_logs = LocalLaunchHandle.logs
 def slow_logs(self, *args, **kwargs):
@@ -532,7 +520,6 @@ def test_a_sigterm_while_a_finished_attempt_is_recorded_leaves_its_row_settled(t
 # The launch is slowed after the spawn, so that SIGTERM lands between the spawn and the
 # attempt's row in run.json.
 SLOW_LAUNCH = PRELUDE + """
-import os
 from flashruntime.launchers.local import LocalProcessLauncher
 spawn = LocalProcessLauncher.launch
 def slow_launch(self, *args, **kwargs):
