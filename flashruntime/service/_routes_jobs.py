@@ -152,6 +152,7 @@ def jobs_router(coordinator: Coordinator) -> APIRouter:
     @router.post("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/parts")
     def register_part(job_id: str, task_id: str, body: RegisterPartRequest, request: Request) -> dict[str, str]:
         check_task_write(request, job_id, task_id)
+        job_or_404(job_id)  # a checkpoint belongs to a job: none is kept for an id the ledger never had
         try:
             coordinator.catalog.register_part(f"{job_id}::{task_id}", body.attempt_id, body.step, body.part)
         except ValueError as exc:  # a value the registry cannot hold (beyond SQLite's 64-bit integers)
@@ -161,6 +162,7 @@ def jobs_router(coordinator: Coordinator) -> APIRouter:
     @router.post("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/commit", response_model=None)
     def commit_checkpoint(job_id: str, task_id: str, body: CommitRequest, request: Request) -> JSONResponse:
         check_task_write(request, job_id, task_id)
+        job_or_404(job_id)
         try:
             manifest = coordinator.catalog.commit(
                 job_id=f"{job_id}::{task_id}", attempt_id=body.attempt_id, step=body.step,
@@ -173,6 +175,7 @@ def jobs_router(coordinator: Coordinator) -> APIRouter:
 
     @router.get("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/latest", response_model=None)
     def latest_checkpoint(job_id: str, task_id: str, world_size: int | None = Query(None)) -> JSONResponse:
+        job_or_404(job_id)
         manifest = coordinator.catalog.latest_valid(f"{job_id}::{task_id}", world_size=world_size)
         if manifest is None:
             raise HTTPException(404, f"no selectable checkpoint for {job_id}/{task_id}")
@@ -180,6 +183,7 @@ def jobs_router(coordinator: Coordinator) -> APIRouter:
 
     @router.get("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/lost-work")
     def lost_work(job_id: str, task_id: str, failed_at_step: int = Query(...)) -> dict[str, int | None]:
+        job_or_404(job_id)
         scope = f"{job_id}::{task_id}"
         latest = coordinator.catalog.latest_valid(scope)
         return {

@@ -59,8 +59,10 @@ def recovery_markdown() -> str:
         "",
         f"What flashruntime does about each class of failure (policy `{POLICY_VERSION}`). The decision depends",
         "only on the failure class and the mode, so the same failure always gets the same action.",
-        "`coordinated_training` is a single command (plain or torchrun DDP); `independent_tasks` is a sweep or",
-        "a fleet job whose tasks are independent.",
+        "`coordinated_training` is a single command (plain or torchrun DDP); `independent_tasks` is a sweep",
+        "(`flash.submit` with `task_params`). `flash.submit` and `flashruntime submit` act on these tables; on a",
+        "coordinator, a fleet job's tasks are retried by their two lease budgets instead (failures the",
+        "worker reports, lost workers; see [Submit work](coordinator.md#submit-work)).",
     ]
     for mode in MODES:
         lines += ["", f"## `{mode}`", "", "| failure class | action | scope | cordon node | needs checkpoint | why |",

@@ -193,18 +193,34 @@ def test_cordon_stops_claims_and_cancel_ends_the_job(api: Any) -> None:
 
 def test_checkpoint_routes(api: Any) -> None:
     part = {"key": "rank0.pt", "sha256": "a" * 64, "size_bytes": 10}
-    base = "/v1alpha1/jobs/j1/tasks/t1/checkpoints"
+    job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=1)).json()["job_id"]
+    base = f"/v1alpha1/jobs/{job_id}/tasks/t1/checkpoints"
     assert api.get(f"{base}/latest").status_code == 404
     assert api.get(f"{base}/lost-work", params={"failed_at_step": 7}).json() == {"lost_steps": None, "latest_step": None}
     assert api.post(f"{base}/parts", json={"attempt_id": "a1", "step": 5, "part": part}).json() == {
         "status": "registered", "key": "rank0.pt"}
-    commit = {"attempt_id": "a1", "step": 5, "expected_parts": [part], "storage_prefix": "ckpt/j1/t1/5/"}
+    commit = {"attempt_id": "a1", "step": 5, "expected_parts": [part], "storage_prefix": f"ckpt/{job_id}/t1/5/"}
     manifest = api.post(f"{base}/commit", json=commit)
     assert manifest.status_code == 200 and manifest.json()["step"] == 5
     assert api.get(f"{base}/latest").json()["manifest_id"] == manifest.json()["manifest_id"]
     assert api.get(f"{base}/lost-work", params={"failed_at_step": 7}).json() == {"lost_steps": 2, "latest_step": 5}
     mismatch = {**commit, "step": 6, "expected_parts": [{**part, "sha256": "b" * 64}]}
     refused = api.post(f"{base}/commit", json=mismatch)
+    assert refused.status_code == 409 and "not registered" in refused.json()["detail"]
+
+
+def test_checkpoint_routes_of_an_unknown_job_are_404_and_keep_nothing(api: Any) -> None:
+    part = {"key": "rank0.pt", "sha256": "a" * 64, "size_bytes": 10}
+    base = "/v1alpha1/jobs/3f9c2a7b1d04/tasks/t1/checkpoints"
+    commit = {"attempt_id": "a1", "step": 5, "expected_parts": [part], "storage_prefix": "ckpt/5/"}
+    answers = [api.post(f"{base}/parts", json={"attempt_id": "a1", "step": 5, "part": part}),
+               api.post(f"{base}/commit", json=commit), api.get(f"{base}/latest"),
+               api.get(f"{base}/lost-work", params={"failed_at_step": 7})]
+    assert [a.status_code for a in answers] == [404, 404, 404, 404]
+    assert {a.json()["detail"] for a in answers} == {"unknown job '3f9c2a7b1d04'"}
+    job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=1)).json()["job_id"]
+    # Nothing was registered for the unknown job: the same part under a real job still needs registering.
+    refused = api.post(f"/v1alpha1/jobs/{job_id}/tasks/t1/checkpoints/commit", json=commit)
     assert refused.status_code == 409 and "not registered" in refused.json()["detail"]
 
 
