@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 from collections.abc import Callable, Sequence
 
@@ -48,10 +49,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = 0
         else:
             code = handler(args)
-        sys.stdout.flush()  # inside the try: a reader gone by now (| head) is seen here, not at exit
+        if sys.stdout is not None:  # None when the process started with fd 1 closed: print() writes nothing
+            sys.stdout.flush()  # inside the try: a reader gone by now (| head) is seen here, not at exit
     except BrokenPipeError:
+        if not _stdout_broken():
+            raise  # another pipe (stderr, a socket): not the quiet end of `| head`
         return _stdout_closed()
     return code
+
+
+def _stdout_broken() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports POLLERR on its write end).
+    Where that cannot be asked (no poll, no file descriptor), assume so, as before."""
+    poll = getattr(select, "poll", None)
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return True
+    if poll is None:
+        return True
+    poller = poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 def _stdout_closed() -> int:

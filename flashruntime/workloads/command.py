@@ -28,8 +28,6 @@ __all__ = ["CommandWorkload", "OutputSpec", "Source", "to_jobspec"]
 
 _LAUNCHERS_OF_COORDINATED_JOBS = ("torchrun", "accelerate")
 _FORMATTER = string.Formatter()
-# What ``str.format(**params)`` raises for a placeholder it cannot fill.
-_PLACEHOLDER_ERRORS = (KeyError, IndexError, ValueError, AttributeError, TypeError)
 _LITERAL_BRACES = "write literal braces as '{{' and '}}'"
 
 
@@ -118,7 +116,7 @@ def _fill_problem(template: str, params: dict[str, Any], index: int, where: str)
     try:
         template.format(**params)
         return None
-    except _PLACEHOLDER_ERRORS as exc:
+    except Exception as exc:  # noqa: BLE001  (a value's own __format__ may raise anything: the launch would too)
         failure: Exception = exc
     keys = sorted(params)
     try:
@@ -138,7 +136,7 @@ def _fill_problem(template: str, params: dict[str, Any], index: int, where: str)
                     f"{template!r} (keys: {keys}); add it to every parameter set, or {_LITERAL_BRACES}")
         try:
             placeholder.format(**params)
-        except _PLACEHOLDER_ERRORS as exc:
+        except Exception as exc:  # noqa: BLE001  (as above)
             failure, culprit = exc, f"the placeholder {placeholder} in "
             break
     detail = f"no key {failure}" if isinstance(failure, KeyError) else str(failure) or type(failure).__name__

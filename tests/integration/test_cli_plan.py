@@ -142,3 +142,31 @@ def test_plan_into_a_closed_pipe_exits_1_without_a_traceback() -> None:
             assert (result.returncode, result.stderr) == (1, "")
     finally:
         os.close(write_end)
+
+
+def test_a_warning_into_a_closed_stderr_stops_nothing(tmp_path: Path) -> None:
+    """Only a closed stdout is the quiet end of ``| head``: with stderr's reader gone, the
+    warnings (advice) are dropped and the report is still written, exit 0."""
+    request = json.loads(EXAMPLE_JSON.read_text())
+    request["workload"]["methd"] = "full"
+    misspelt = tmp_path / "misspelt.json"
+    misspelt.write_text(json.dumps(request))
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        with (tmp_path / "report.json").open("w") as report:
+            result = subprocess.run([sys.executable, "-m", "flashruntime.service.cli", "plan", str(misspelt), "--json"],
+                                    stdout=report, stderr=write_end, cwd=REPO_ROOT, timeout=120, check=False)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 0
+    assert json.loads((tmp_path / "report.json").read_text())["selected"] is not None
+
+
+def test_plan_with_stdout_closed_from_the_start_exits_as_usual() -> None:
+    """fd 1 closed before the process starts (``>&-``, some supervisors): Python sets
+    sys.stdout to None and print() writes nothing; the exit code is the command's own."""
+    result = subprocess.run(["bash", "-c", 'exec "$@" >&-', "_", sys.executable, "-m", "flashruntime.service.cli",
+                             "plan", str(EXAMPLE_JSON)], stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                            timeout=120, check=False)
+    assert (result.returncode, result.stderr) == (0, "")

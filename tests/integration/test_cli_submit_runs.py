@@ -77,12 +77,14 @@ def test_submit_launch_error_exit_1(tmp_path: Path) -> None:
     assert "Source(" not in result.stderr
 
 
-def test_submit_placeholder_missing_from_task_params_exit_2_before_launching(tmp_path: Path) -> None:
+def test_submit_placeholder_missing_from_task_params_exits_1_before_launching(tmp_path: Path) -> None:
+    """Refused before anything runs; exit 1 as for any launch error (SPEC §10 keeps 2 for JSON
+    that does not parse), with the reason on stderr instead of a FAILED run."""
     result = _cli("submit", "python t.py --c {C}", "--task-params", '[{"D": 1}]', "--output-dir",
                   str(tmp_path / "out"), "--no-watch")
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == 1, result.stderr
     assert result.stderr == (
-        "error: invalid --task-params: task_params[0] has no key 'C' for the placeholder {C} in argv token '{C}' "
+        "error: task_params[0] has no key 'C' for the placeholder {C} in argv token '{C}' "
         "(keys: ['D']); add it to every parameter set, or write literal braces as '{{' and '}}'\n"
     )
     assert result.stdout == "" and not (tmp_path / "out").exists()

@@ -74,11 +74,12 @@ def test_a_placeholder_no_parameter_set_can_fill_is_named_with_its_task_token_ke
                                      r"\(keys: \['cfg'\]\): no key 'lr'; fix the placeholder or that parameter set")),
     ("t.py {i:05d}", {"i": "a"}, r"cannot fill the placeholder \{i:05d\} .*: Unknown format code 'd'"),
     ("t.py {lr", {"lr": 1}, r"cannot fill argv token '\{lr': expected '\}' before end of string; write literal"),
+    ("t.py {x:e}", {"x": 10**400}, r"cannot fill the placeholder \{x:e\} .*: int too large to convert to float"),
 ])
 def test_every_way_a_placeholder_fails_to_fill_is_named(command: str, params: dict, message: str) -> None:
     problem = task_params_problem(CommandWorkload(command=command, task_params=[params]))
     assert problem is not None and re.search(message, problem), problem
-    with pytest.raises((KeyError, IndexError, ValueError)):  # what the launch would have hit mid-run instead
+    with pytest.raises((KeyError, IndexError, ValueError, OverflowError)):  # what the launch would hit mid-run
         compile_workload(CommandWorkload(command=command, task_params=[params]), params)
 
 

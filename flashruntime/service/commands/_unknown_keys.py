@@ -7,7 +7,9 @@ never looks inside free-form dicts (``parameters``, ``labels``, ``env``). Pure.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import difflib
+import sys
 import types
 import typing
 from collections.abc import Iterator, Mapping
@@ -17,7 +19,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import AliasChoices, AliasPath, BaseModel
 from pydantic.fields import FieldInfo
 
-__all__ = ["UnknownKey", "unknown_keys", "warning_lines"]
+__all__ = ["UnknownKey", "print_warnings", "unknown_keys", "warning_lines"]
 
 _SEQUENCES = (list, tuple, set, frozenset, collections.abc.Sequence, collections.abc.Set)
 _MAPPINGS = (dict, collections.abc.Mapping)
@@ -42,6 +44,13 @@ def warning_lines(command: str, model: type[BaseModel], data: Any) -> list[str]:
         lines.append(f"flashruntime {command}: warning: {unknown.path} is not a field of {model.__name__} "
                      f"and is ignored{hint}")
     return lines
+
+
+def print_warnings(command: str, model: type[BaseModel], data: Any) -> None:
+    """``warning_lines`` on stderr. Advice only: a stderr whose reader is gone stops nothing."""
+    with contextlib.suppress(BrokenPipeError):
+        for line in warning_lines(command, model, data):
+            print(line, file=sys.stderr)
 
 
 def _walk(model: type[BaseModel], data: Any, prefix: str) -> Iterator[UnknownKey]:

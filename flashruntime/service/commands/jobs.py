@@ -188,11 +188,10 @@ def _run(command: str, args: argparse.Namespace, method: str, path: str, body_fr
 def _spec_body(command: str, path: Path) -> bytes:
     """The spec file as the request body, after a warning for each key JobSpec would ignore."""
     from flashruntime.protocol.v1alpha1 import JobSpec
-    from flashruntime.service.commands._unknown_keys import warning_lines
+    from flashruntime.service.commands._unknown_keys import print_warnings
 
     data = load_spec(path)
-    for line in warning_lines(command, JobSpec, data):
-        print(line, file=sys.stderr)
+    print_warnings(command, JobSpec, data)
     return encode_spec(path, data)
 
 

@@ -75,7 +75,7 @@ def handle(args: argparse.Namespace) -> int:
 
     from flashruntime.planner import plan, render
     from flashruntime.protocol.plan_v1alpha1 import PlanRequest
-    from flashruntime.service.commands._unknown_keys import warning_lines
+    from flashruntime.service.commands._unknown_keys import print_warnings
 
     path = Path(args.request_file)
     try:
@@ -83,8 +83,7 @@ def handle(args: argparse.Namespace) -> int:
     except _RequestError as exc:
         print(f"flashruntime plan: {exc}", file=sys.stderr)
         return exc.code
-    for line in warning_lines("plan", PlanRequest, data):  # ignored by the model, so said here
-        print(line, file=sys.stderr)
+    print_warnings("plan", PlanRequest, data)  # ignored by the model, so said here
     try:
         request = PlanRequest.model_validate(data)
     except ValidationError as exc:

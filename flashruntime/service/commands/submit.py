@@ -64,7 +64,7 @@ def handle(args: argparse.Namespace) -> int:
     from flashruntime.errors import LaunchError
     from flashruntime.sdk import submit
     from flashruntime.service.commands._progress import watch
-    from flashruntime.workloads.command import CommandWorkload, Source, task_params_problem
+    from flashruntime.workloads.command import CommandWorkload, Source
 
     try:
         task_params = parse_task_params(args.task_params)
@@ -72,10 +72,6 @@ def handle(args: argparse.Namespace) -> int:
         print(f"error: invalid --task-params: {exc}", file=sys.stderr)
         return EXIT_BAD_PARAMS
     workload = CommandWorkload(command=args.cmd, source=Source(path=args.source), task_params=task_params)
-    problem = task_params_problem(workload)  # submit() would refuse it too, as a ValueError like any other
-    if problem is not None:
-        print(f"error: invalid --task-params: {problem}", file=sys.stderr)
-        return EXIT_BAD_PARAMS
     # --json promises one JSON object on stdout: what submit itself prints (the viewer's
     # address) goes to stderr then.
     printed = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
