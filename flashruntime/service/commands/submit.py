@@ -38,18 +38,13 @@ def parse_task_params(raw: str | None) -> list[dict[str, Any]] | None:
     return value
 
 
-# The SDK's words for what this command sets with a flag (the launcher speaks to SDK users).
-_SDK_TO_FLAG = (
-    ("set Source(path=...) to your project", "point --source at your project directory"),
-    ("Source(path=...)", "--source"),
-)
+# The launcher's advice names the SDK's Source(path=...); this command sets it with --source.
+_SDK_ADVICE, _CLI_ADVICE = "set Source(path=...) to your project", "point --source at your project directory"
 
 
 def in_cli_terms(message: str) -> str:
-    """``message`` with the SDK's names replaced by this command's flags."""
-    for sdk_words, cli_words in _SDK_TO_FLAG:
-        message = message.replace(sdk_words, cli_words)
-    return message
+    """``message`` with the SDK's advice replaced by this command's flag."""
+    return message.replace(_SDK_ADVICE, _CLI_ADVICE)
 
 
 def summary(run: Any) -> dict[str, Any]:
