@@ -29,6 +29,7 @@ from flashruntime.workloads.command import CommandWorkload, to_jobspec
 __all__ = ["run"]
 
 RUNTIME_API_ENV = "FLASHML_RUNTIME_API"
+TOKEN_ENV = "FLASHML_TOKEN"
 _TIMEOUT_S = 60.0
 _LAUNCHER_TOKENS = ("torchrun", "accelerate")
 
@@ -56,7 +57,10 @@ def run(
     ``independent_tasks``; ``output_dir``, ``max_restarts``, ``wait`` and ``watch`` only to the
     local modes. ``pool`` confines the job's tasks to the workers of that team pool
     (``placement.pool``); with ``isolation.allowFallback`` on the workload, that is what lets
-    the bundled ``flashruntime worker --runner trusted --pools <pool>`` run them.
+    the bundled ``flashruntime worker --runner trusted --pools <pool>`` run them. Without an
+    ``Authorization`` header in ``headers``, the token in ``FLASHML_TOKEN`` (if set) is sent:
+    a coordinator with tokens configured takes jobs from submitters and operators only, and
+    a command job only from one granted code execution.
     """
     if plan is None:
         raise ValueError("run() got plan=None: the planner selected nothing; read report.no_valid_strategy_hint")
@@ -73,7 +77,18 @@ def run(
             "'coordinated_training' and 'independent_tasks' plans"
         )
     url = resolve_coordinator_url(coordinator_url, os.environ)
-    return post_job(url, independent_jobspec(plan, chosen, name=name, image=image, pool=pool), headers)
+    return post_job(url, independent_jobspec(plan, chosen, name=name, image=image, pool=pool),
+                    with_env_token(headers, os.environ))
+
+
+def with_env_token(headers: Mapping[str, str] | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` plus ``Authorization: Bearer $FLASHML_TOKEN`` when they carry none and the
+    variable is set (and not blank)."""
+    merged = dict(headers or {})
+    token = environ.get(TOKEN_ENV, "").strip()
+    if token and not any(name.lower() == "authorization" for name in merged):
+        merged["Authorization"] = f"Bearer {token}"
+    return merged
 
 
 def plan_workload(

@@ -40,7 +40,8 @@ def error_detail(exc: urllib.error.HTTPError) -> str:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Connection errors and HTTP 5xx are worth retrying; 4xx and everything else is not."""
+    """Connection errors, HTTP 5xx and 429 (the coordinator's rate limit) are worth retrying;
+    other 4xx and everything else is not."""
     if isinstance(exc, urllib.error.HTTPError):
-        return exc.code >= 500
+        return exc.code >= 500 or exc.code == 429
     return isinstance(exc, (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException))

@@ -16,7 +16,8 @@ that built-in as a second base::
     ├── CoordinatorUnavailable(RuntimeError)  coordinator unreachable after retries
     ├── ArtifactNotFound(LookupError)    artifact GET returned 404
     ├── ExpansionError(ValueError)       job cannot be expanded into tasks
-    └── AuthConfigError(ValueError)      invalid token configuration
+    ├── AuthConfigError(ValueError)      invalid token configuration
+    └── CodeExecutionNotPermitted(PermissionError)  a job would run commands its submitter may not run
 
 Standard library only: agents and task modules import it without extras.
 """
@@ -27,6 +28,7 @@ __all__ = [
     "ArtifactNotFound",
     "AuthConfigError",
     "CheckpointError",
+    "CodeExecutionNotPermitted",
     "CompileError",
     "CoordinatorUnavailable",
     "ExpansionError",
@@ -85,3 +87,8 @@ class ExpansionError(FlashRuntimeError, ValueError):
 
 class AuthConfigError(FlashRuntimeError, ValueError):
     """The token configuration is invalid."""
+
+
+class CodeExecutionNotPermitted(FlashRuntimeError, PermissionError):
+    """A job would run commands on the fleet, and its submitter's token lacks the
+    code-execution permission (``FLASHML_ARGV_SUBMITTERS``)."""

@@ -56,6 +56,7 @@ __all__ = [
     "RegisterPartRequest",
     "ResourcesSpec",
     "RetryPolicySpec",
+    "SubmittedBy",
     "TaskAttempt",
     "TaskSpec",
     "TaskState",
@@ -269,6 +270,14 @@ class ArtifactRecord(WireModel):
     created_at: UtcDatetime = Field(default_factory=utcnow)
 
 
+class SubmittedBy(WireModel):
+    """Who submitted a job: the credential's role and configured name. A coordinator in
+    open mode (no tokens) records nobody (``JobRecord.submitted_by`` is None)."""
+
+    role: Literal["submitter", "operator"]
+    name: str
+
+
 class JobRecord(WireModel):
     schema_version: SchemaVersion = SCHEMA_VERSION
     job_id: str
@@ -281,6 +290,7 @@ class JobRecord(WireModel):
     finished_at: UtcDatetime | None = None
     error: str | None = None
     artifacts: list[ArtifactRecord] = Field(default_factory=list)
+    submitted_by: SubmittedBy | None = None
 
 
 # --- Node messages (§1.5) ----------------------------------------------------

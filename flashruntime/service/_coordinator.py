@@ -20,7 +20,7 @@ from typing import Any
 
 from flashruntime.checkpoint import CheckpointCatalog
 from flashruntime.checkpoint.sqlite_store import SqliteManifestStore
-from flashruntime.errors import ExpansionError, FlashRuntimeError, LeaseError
+from flashruntime.errors import CodeExecutionNotPermitted, ExpansionError, FlashRuntimeError, LeaseError
 from flashruntime.leases import LeaseManager, SqliteLeaseStore
 from flashruntime.protocol.v1alpha1 import (
     CompleteRequest,
@@ -30,6 +30,7 @@ from flashruntime.protocol.v1alpha1 import (
     JobSpec,
     JobState,
     Lease,
+    SubmittedBy,
     TaskState,
 )
 from flashruntime.scheduler import IsolationAwarePlacement
@@ -37,14 +38,19 @@ from flashruntime.service._artifacts import ArtifactStore, sha256_of
 from flashruntime.service._lease_jobs import TERMINAL_JOB_STATES, refreshed
 from flashruntime.service._metrics import Metrics
 from flashruntime.service._nodes import NodeRegistry
-from flashruntime.service.auth import authenticator_from_env
+from flashruntime.service.access import LiveLease, owns_job
+from flashruntime.service.auth import ARGV_SUBMITTERS_ENV, Identity, Role, authenticator_from_env
 from flashruntime.service.ledger import Ledger
 from flashruntime.service.modea import expand_tasks
 from flashruntime.service.settings import RuntimeSettings
 
-__all__ = ["Coordinator", "NoBackend"]
+__all__ = ["SUBMITTED_BY_KEY", "Coordinator", "NoBackend"]
 
 SERVICE_SOURCE = "flashruntime.service"
+# The task payload key that tells a worker who submitted the job and whether that
+# submitter may have commands run: {"role", "name", "may_run_code"}.
+SUBMITTED_BY_KEY = "submitted_by"
+_OPEN_MODE_SUBMITTER = {"role": "anonymous", "name": None, "may_run_code": True}
 EVENTS_LOGGER = logging.getLogger("flashruntime.events")
 
 
@@ -108,13 +114,21 @@ class Coordinator:
 
     # --- jobs -----------------------------------------------------------------
 
-    def submit(self, spec: JobSpec) -> JobRecord:
+    def submit(self, spec: JobSpec, identity: Identity | None = None) -> JobRecord:
         """Accept a job, all or nothing: expand it into tasks (``ExpansionError`` → nothing
         stored), then queue every task in one lease-store transaction and, inside it, record
         the job RUNNING with its two service events and the TASK_CREATED events in one ledger
         transaction. A task the lease store refuses rolls the queue back before the ledger is
         written (``ExpansionError``), and a failed ledger write rolls the queue back too; only
-        a failure of the lease store's final COMMIT could leave a job without its tasks."""
+        a failure of the lease store's final COMMIT could leave a job without its tasks.
+
+        ``identity`` is the submitter (None or ``Identity(None, False)``: open mode). The job
+        records it, and every task's payload carries it under ``submitted_by`` so a worker can
+        check the grant itself. A job whose tasks would run commands (``argv``) from a
+        submitter without the code-execution permission raises ``CodeExecutionNotPermitted``."""
+        identity = identity or Identity(None, False)
+        if spec.spec.workload.type == "command":
+            self._require_code_permission(identity)  # before expansion: its errors describe the command
         if spec.spec.execution.backend != "leases":
             raise NoBackend(
                 f"backend {spec.spec.execution.backend!r} is not configured on this coordinator; "
@@ -129,9 +143,15 @@ class Coordinator:
             )
         job_id = secrets.token_hex(6)
         tasks = expand_tasks(job_id, spec)
+        if any("argv" in task.payload for task in tasks):
+            self._require_code_permission(identity)
+        submitted_by, stamp = _submitter_of(identity)
+        for task in tasks:
+            task.payload[SUBMITTED_BY_KEY] = dict(stamp)
         now = self.now()
         record = JobRecord(job_id=job_id, spec=spec, state=JobState.RUNNING, backend="leases",
-                           deployment_profile=self.settings.profile, created_at=now, artifacts=[])
+                           deployment_profile=self.settings.profile, created_at=now, artifacts=[],
+                           submitted_by=submitted_by)
         events = [
             self._service_event(job_id, EventType.JOB_ACCEPTED, f"job {spec.metadata.name} accepted as {job_id}",
                                 {"name": spec.metadata.name}),
@@ -156,6 +176,15 @@ class Coordinator:
             self._observe(event)
         return record
 
+    def _require_code_permission(self, identity: Identity) -> None:
+        if identity.role is None or identity.may_run_code:
+            return  # open mode checks nothing
+        who = f"{identity.role.value} {identity.name!r}" if identity.name else "this token"
+        raise CodeExecutionNotPermitted(
+            f"this job runs commands on the fleet, and {who} may not run code: running commands is a separate "
+            f"permission; ask the coordinator's operator to add the name to {ARGV_SUBMITTERS_ENV}"
+        )
+
     def refresh(self, record: JobRecord) -> JobRecord:
         """The record with its derived state (lease jobs only); persisted when it changed."""
         if record.backend != "leases" or record.state in TERMINAL_JOB_STATES:
@@ -178,8 +207,37 @@ class Coordinator:
         record = self.ledger.get_job(job_id)
         return None if record is None else self.refresh(record)
 
-    def jobs(self) -> list[JobRecord]:
-        return [self.refresh(record) for record in self.ledger.list_jobs()]
+    def jobs(self, identity: Identity | None = None) -> list[JobRecord]:
+        """Every job, newest first; for a submitter, only the jobs it submitted."""
+        identity = identity or Identity(None, False)
+        return [self.refresh(record) for record in self.ledger.list_jobs()
+                if owns_job(identity, record.submitted_by)]
+
+    def job_owned_by(self, identity: Identity) -> Callable[[str], bool]:
+        """``job_id -> bool``: whether ``identity`` may see that job (unknown jobs: False)."""
+
+        def owned(job_id: str) -> bool:
+            record = self.ledger.get_job(job_id)
+            return record is not None and owns_job(identity, record.submitted_by)
+
+        return owned
+
+    def live_leases(self, identity: Identity) -> list[LiveLease]:
+        """The acting node's live leases with the artifact keys of their inputs; none for
+        an identity that is not a node."""
+        if identity.node_id is None:
+            return []
+        now = self.now()
+        leases = []
+        for job_id, task_id in sorted(self.manager.live_leases_for_node(identity.node_id, now=now)):
+            record = self.manager.store.get(job_id, task_id)
+            inputs = record.spec.payload.get("inputs") if record is not None else None
+            keys = frozenset(
+                uri[len("artifact://"):] for uri in (inputs.values() if isinstance(inputs, dict) else ())
+                if isinstance(uri, str) and uri.startswith("artifact://")
+            )
+            leases.append(LiveLease(job_id, task_id, keys))
+        return leases
 
     def cancel(self, job_id: str) -> JobRecord | None:
         """Cancel every task of a lease job and mark it CANCELLED; a terminal job is unchanged."""
@@ -274,6 +332,15 @@ class Coordinator:
             return f"output {commit_key!r} has sha256 {actual}, not the claimed {output_sha256}"
         return None
 
+    def readiness_problem(self) -> str | None:
+        """Why this coordinator cannot serve now (a database that does not answer), or None."""
+        try:
+            self.manager.store.counts()  # type: ignore[attr-defined]
+            self.ledger.get_job("")
+        except Exception as exc:  # any failure to read is "not ready"; the probe says which
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
     # --- background -----------------------------------------------------------
 
     def sweep_once(self) -> int:
@@ -283,6 +350,15 @@ class Coordinator:
             if record.backend == "leases" and record.state not in TERMINAL_JOB_STATES:
                 self.refresh(record)
         return expired
+
+
+def _submitter_of(identity: Identity) -> tuple[SubmittedBy | None, dict[str, Any]]:
+    """(the job record's ``submitted_by``, the payload stamp) for a submitting identity."""
+    if identity.role is Role.SUBMITTER or identity.role is Role.OPERATOR:
+        name = identity.name or identity.role.value
+        return (SubmittedBy(role=identity.role.value, name=name),
+                {"role": identity.role.value, "name": name, "may_run_code": identity.may_run_code})
+    return None, dict(_OPEN_MODE_SUBMITTER)
 
 
 def _non_finite(value: Any, path: str) -> tuple[str, float] | None:

@@ -1,5 +1,10 @@
-"""The coordinator dashboard (``GET /``, SPEC §9.10): one self-contained page, no
-external assets, polling the JSON routes every 2 s. Colours are the viewer's TOKENS."""
+"""The coordinator dashboard (``GET /``): one self-contained page, no external assets,
+polling the JSON routes every 2 s. Colours are the viewer's TOKENS.
+
+The page itself holds no data. When the coordinator has tokens, it asks for one (kept in
+the tab's sessionStorage, never in the URL) and sends it as a bearer header on every
+call; without one, or with a wrong one, it shows nothing but the request for a token.
+Artifact links download through the same header."""
 
 from __future__ import annotations
 
@@ -25,9 +30,15 @@ th,td{text-align:left;padding:5px 8px;border-bottom:1px solid var(--border);font
 th{color:var(--muted);font-weight:600} tr.sel{outline:1px solid var(--accent)} tr.job{cursor:pointer}
 code,.mono{font-family:var(--mono);font-size:12px} a{color:var(--accent)}
 .on{color:var(--ok)} .off{color:var(--muted)} .cordon{color:var(--warn)} .err{color:var(--bad)}
+#auth{margin-left:auto;display:flex;gap:6px} #auth input{font:12px var(--mono);padding:3px 6px;width:16em;
+background:var(--panel);color:var(--text);border:1px solid var(--border)}
+#auth button{font:12px var(--font);padding:3px 8px}
 %(states)s
 </style></head>
-<body><header><h1>FlashRuntime coordinator</h1><span class="muted" id="status">loading…</span></header>
+<body><header><h1>FlashRuntime coordinator</h1><span class="muted" id="status">loading…</span>
+<form id="auth" autocomplete="off"><input id="token" type="password" placeholder="token (submitter or operator)"
+aria-label="token"><button type="submit">use token</button><button type="button" id="forget">forget</button></form>
+</header>
 <main>
 <h2>Nodes</h2><table id="nodes"><thead><tr><th>node</th><th>host</th><th>status</th><th>last heartbeat</th>
 <th>accepted</th><th>pools</th><th>cordon</th></tr></thead><tbody></tbody></table>
@@ -50,11 +61,47 @@ const fill = (id, rows) => { document.querySelector(`#${id} tbody`).innerHTML = 
   `<tr><td colspan="9" class="muted">none</td></tr>`; };
 // Each segment escaped on its own: '#', '?' and '%%' in a key are part of the key, not of the URL.
 const keyPath = (key) => key.split("/").map(encodeURIComponent).join("/");
-async function get(path) { const r = await fetch(path); if (!r.ok) throw new Error(`${path}: ${r.status}`); return r.json(); }
+const TOKEN_KEY = "flashruntime-token";
+let token = sessionStorage.getItem(TOKEN_KEY) || "";
+const authHeaders = () => token ? {"Authorization": `Bearer ${token}`} : {};
+class Refused extends Error { constructor(status, path) { super(`${path}: ${status}`); this.status = status; } }
+async function get(path) {
+  const r = await fetch(path, {headers: authHeaders()});
+  if (r.status === 401 || r.status === 403) throw new Refused(r.status, path);
+  if (!r.ok) throw new Error(`${path}: ${r.status}`);
+  return r.json();
+}
+function clearAll() {
+  ["nodes", "jobs", "tasks", "events", "artifacts"].forEach((id) => { document.querySelector(`#${id} tbody`).innerHTML = ""; });
+  document.getElementById("detail").hidden = true;
+}
+document.getElementById("auth").onsubmit = (ev) => {
+  ev.preventDefault(); token = document.getElementById("token").value.trim();
+  document.getElementById("token").value = "";
+  if (token) sessionStorage.setItem(TOKEN_KEY, token); else sessionStorage.removeItem(TOKEN_KEY);
+  refresh();
+};
+document.getElementById("forget").onclick = () => { token = ""; sessionStorage.removeItem(TOKEN_KEY); clearAll(); refresh(); };
+async function download(ev) {  // a plain link cannot carry the bearer header
+  if (!token) return;
+  ev.preventDefault();
+  const a = ev.currentTarget;
+  const r = await fetch(a.getAttribute("href"), {headers: authHeaders()});
+  if (!r.ok) { document.getElementById("status").textContent = `download refused: ${r.status}`; return; }
+  const url = URL.createObjectURL(await r.blob());
+  const save = document.createElement("a"); save.href = url; save.download = a.dataset.name; save.click();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
+async function nodeRows() {
+  try { return await get("/v1alpha1/nodes"); }
+  catch (err) { if (err instanceof Refused && err.status === 403) return null; throw err; }  // operators only
+}
 async function refresh() {
   try {
-    const [nodes, jobs] = await Promise.all([get("/v1alpha1/nodes"), get("/v1alpha1/jobs")]);
-    fill("nodes", nodes.map((n) => `<tr>${cell(n.node_id, "mono")}${cell(n.hostname)}` +
+    const [nodes, jobs] = await Promise.all([nodeRows(), get("/v1alpha1/jobs")]);
+    if (nodes === null) document.querySelector("#nodes tbody").innerHTML =
+      `<tr><td colspan="9" class="muted">the node list needs an operator token</td></tr>`;
+    else fill("nodes", nodes.map((n) => `<tr>${cell(n.node_id, "mono")}${cell(n.hostname)}` +
       cell(n.online ? "online" : "offline", n.online ? "on" : "off") + cell(`${n.last_heartbeat_age_s.toFixed(1)} s ago`) +
       cell(n.accepted_tasks) + cell((n.capabilities.pools || []).join(", ")) +
       cell(n.cordon_reason === null ? "" : `cordoned ${n.cordoned_until ? "until " + n.cordoned_until : ""} ${n.cordon_reason}`, "cordon") + "</tr>"));
@@ -75,13 +122,21 @@ async function refresh() {
         cell(`${t.attempts} / ${t.max_attempts}`) + cell(t.node_id, "mono") + cell(t.deadline) + cell(t.failures) +
         cell(`${t.expiries} / ${t.max_expiries}`) + "</tr>"));
       fill("events", events.slice(-200).reverse().map((e) => `<tr>${cell(e.timestamp, "mono")}${cell(e.type)}${cell(e.message)}</tr>`));
-      fill("artifacts", artifacts.map((a) => `<tr><td><a href="/v1alpha1/artifacts/${keyPath(a.key)}">${esc(a.key)}</a></td>` +
-        cell(`${a.size_bytes} B`) + "</tr>"));
+      fill("artifacts", artifacts.map((a) => `<tr><td><a href="/v1alpha1/artifacts/${keyPath(a.key)}" ` +
+        `data-name="${esc(a.key.split("/").pop())}">${esc(a.key)}</a></td>` + cell(`${a.size_bytes} B`) + "</tr>"));
+      document.querySelectorAll("#artifacts a").forEach((a) => a.onclick = download);
     }
     document.getElementById("status").textContent = `updated ${new Date().toLocaleTimeString()}`;
     document.getElementById("status").className = "muted";
   } catch (err) {
-    document.getElementById("status").textContent = `unreachable: ${err.message}`;
+    if (err instanceof Refused) {
+      clearAll(); selected = null;
+      document.getElementById("status").textContent = token
+        ? "this token is refused: enter a submitter or operator token"
+        : "this coordinator needs a token: enter a submitter or operator token";
+    } else {
+      document.getElementById("status").textContent = `unreachable: ${err.message}`;
+    }
     document.getElementById("status").className = "err";
   }
 }

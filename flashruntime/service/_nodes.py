@@ -1,4 +1,5 @@
-"""The coordinator's node registry (SPEC §9.2): registrations and liveness, in memory.
+"""The coordinator's node registry: registrations and liveness, in memory, and the
+rule for node ids.
 
 Agents re-register after a coordinator restart (their heartbeat gets a 404), so
 nothing here needs to be durable. The clock is injected so tests can age nodes.
@@ -6,6 +7,7 @@ nothing here needs to be durable. The clock is injected so tests can age nodes.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -15,9 +17,26 @@ from typing import Any
 
 from flashruntime.protocol.v1alpha1 import NodeHeartbeat, NodeRegistration
 
-__all__ = ["ONLINE_WINDOW_S", "NodeRegistry"]
+__all__ = ["MAX_NODE_ID_LENGTH", "ONLINE_WINDOW_S", "NodeRegistry", "node_id_problem"]
 
 ONLINE_WINDOW_S = 15.0  # a node is online if it registered or heartbeated this recently
+MAX_NODE_ID_LENGTH = 128
+# A node id names a machine in URL paths, token lists ("node:token,...") and logs: a
+# hostname-like word, so it needs no escaping anywhere.
+_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]*")
+
+
+def node_id_problem(node_id: object) -> str | None:
+    """Why ``node_id`` cannot name a node, or None: 1 to 128 characters, letters, digits
+    and ``. _ @ + -``, starting with a letter or digit (a hostname fits)."""
+    if not isinstance(node_id, str) or not node_id:
+        return "a node id must be a non-empty string"
+    if len(node_id) > MAX_NODE_ID_LENGTH:
+        return f"a node id is at most {MAX_NODE_ID_LENGTH} characters, this one has {len(node_id)}"
+    if not _NODE_ID.fullmatch(node_id):
+        return ("a node id holds only letters, digits and '.', '_', '@', '+', '-', and starts with a letter "
+                "or digit (a hostname fits)")
+    return None
 
 Cordons = Mapping[str, tuple[datetime | None, str]]
 

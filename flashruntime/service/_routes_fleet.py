@@ -1,16 +1,25 @@
-"""Routes of the machines and their leases (SPEC §9.2): node registration, heartbeats,
-cordons, claim and the attempt lifecycle. Auth refusals are ``AuthFailure``s, which
-``app.py`` turns into their status codes."""
+"""Routes of the machines and their leases: node registration, heartbeats, cordons,
+claim and the attempt lifecycle. Who may call each is in ``access.ROUTE_ACCESS``; auth
+refusals are ``AuthFailure``s, which ``app.py`` turns into their status codes."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 
 from flashruntime.errors import LeaseError
+from flashruntime.protocol.api_v1alpha1 import (
+    CompleteResult,
+    CordonResult,
+    FailResult,
+    NodeRow,
+    RegisterResult,
+    StatusResult,
+    UncordonResult,
+)
 from flashruntime.protocol.v1alpha1 import (
     ClaimRequest,
     CompleteRequest,
@@ -21,42 +30,37 @@ from flashruntime.protocol.v1alpha1 import (
     NodeRegistration,
 )
 from flashruntime.service._coordinator import Coordinator
+from flashruntime.service._http_guard import Guard, StrictJSONRoute
+from flashruntime.service._nodes import node_id_problem
+from flashruntime.service._openapi_docs import ERRORS
 from flashruntime.service.auth import (
-    ON_BEHALF_OF_HEADER,
     AuthFailure,
     Identity,
     join_code_valid,
     require_acting_node,
     require_node,
-    require_operator,
-    resolve_identity,
 )
 
-__all__ = ["JOIN_CODE_HEADER", "fleet_router", "identity_of"]
+__all__ = ["JOIN_CODE_HEADER", "fleet_router"]
 
 JOIN_CODE_HEADER = "X-FlashML-Join-Code"
-
-
-def identity_of(coordinator: Coordinator, request: Request) -> Identity:
-    return resolve_identity(
-        coordinator.authenticator, request.headers.get("authorization"), request.headers.getlist(ON_BEHALF_OF_HEADER)
-    )
 
 
 def _lease_json(lease: Lease) -> JSONResponse:
     return JSONResponse(lease.model_dump(mode="json"))
 
 
-def fleet_router(coordinator: Coordinator) -> APIRouter:
-    router = APIRouter()
+def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
+    router = APIRouter(route_class=StrictJSONRoute, dependencies=[guard.dependency()], responses=ERRORS)
     enforcing = coordinator.authenticator.enforcing
+    caller = Depends(guard.caller)
 
-    def held_lease(request: Request, lease_id: str) -> Lease:
+    def held_lease(identity: Identity, lease_id: str) -> Lease:
         """The lease, if the caller may act on it: its holder must be the acting node when
         enforcing (an unknown id is then a 403 too, so ids cannot be probed); 404 in open mode."""
         lease = coordinator.lease(lease_id)
         if enforcing:
-            acting = require_acting_node(identity_of(coordinator, request))
+            acting = require_acting_node(identity)
             if lease is None or lease.node_id != acting:
                 raise AuthFailure(403, f"lease {lease_id} is not held by node {acting!r}")
             return lease
@@ -64,32 +68,33 @@ def fleet_router(coordinator: Coordinator) -> APIRouter:
             raise HTTPException(404, f"unknown lease id {lease_id!r}")
         return lease
 
-    @router.post("/v1alpha1/nodes/register")
-    def register(registration: NodeRegistration, request: Request) -> dict[str, str]:
+    @router.post("/v1alpha1/nodes/register", response_model=RegisterResult)
+    def register(registration: NodeRegistration, request: Request, identity: Identity = caller) -> dict[str, str]:
         if not join_code_valid(coordinator.settings.join_code, request.headers.get(JOIN_CODE_HEADER)):
             raise HTTPException(403, f"missing or wrong join code: send the coordinator's code in {JOIN_CODE_HEADER}")
         if enforcing:
-            acting = require_acting_node(identity_of(coordinator, request))
-            registration = registration.model_copy(update={"node_id": acting})
+            registration = registration.model_copy(update={"node_id": require_acting_node(identity)})
+        problem = node_id_problem(registration.node_id)
+        if problem is not None:
+            raise HTTPException(422, f"node_id {registration.node_id[:64]!r}: {problem}")
         coordinator.nodes.register(registration)
         return {"node_id": registration.node_id, "status": "registered"}
 
-    @router.post("/v1alpha1/nodes/{node_id}/heartbeat")
-    def node_heartbeat(node_id: str, heartbeat: NodeHeartbeat, request: Request) -> dict[str, str]:
+    @router.post("/v1alpha1/nodes/{node_id}/heartbeat", response_model=StatusResult)
+    def node_heartbeat(node_id: str, heartbeat: NodeHeartbeat, identity: Identity = caller) -> dict[str, str]:
         if enforcing:
-            require_node(identity_of(coordinator, request), node_id)
+            require_node(identity, node_id)
         if not coordinator.nodes.heartbeat(node_id, heartbeat):
             raise HTTPException(404, f"node {node_id!r} is not registered; register it again")
         return {"status": "ok"}
 
-    @router.get("/v1alpha1/nodes")
+    @router.get("/v1alpha1/nodes", response_model=list[NodeRow])
     def nodes() -> list[dict[str, Any]]:
         now = coordinator.now()
         return coordinator.nodes.views(coordinator.manager.cordoned(now), now)
 
-    @router.post("/v1alpha1/nodes/{node_id}/cordon")
-    def cordon(node_id: str, body: CordonRequest, request: Request) -> dict[str, Any]:
-        require_operator(coordinator.authenticator, identity_of(coordinator, request))
+    @router.post("/v1alpha1/nodes/{node_id}/cordon", response_model=CordonResult)
+    def cordon(node_id: str, body: CordonRequest) -> dict[str, Any]:
         if coordinator.nodes.get(node_id) is None:
             raise HTTPException(404, f"node {node_id!r} is not registered")
         now = coordinator.now()
@@ -112,16 +117,16 @@ def fleet_router(coordinator: Coordinator) -> APIRouter:
         coordinator.manager.cordon(node_id, until=until, reason=body.reason, now=now)
         return {"node_id": node_id, "cordoned_until": until.isoformat() if until else None, "reason": body.reason}
 
-    @router.delete("/v1alpha1/nodes/{node_id}/cordon")
-    def uncordon(node_id: str, request: Request) -> dict[str, Any]:
-        require_operator(coordinator.authenticator, identity_of(coordinator, request))
+    @router.delete("/v1alpha1/nodes/{node_id}/cordon", response_model=UncordonResult)
+    def uncordon(node_id: str) -> dict[str, Any]:
         return {"node_id": node_id, "uncordoned": coordinator.manager.uncordon(node_id)}
 
-    @router.post("/v1alpha1/leases/claim", response_model=None)
-    def claim(body: ClaimRequest, request: Request) -> Response:
+    @router.post("/v1alpha1/leases/claim", response_model=Lease,
+                 responses={204: {"description": "nothing eligible for this node now (or it is cordoned)"}})
+    def claim(body: ClaimRequest, identity: Identity = caller) -> Response:
         node_id = body.node_id
         if enforcing:
-            node_id = require_acting_node(identity_of(coordinator, request))
+            node_id = require_acting_node(identity)
         view = coordinator.nodes.claim_view(node_id)
         if view is None:
             raise HTTPException(403, f"node {node_id!r} is not registered; register before claiming")
@@ -134,21 +139,22 @@ def fleet_router(coordinator: Coordinator) -> APIRouter:
         coordinator.metrics.count_claim("leased")
         return _lease_json(lease)
 
-    @router.post("/v1alpha1/attempts/{lease_id}/heartbeat", response_model=None)
-    def lease_heartbeat(lease_id: str, request: Request) -> Response:
-        held_lease(request, lease_id)
+    @router.post("/v1alpha1/attempts/{lease_id}/heartbeat", response_model=Lease)
+    def lease_heartbeat(lease_id: str, identity: Identity = caller) -> Response:
+        held_lease(identity, lease_id)
         try:
             return _lease_json(coordinator.manager.heartbeat(lease_id, now=coordinator.now()))
         except LeaseError as exc:
             raise HTTPException(410, str(exc)) from None
 
-    @router.post("/v1alpha1/attempts/{lease_id}/complete")
-    def complete(lease_id: str, body: CompleteRequest, request: Request) -> dict[str, Any]:
-        return coordinator.complete(held_lease(request, lease_id), body)
+    @router.post("/v1alpha1/attempts/{lease_id}/complete", response_model=CompleteResult,
+                 response_model_exclude_none=True)
+    def complete(lease_id: str, body: CompleteRequest, identity: Identity = caller) -> dict[str, Any]:
+        return coordinator.complete(held_lease(identity, lease_id), body)
 
-    @router.post("/v1alpha1/attempts/{lease_id}/fail")
-    def fail(lease_id: str, body: FailRequest, request: Request) -> dict[str, str]:
-        held_lease(request, lease_id)
+    @router.post("/v1alpha1/attempts/{lease_id}/fail", response_model=FailResult)
+    def fail(lease_id: str, body: FailRequest, identity: Identity = caller) -> dict[str, str]:
+        held_lease(identity, lease_id)
         try:
             coordinator.manager.fail(lease_id, body.reason, now=coordinator.now())
         except LeaseError as exc:

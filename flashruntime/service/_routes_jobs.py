@@ -1,28 +1,37 @@
-"""Routes of jobs, artifacts and checkpoints (SPEC §9.2), plus health, metrics and the
-dashboard."""
+"""Routes of jobs, artifacts and checkpoints. Who may call each is in
+``access.ROUTE_ACCESS``; the handlers narrow it to the caller's own jobs, leases and
+artifact prefixes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import FileResponse, JSONResponse
 
-from flashruntime.errors import CheckpointError, ExpansionError
+from flashruntime.errors import CheckpointError, CodeExecutionNotPermitted, ExpansionError
+from flashruntime.protocol.api_v1alpha1 import ArtifactListing, ErrorBody, JobLogs, LostWork, PartRegistered, TaskRow
 from flashruntime.protocol.v1alpha1 import (
     ArtifactRecord,
+    CheckpointManifest,
     CommitRequest,
+    Event,
     JobRecord,
     JobSpec,
     RegisterPartRequest,
-    TaskState,
 )
 from flashruntime.service._artifacts import ArtifactConflict, ArtifactTooLarge, BadArtifactKey, check_key
 from flashruntime.service._coordinator import Coordinator, NoBackend
-from flashruntime.service._dashboard import DASHBOARD_HTML
-from flashruntime.service._metrics import CONTENT_TYPE
-from flashruntime.service._routes_fleet import identity_of
-from flashruntime.service.auth import AuthFailure, Identity, task_write_allowed, write_allowed
+from flashruntime.service._http_guard import Guard, StrictJSONRoute
+from flashruntime.service._openapi_docs import BYTES_RESPONSE, ERRORS
+from flashruntime.service.access import (
+    artifact_read_allowed,
+    artifact_write_allowed,
+    checkpoint_read_allowed,
+    owns_job,
+)
+from flashruntime.service.auth import AuthFailure, Identity, task_write_allowed
 
 __all__ = ["jobs_router"]
 
@@ -31,103 +40,115 @@ def _record_json(record: JobRecord, status_code: int = 200) -> JSONResponse:
     return JSONResponse(record.model_dump(mode="json"), status_code=status_code)
 
 
-def jobs_router(coordinator: Coordinator) -> APIRouter:
-    router = APIRouter()
+def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
+    router = APIRouter(route_class=StrictJSONRoute, dependencies=[guard.dependency()], responses=ERRORS)
     enforcing = coordinator.authenticator.enforcing
+    caller = Depends(guard.caller)
 
-    def job_or_404(job_id: str) -> JobRecord:
+    def job_or_404(job_id: str, identity: Identity) -> JobRecord:
+        """The job, if it exists and the caller may see it: another submitter's job is
+        answered exactly like an unknown one."""
         record = coordinator.job(job_id)
-        if record is None:
+        if record is None or not owns_job(identity, record.submitted_by):
             raise HTTPException(404, f"unknown job {job_id!r}")
         return record
 
-    def live_pairs(identity: Identity) -> set[tuple[str, str]]:
-        if identity.node_id is None:
-            return set()
-        return coordinator.manager.live_leases_for_node(identity.node_id, now=coordinator.now())
+    def scope_of(identity: Identity) -> dict[str, Any]:
+        owned: Callable[[str], bool] = coordinator.job_owned_by(identity)
+        return {"live": coordinator.live_leases(identity), "job_owned": owned}
 
-    def check_artifact_write(request: Request, key: str, *, received: bool = False) -> None:
+    def check_artifact_write(identity: Identity, key: str, *, received: bool = False) -> None:
         if not enforcing:
             return
-        identity = identity_of(coordinator, request)
-        if not write_allowed(identity, key, live_pairs(identity)):
+        if not artifact_write_allowed(identity, key, **scope_of(identity)):
+            if identity.submitter:
+                raise AuthFailure(403, f"writing {key!r} needs a key under users/{identity.name}/ or under "
+                                       "jobs/<job>/ of a job you submitted")
             late = "; the lease ended while the body was uploading, so nothing was stored" if received else ""
             raise AuthFailure(403, f"writing {key!r} needs a live lease on its jobs/<job>/<task>/ prefix{late}")
 
-    def check_task_write(request: Request, job_id: str, task_id: str) -> None:
+    def check_task_write(identity: Identity, job_id: str, task_id: str) -> None:
         if not enforcing:
             return
-        identity = identity_of(coordinator, request)
-        if not task_write_allowed(identity, job_id, task_id, live_pairs(identity)):
+        live = [(lease.job_id, lease.task_id) for lease in coordinator.live_leases(identity)]
+        if not task_write_allowed(identity, job_id, task_id, live):
             raise AuthFailure(403, f"checkpoint writes for {job_id}/{task_id} need a live lease on that task")
 
-    @router.get("/healthz")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok", "profile": coordinator.settings.profile}
+    def check_task_read(identity: Identity, job_id: str, task_id: str) -> None:
+        if enforcing and not checkpoint_read_allowed(identity, job_id, task_id, **scope_of(identity)):
+            if identity.submitter:
+                raise HTTPException(404, f"unknown job {job_id!r}")
+            raise AuthFailure(403, f"reading the checkpoints of {job_id}/{task_id} needs a live lease on that task")
 
-    @router.post("/v1alpha1/jobs", status_code=201, response_model=None)
-    def submit(spec: JobSpec) -> JSONResponse:
+    @router.post("/v1alpha1/jobs", status_code=201, response_model=JobRecord,
+                 responses={503: {"model": ErrorBody, "description": "the job's backend is not configured"}})
+    def submit(spec: JobSpec, identity: Identity = caller) -> JSONResponse:
         try:
-            record = coordinator.submit(spec)
+            record = coordinator.submit(spec, identity)
+        except CodeExecutionNotPermitted as exc:
+            raise HTTPException(403, str(exc)) from None
         except ExpansionError as exc:
             raise HTTPException(422, str(exc)) from None
         except NoBackend as exc:
             raise HTTPException(503, str(exc)) from None
         return _record_json(record, 201)
 
-    @router.get("/v1alpha1/jobs", response_model=None)
-    def jobs() -> JSONResponse:
-        return JSONResponse([record.model_dump(mode="json") for record in coordinator.jobs()])
+    @router.get("/v1alpha1/jobs", response_model=list[JobRecord])
+    def jobs(identity: Identity = caller) -> JSONResponse:
+        return JSONResponse([record.model_dump(mode="json") for record in coordinator.jobs(identity)])
 
-    @router.get("/v1alpha1/jobs/{job_id}", response_model=None)
-    def job(job_id: str) -> JSONResponse:
-        return _record_json(job_or_404(job_id))
+    @router.get("/v1alpha1/jobs/{job_id}", response_model=JobRecord)
+    def job(job_id: str, identity: Identity = caller) -> JSONResponse:
+        return _record_json(job_or_404(job_id, identity))
 
-    @router.get("/v1alpha1/jobs/{job_id}/events", response_model=None)
-    def events(job_id: str) -> JSONResponse:
-        job_or_404(job_id)
+    @router.get("/v1alpha1/jobs/{job_id}/events", response_model=list[Event])
+    def events(job_id: str, identity: Identity = caller) -> JSONResponse:
+        job_or_404(job_id, identity)
         return JSONResponse([event.model_dump(mode="json") for event in coordinator.ledger.events_for(job_id)])
 
-    @router.get("/v1alpha1/jobs/{job_id}/logs")
-    def logs(job_id: str) -> dict[str, str]:
-        job_or_404(job_id)
+    @router.get("/v1alpha1/jobs/{job_id}/logs", response_model=JobLogs)
+    def logs(job_id: str, identity: Identity = caller) -> dict[str, str]:
+        job_or_404(job_id, identity)
         return {"logs": ""}  # lease jobs run on their workers; their logs are the workers'
 
-    @router.post("/v1alpha1/jobs/{job_id}/cancel", response_model=None)
-    def cancel(job_id: str) -> JSONResponse:
+    @router.post("/v1alpha1/jobs/{job_id}/cancel", response_model=JobRecord)
+    def cancel(job_id: str, identity: Identity = caller) -> JSONResponse:
+        job_or_404(job_id, identity)
         record = coordinator.cancel(job_id)
         if record is None:
             raise HTTPException(404, f"unknown job {job_id!r}")
         return _record_json(record)
 
-    @router.get("/v1alpha1/jobs/{job_id}/tasks")
-    def tasks(job_id: str) -> list[dict[str, Any]]:
-        job_or_404(job_id)
-        return coordinator.tasks(job_id)
+    @router.get("/v1alpha1/jobs/{job_id}/tasks", response_model=list[TaskRow])
+    def tasks(job_id: str, identity: Identity = caller) -> JSONResponse:
+        job_or_404(job_id, identity)
+        return JSONResponse(coordinator.tasks(job_id))
 
-    @router.get("/v1alpha1/jobs/{job_id}/artifacts")
-    def job_artifacts(job_id: str) -> list[dict[str, Any]]:
-        job_or_404(job_id)  # only a job's own directory: an id like '..' is no job
+    @router.get("/v1alpha1/jobs/{job_id}/artifacts", response_model=list[ArtifactListing])
+    def job_artifacts(job_id: str, identity: Identity = caller) -> list[dict[str, Any]]:
+        job_or_404(job_id, identity)  # only a job's own directory: an id like '..' is no job
         try:
             listed = coordinator.artifacts.list(f"jobs/{job_id}/")
         except BadArtifactKey as exc:
             raise HTTPException(400, str(exc)) from None
         return [{"uri": f"artifact://{key}", "key": key, "size_bytes": size} for key, size in listed]
 
-    @router.put("/v1alpha1/artifacts/{key:path}", response_model=None)
-    async def put_artifact(key: str, request: Request) -> JSONResponse:
+    @router.put("/v1alpha1/artifacts/{key:path}", response_model=ArtifactRecord,
+                openapi_extra={"requestBody": {"required": True, "content": {
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
+    async def put_artifact(key: str, request: Request, identity: Identity = caller) -> JSONResponse:
         try:
             check_key(key)
         except BadArtifactKey as exc:
             raise HTTPException(400, str(exc)) from None
-        check_artifact_write(request, key)  # before reading the body ...
+        check_artifact_write(identity, key)  # before reading the body ...
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > coordinator.artifacts.max_bytes:
             raise HTTPException(413, f"artifact {key!r} ({declared} bytes) is over the coordinator's limit of "
                                      f"{coordinator.settings.max_artifact_mb} MiB")
         try:  # ... and after, before the rename: the lease may have ended during the upload
             sha256, size = await coordinator.artifacts.write(
-                key, request.stream(), commit_check=lambda: check_artifact_write(request, key, received=True)
+                key, request.stream(), commit_check=lambda: check_artifact_write(identity, key, received=True)
             )
         except ArtifactTooLarge as exc:
             raise HTTPException(413, str(exc)) from None
@@ -139,8 +160,14 @@ def jobs_router(coordinator: Coordinator) -> APIRouter:
                                 object_key=key, sha256=sha256, size_bytes=size)
         return JSONResponse(record.model_dump(mode="json"))
 
-    @router.get("/v1alpha1/artifacts/{key:path}", response_model=None)
-    def get_artifact(key: str) -> FileResponse:
+    @router.get("/v1alpha1/artifacts/{key:path}", response_class=FileResponse, responses=BYTES_RESPONSE)
+    def get_artifact(key: str, identity: Identity = caller) -> FileResponse:
+        try:
+            check_key(key)
+        except BadArtifactKey as exc:
+            raise HTTPException(400, str(exc)) from None
+        if enforcing and not artifact_read_allowed(identity, key, **scope_of(identity)):
+            raise AuthFailure(403, f"reading {key!r} is outside what this token may read")
         try:
             path = coordinator.artifacts.read_path(key)
         except BadArtifactKey as exc:
@@ -149,20 +176,24 @@ def jobs_router(coordinator: Coordinator) -> APIRouter:
             raise HTTPException(404, f"no artifact {key!r}")
         return FileResponse(path, media_type="application/octet-stream")
 
-    @router.post("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/parts")
-    def register_part(job_id: str, task_id: str, body: RegisterPartRequest, request: Request) -> dict[str, str]:
-        check_task_write(request, job_id, task_id)
-        job_or_404(job_id)  # a checkpoint belongs to a job: none is kept for an id the ledger never had
+    @router.post("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/parts", response_model=PartRegistered)
+    def register_part(job_id: str, task_id: str, body: RegisterPartRequest,
+                      identity: Identity = caller) -> dict[str, str]:
+        check_task_write(identity, job_id, task_id)
+        if coordinator.job(job_id) is None:  # a checkpoint belongs to a job: none is kept for an unknown id
+            raise HTTPException(404, f"unknown job {job_id!r}")
         try:
             coordinator.catalog.register_part(f"{job_id}::{task_id}", body.attempt_id, body.step, body.part)
         except ValueError as exc:  # a value the registry cannot hold (beyond SQLite's 64-bit integers)
             raise HTTPException(422, str(exc)) from None
         return {"status": "registered", "key": body.part.key}
 
-    @router.post("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/commit", response_model=None)
-    def commit_checkpoint(job_id: str, task_id: str, body: CommitRequest, request: Request) -> JSONResponse:
-        check_task_write(request, job_id, task_id)
-        job_or_404(job_id)
+    @router.post("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/commit", response_model=CheckpointManifest)
+    def commit_checkpoint(job_id: str, task_id: str, body: CommitRequest,
+                          identity: Identity = caller) -> JSONResponse:
+        check_task_write(identity, job_id, task_id)
+        if coordinator.job(job_id) is None:
+            raise HTTPException(404, f"unknown job {job_id!r}")
         try:
             manifest = coordinator.catalog.commit(
                 job_id=f"{job_id}::{task_id}", attempt_id=body.attempt_id, step=body.step,
@@ -171,39 +202,32 @@ def jobs_router(coordinator: Coordinator) -> APIRouter:
             )
         except CheckpointError as exc:
             raise HTTPException(409, str(exc)) from None
+        except ValueError as exc:  # a value the catalog cannot hold
+            raise HTTPException(422, str(exc)) from None
         return JSONResponse(manifest.model_dump(mode="json"))
 
-    @router.get("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/latest", response_model=None)
-    def latest_checkpoint(job_id: str, task_id: str, world_size: int | None = Query(None)) -> JSONResponse:
-        job_or_404(job_id)
+    @router.get("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/latest", response_model=CheckpointManifest)
+    def latest_checkpoint(job_id: str, task_id: str, world_size: int | None = Query(None),
+                          identity: Identity = caller) -> JSONResponse:
+        check_task_read(identity, job_id, task_id)
+        if coordinator.job(job_id) is None:
+            raise HTTPException(404, f"unknown job {job_id!r}")
         manifest = coordinator.catalog.latest_valid(f"{job_id}::{task_id}", world_size=world_size)
         if manifest is None:
             raise HTTPException(404, f"no selectable checkpoint for {job_id}/{task_id}")
         return JSONResponse(manifest.model_dump(mode="json"))
 
-    @router.get("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/lost-work")
-    def lost_work(job_id: str, task_id: str, failed_at_step: int = Query(...)) -> dict[str, int | None]:
-        job_or_404(job_id)
+    @router.get("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/lost-work", response_model=LostWork)
+    def lost_work(job_id: str, task_id: str, failed_at_step: int = Query(...),
+                  identity: Identity = caller) -> dict[str, int | None]:
+        check_task_read(identity, job_id, task_id)
+        if coordinator.job(job_id) is None:
+            raise HTTPException(404, f"unknown job {job_id!r}")
         scope = f"{job_id}::{task_id}"
         latest = coordinator.catalog.latest_valid(scope)
         return {
             "lost_steps": coordinator.catalog.lost_work(scope, failed_at_step),
             "latest_step": latest.step if latest is not None else None,
         }
-
-    @router.get("/metrics", response_model=None)
-    def metrics() -> Response:
-        now = coordinator.now()
-        manager = coordinator.manager
-        counts = manager.store.counts()  # type: ignore[attr-defined]
-        tasks_by_state = {state.value: int(counts.get(state.value, 0)) for state in TaskState}
-        live = sum(1 for record in manager.store.leased()  # type: ignore[attr-defined]
-                   if record.active_lease is not None and record.active_lease.deadline > now)
-        nodes = coordinator.nodes.status_counts(manager.cordoned(now), now)
-        return Response(coordinator.metrics.render(tasks_by_state, live, nodes), media_type=CONTENT_TYPE)
-
-    @router.get("/", response_class=HTMLResponse)
-    def dashboard() -> str:
-        return DASHBOARD_HTML
 
     return router

@@ -58,6 +58,11 @@ class WorkerClient:
     def __repr__(self) -> str:  # the token stays out
         return f"WorkerClient({self.base_url!r})"
 
+    @property
+    def authenticates(self) -> bool:
+        """Whether this client sends a bearer token."""
+        return self._token is not None
+
     # transport ---------------------------------------------------------------
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": _USER_AGENT}

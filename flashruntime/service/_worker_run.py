@@ -114,8 +114,33 @@ class LeaseHeartbeat:
                 logger.warning("lease %s heartbeat failed: %s", self.lease_id, exc)
 
 
-def build_command(payload: Mapping[str, Any], runner: str, dirs: LeaseDirs) -> tuple[list[str], dict[str, str]]:
-    """(argv, payload env) for the lease; ``TaskRefused`` when this agent must not run it."""
+def code_grant_problem(payload: Mapping[str, Any]) -> str | None:
+    """Why a worker that authenticates to its coordinator must not run this ``argv`` payload,
+    or None. Such a worker runs commands only for a submitter or operator whose token holds
+    the code-execution permission, as the coordinator stamps it on every task
+    (``submitted_by``): a job from a coordinator in open mode, or from one that stamps
+    nothing, could have come from anyone."""
+    grant = payload.get("submitted_by")
+    if not isinstance(grant, Mapping):
+        return ("the lease does not say who submitted its job, so nothing shows the submitter may run code; "
+                "this worker authenticates with a token and runs commands only for submitters granted code "
+                "execution (FLASHML_ARGV_SUBMITTERS on the coordinator)")
+    role, name = grant.get("role"), grant.get("name")
+    if role not in ("submitter", "operator"):
+        return (f"the job was submitted by {role or 'nobody'!s} (a coordinator in open mode), so anyone could "
+                "have sent this command; this worker authenticates with a token and runs commands only for "
+                "submitters granted code execution (FLASHML_ARGV_SUBMITTERS on the coordinator)")
+    if grant.get("may_run_code") is not True:
+        return (f"{role} {name!r} does not hold the code-execution permission (FLASHML_ARGV_SUBMITTERS on the "
+                "coordinator)")
+    return None
+
+
+def build_command(payload: Mapping[str, Any], runner: str, dirs: LeaseDirs, *,
+                  require_code_grant: bool = False) -> tuple[list[str], dict[str, str]]:
+    """(argv, payload env) for the lease; ``TaskRefused`` when this agent must not run it.
+    ``require_code_grant``: an ``argv`` payload must carry a code-execution grant
+    (``code_grant_problem``); a worker that authenticates with a token sets it."""
     if "module" in payload and "argv" in payload:
         raise TaskRefused("payload carries both 'module' and 'argv'; exactly one is expected")
     if "module" in payload:
@@ -128,6 +153,10 @@ def build_command(payload: Mapping[str, Any], runner: str, dirs: LeaseDirs) -> t
         if runner != "trusted":
             raise TaskRefused(f"argv payloads run only on an agent started with --runner trusted "
                               f"(this agent: --runner {runner})")
+        if require_code_grant:
+            problem = code_grant_problem(payload)
+            if problem is not None:
+                raise TaskRefused(f"refused to run the command: {problem}")
         argv = payload["argv"]
         if not isinstance(argv, list) or not argv or not all(isinstance(token, str) for token in argv):
             raise TaskRefused(f"payload argv must be a non-empty list of strings, got {argv!r}")
@@ -217,8 +246,10 @@ class LeaseRunner:
         datasets: Mapping[str, str],
         timing: WorkerTiming,
         stopping: threading.Event,
+        require_code_grant: bool = False,
     ) -> None:
         self._client = client
+        self._require_code_grant = require_code_grant
         self._work_root = work_root
         self._runner = runner
         self._datasets = dict(datasets)
@@ -247,7 +278,8 @@ class LeaseRunner:
         payload = lease.payload
         try:
             dirs = lease_dirs(self._work_root, lease.job_id, lease.task_id, lease.lease_id)
-            argv, payload_env = build_command(payload, self._runner, dirs)
+            argv, payload_env = build_command(payload, self._runner, dirs,
+                                              require_code_grant=self._require_code_grant)
             params = payload.get("params", {})
             if not isinstance(params, dict):
                 raise TaskRefused(f"payload params must be an object, got {params!r}")
@@ -336,7 +368,7 @@ class LeaseRunner:
         return outcome if sent is not None else Outcome.ABANDONED
 
     def _with_retries(self, call: Callable[[], Any]) -> Any:
-        """``call()``, retried while the coordinator is unreachable or answers 5xx; None when it
+        """``call()``, retried while the coordinator is unreachable or answers 5xx or 429; None when it
         stays so. 403/404/410 mean the lease is gone (``_LeaseLost``); other HTTP errors propagate."""
         for attempt in range(self._timing.finish_attempts):
             try:
@@ -344,7 +376,7 @@ class LeaseRunner:
             except CoordinatorHTTPError as exc:
                 if exc.status in (*LOST_STATUSES, 404):
                     raise _LeaseLost() from None
-                if exc.status < 500:
+                if exc.status < 500 and exc.status != 429:  # 429: the coordinator's rate limit, so wait
                     raise
                 problem: Exception = exc
             except CoordinatorUnavailable as exc:

@@ -1,4 +1,4 @@
-"""The coordinator's FastAPI app (SPEC §9.1); the only module that needs the ``service`` extra.
+"""The coordinator's FastAPI app; the only module that needs the ``service`` extra.
 
 Importing this module has no side effects: ``app`` is built on first access (once,
 cached) when ``FLASHML_SERVICE_AUTOINIT`` is ``"1"`` (the default), else it is None.
@@ -16,17 +16,29 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from flashruntime.service._body_limit import BodyLimit
 from flashruntime.service._coordinator import Coordinator
+from flashruntime.service._http_guard import Guard, route_key
+from flashruntime.service._openapi_docs import add_security
+from flashruntime.service._rate_limit import RateLimiter
 from flashruntime.service._routes_fleet import fleet_router
 from flashruntime.service._routes_jobs import jobs_router
+from flashruntime.service._routes_meta import meta_router
+from flashruntime.service.access import ROUTE_ACCESS
 from flashruntime.service.auth import AuthFailure
 from flashruntime.service.settings import RuntimeSettings
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("flashruntime.service")
+
+_ARTIFACT_PATH = "/v1alpha1/artifacts/"
 
 
 def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
@@ -43,7 +55,7 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
         coordinator.close()
         raise RuntimeError(
             "FLASHML_REQUIRE_NODE_AUTH=1 but no tokens are configured: set FLASHML_NODE_TOKENS "
-            "(node_id:token,...) and/or FLASHML_OPERATOR_TOKENS (name:token,...)"
+            "(node_id:token,...), FLASHML_SUBMITTER_TOKENS and/or FLASHML_OPERATOR_TOKENS (name:token,...)"
         )
 
     @contextlib.asynccontextmanager
@@ -57,33 +69,117 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
                 await sweeper
             coordinator.close()
 
-    app = FastAPI(title="FlashRuntime", lifespan=lifespan)
+    # No /docs or /redoc (their pages load assets from a CDN); the schema is /openapi.json,
+    # served by a guarded route like every other.
+    app = FastAPI(title="FlashRuntime", version=_version(), lifespan=lifespan, openapi_url=None, docs_url=None,
+                  redoc_url=None)
     app.state.coordinator = coordinator
+    rate = settings.rate_limit_for(coordinator.authenticator.enforcing)
+    guard = Guard(coordinator, rate_limiter=RateLimiter(rate) if rate > 0 else None,
+                  metrics_public=settings.metrics_public)
 
     @app.exception_handler(AuthFailure)
     async def _auth_failure(_: Request, exc: AuthFailure) -> JSONResponse:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
-    @app.middleware("http")
-    async def _timed(request: Request, call_next: Any) -> Response:
-        start = time.perf_counter()
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # The problems without the input they quote: a refused body is never echoed back.
+        return JSONResponse({"detail": [_issue(error) for error in exc.errors()]}, status_code=422)
 
-        def observe(status: int) -> None:
-            route = request.scope.get("route")
-            template = getattr(route, "path", None) or "<unmatched>"
-            coordinator.metrics.observe_request(request.method, template, status, time.perf_counter() - start)
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                                 description="The FlashRuntime coordinator's HTTP API (v1alpha1).")
+            app.openapi_schema = add_security(schema, metrics_public=settings.metrics_public)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    routers = [meta_router(coordinator, guard, openapi), jobs_router(coordinator, guard),
+               fleet_router(coordinator, guard)]
+    _check_access_table([route for router in routers for route in router.routes])
+    for router in routers:
+        app.include_router(router)
+    app.add_middleware(_Timed, metrics=coordinator.metrics)
+    app.add_middleware(BodyLimit, limit_for=_body_limits(settings))
+    return app
+
+
+class _Timed:
+    """Pure ASGI middleware: every request into the latency histogram, by route template.
+    (Not ``BaseHTTPMiddleware``: that runs the app in a task group, which turns an error
+    raised while a body is read into an exception group no handler recognises.)"""
+
+    def __init__(self, app: Any, metrics: Any) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500  # what the server answers when the app raises before responding
+
+        async def seen(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
 
         try:
-            response: Response = await call_next(request)
-        except Exception:
-            observe(500)  # the server answers a handler's exception with 500, outside this middleware
-            raise
-        observe(response.status_code)
-        return response
+            await self.app(scope, receive, seen)
+        finally:
+            template = getattr(scope.get("route"), "path", None) or "<unmatched>"
+            self.metrics.observe_request(scope.get("method", ""), template, status, time.perf_counter() - start)
 
-    app.include_router(jobs_router(coordinator))
-    app.include_router(fleet_router(coordinator))
-    return app
+
+def _body_limits(settings: RuntimeSettings) -> Any:
+    """``scope -> (limit in bytes, refusal)``: artifact uploads by ``max_artifact_mb``, every
+    other body (JSON) by ``max_json_kb``."""
+    artifact = (settings.max_artifact_mb * 1024 * 1024,
+                (f"the artifact is over the coordinator's limit of {settings.max_artifact_mb} MiB "
+                 "(FLASHML_MAX_ARTIFACT_MB)"))
+    json_body = (settings.max_json_kb * 1024,
+                 (f"the request body is over the coordinator's limit of {settings.max_json_kb} KiB "
+                  "(FLASHML_MAX_JSON_KB); large data goes in an artifact (PUT /v1alpha1/artifacts/<key>)"))
+
+    def limit_for(scope: Any) -> tuple[int, str]:
+        is_upload = scope.get("method") == "PUT" and str(scope.get("path", "")).startswith(_ARTIFACT_PATH)
+        return artifact if is_upload else json_body
+
+    return limit_for
+
+
+def _issue(error: dict[str, Any]) -> dict[str, Any]:
+    message = str(error.get("msg", ""))
+    reason = (error.get("ctx") or {}).get("error")
+    if error.get("type") == "json_invalid" and reason:
+        message = f"the body is not acceptable JSON: {reason}"
+    return {"loc": [part if isinstance(part, (str, int)) else str(part) for part in error.get("loc", ())],
+            "msg": message, "type": str(error.get("type", ""))}
+
+
+def _check_access_table(routes: list[Any]) -> None:
+    """Every route has exactly its row in ``ROUTE_ACCESS``, and every row its route: a
+    route added without deciding who may call it stops the coordinator from starting."""
+    served = {route_key(method, route.path) for route in routes if isinstance(route, APIRoute)
+              for method in route.methods}
+    missing = sorted(served - set(ROUTE_ACCESS))
+    stale = sorted(set(ROUTE_ACCESS) - served)
+    if missing or stale:
+        raise RuntimeError(f"the access table does not match the routes: no row for {missing}, no route for {stale}")
+
+
+def _version() -> str:
+    import flashruntime
+
+    return flashruntime.__version__
 
 
 async def _sweep_forever(coordinator: Coordinator) -> None:

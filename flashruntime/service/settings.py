@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["RuntimeSettings", "parse_selector"]
+__all__ = ["DEFAULT_RATE_LIMIT", "RuntimeSettings", "parse_selector"]
+
+DEFAULT_RATE_LIMIT = 100.0  # requests per second per credential when tokens are configured
 
 
 def _env(name: str, default: str, env: Mapping[str, str] | None = None) -> str:
@@ -51,6 +53,30 @@ def _max_artifact_mb(env: Mapping[str, str] | None = None) -> int:
     return value
 
 
+def _max_json_kb(env: Mapping[str, str] | None = None) -> int:
+    raw = _env("FLASHML_MAX_JSON_KB", "1024", env)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"FLASHML_MAX_JSON_KB must be a whole number of KiB, got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"FLASHML_MAX_JSON_KB must be > 0, got {value}")
+    return value
+
+
+def _rate_limit(env: Mapping[str, str] | None = None) -> float | None:
+    raw = _env("FLASHML_RATE_LIMIT", "", env).strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"FLASHML_RATE_LIMIT must be a number of requests per second (0: off), got {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"FLASHML_RATE_LIMIT must be finite and >= 0 (0: off), got {raw!r}")
+    return value
+
+
 def _sweep_interval_s(env: Mapping[str, str] | None = None) -> float:
     raw = _env("FLASHML_SWEEP_INTERVAL_S", "2.0", env)
     try:
@@ -80,6 +106,14 @@ class RuntimeSettings:
     # lease_seconds + this. FLASHML_SWEEP_INTERVAL_S sets it, an addition to SPEC §9.1's table
     # (which gives the field no variable).
     sweep_interval_s: float = field(default_factory=_sweep_interval_s)
+    # Largest request body the JSON routes read, in KiB (artifact uploads have their own
+    # limit, max_artifact_mb): a bigger one is refused with 413 before it is read whole.
+    max_json_kb: int = field(default_factory=_max_json_kb)
+    # Requests per second each credential may make (bursts of twice that), else 429.
+    # None: DEFAULT_RATE_LIMIT when tokens are configured, off in open mode; 0: off.
+    rate_limit_per_s: float | None = field(default_factory=_rate_limit)
+    # GET /metrics without a token even when tokens are configured (a scraper on a trusted network).
+    metrics_public: bool = field(default_factory=lambda: _env("FLASHML_METRICS_PUBLIC", "0") == "1")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RuntimeSettings:
@@ -101,7 +135,16 @@ class RuntimeSettings:
             ),
             sandbox_runtime_class=_optional_env("FLASHML_RUNTIME_CLASS", env),
             sweep_interval_s=_sweep_interval_s(env),
+            max_json_kb=_max_json_kb(env),
+            rate_limit_per_s=_rate_limit(env),
+            metrics_public=_env("FLASHML_METRICS_PUBLIC", "0", env) == "1",
         )
+
+    def rate_limit_for(self, enforcing: bool) -> float:
+        """Requests per second per credential in force (0: no limit)."""
+        if self.rate_limit_per_s is None:
+            return DEFAULT_RATE_LIMIT if enforcing else 0.0
+        return self.rate_limit_per_s
 
     @property
     def data_dir(self) -> Path:

@@ -209,8 +209,11 @@ class WorkerAgent:
                     self.runner, work_root)
         beat = threading.Thread(target=self._node_heartbeats, name="flashruntime-node-heartbeat", daemon=True)
         beat.start()
+        # A worker with a token believes its fleet is protected: it runs a command only for a
+        # submitter the coordinator says holds the code-execution permission.
         runner = LeaseRunner(self.client, work_root=work_root, runner=self.runner, datasets=self.datasets,
-                             timing=self.timing, stopping=self._stopping)
+                             timing=self.timing, stopping=self._stopping,
+                             require_code_grant=self.client.authenticates)
         try:
             self._claim_loop(runner)
         finally:

@@ -335,7 +335,8 @@ def test_auth_when_enforcing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         assert api.post("/v1alpha1/nodes/register", json=registration(), headers=as_("tok-op")).status_code == 401
         assert api.post("/v1alpha1/nodes/node-b/heartbeat", json={"node_id": "node-b"},
                         headers=as_("tok-a")).status_code == 403
-        job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=2)).json()["job_id"]
+        assert api.post("/v1alpha1/jobs", json=job_spec(trials=2)).status_code == 401
+        job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=2), headers=as_("tok-op")).json()["job_id"]
         lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-b"}, headers=as_("tok-a")).json()
         assert lease["node_id"] == "node-a"
         prefix = lease["payload"]["output_prefix"]
@@ -375,7 +376,8 @@ def test_an_upload_refused_after_its_body_arrived_changes_nothing(tmp_path: Path
     data = tmp_path / "data"
     with serve_in_thread(settings_for(data)) as url, httpx.Client(base_url=url, timeout=10) as api:
         api.post("/v1alpha1/nodes/register", json=registration(), headers=node_a)
-        job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=1)).json()["job_id"]
+        operator = {"Authorization": "Bearer tok-op"}
+        job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=1), headers=operator).json()["job_id"]
         lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}, headers=node_a).json()
         key = lease["payload"]["output_prefix"] + "metrics.json"
         assert api.put(f"/v1alpha1/artifacts/{key}", content=b'{"v": 1}', headers=node_a).status_code == 200
@@ -387,12 +389,13 @@ def test_an_upload_refused_after_its_body_arrived_changes_nothing(tmp_path: Path
             while not list(task_dir.glob(".upload-*")):  # the first check passed: the body is being received
                 assert time.monotonic() < deadline, "the upload never started"
                 time.sleep(0.01)
-            assert httpx.post(f"{url}/v1alpha1/jobs/{job_id}/cancel").json()["state"] == "CANCELLED"
+            cancelled = httpx.post(f"{url}/v1alpha1/jobs/{job_id}/cancel", headers=operator)
+            assert cancelled.json()["state"] == "CANCELLED"
             yield b"2}"
 
         late = api.put(f"/v1alpha1/artifacts/{key}", content=body_outliving_the_lease(), headers=node_a)
         assert late.status_code == 403, late.text
-        assert api.get(f"/v1alpha1/artifacts/{key}").content == b'{"v": 1}'  # the old content stays
+        assert api.get(f"/v1alpha1/artifacts/{key}", headers=operator).content == b'{"v": 1}'  # the old content stays
         assert sorted(p.name for p in task_dir.iterdir()) == ["metrics.json"]  # and no temp file
         assert "the lease ended while the body was uploading, so nothing was stored" in late.json()["detail"]
 

@@ -1,7 +1,8 @@
-"""``flashruntime serve`` without a network (SPEC §10): path resolution (``--data-dir`` >
+"""``flashruntime serve`` without a network: path resolution (``--data-dir`` >
 FLASHML_LEDGER_PATH / FLASHML_LOCAL_ARTIFACTS_DIR > ./flashruntime-data), exit 2 for invalid
-settings or a missing service extra, and the handler wiring a fake ``create_app`` into a
-recorded ``uvicorn.run``. The real server over HTTP is an integration test."""
+settings, a missing service extra or an open coordinator beyond loopback, and the handler
+wiring a fake ``create_app`` into a recorded ``uvicorn.run``. The real server over HTTP is
+an integration test."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from flashruntime.service.commands import serve
 from flashruntime.service.settings import RuntimeSettings
 
 ENV_NAMES = ("FLASHML_LEDGER_PATH", "FLASHML_LOCAL_ARTIFACTS_DIR", "FLASHML_MAX_ARTIFACT_MB", "FLASHML_SWEEP_INTERVAL_S",
-             "FLASHML_STANDARD_NODE_SELECTOR", "FLASHML_SANDBOX_NODE_SELECTOR", "FLASHML_PROFILE")
+             "FLASHML_STANDARD_NODE_SELECTOR", "FLASHML_SANDBOX_NODE_SELECTOR", "FLASHML_PROFILE",
+             "FLASHML_NODE_TOKENS", "FLASHML_OPERATOR_TOKENS", "FLASHML_SUBMITTER_TOKENS", "FLASHML_ARGV_SUBMITTERS")
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -112,7 +114,8 @@ def test_serve_wires_create_app_into_uvicorn_with_resolved_settings(
     monkeypatch.setenv("FLASHML_PROFILE", "dev")
     monkeypatch.setenv("FLASHML_LEDGER_PATH", str(tmp_path / "ignored" / "l.db"))  # --data-dir wins
     data = tmp_path / "data"
-    args = _args("--host", "0.0.0.0", "--port", "9123", "--data-dir", str(data), "--log-level", "warning")
+    args = _args("--host", "0.0.0.0", "--port", "9123", "--data-dir", str(data), "--log-level", "warning",
+                 "--insecure")
     assert serve.handle(args) == 0
     [settings] = fake.settings
     assert settings.ledger_path == str(data / "flashruntime.db")
@@ -120,9 +123,67 @@ def test_serve_wires_create_app_into_uvicorn_with_resolved_settings(
     assert settings.profile == "dev"  # everything else still comes from the environment
     assert data.is_dir() and (data / "artifacts").is_dir()
     assert not (tmp_path / "ignored").exists()
-    assert fake.runs == [{"app": fake.app, "host": "0.0.0.0", "port": 9123, "log_level": "warning"}]
-    out = capsys.readouterr().out
-    assert "http://0.0.0.0:9123" in out and str(data) in out
+    assert fake.runs == [{"app": fake.app, "host": "0.0.0.0", "port": 9123, "log_level": "warning",
+                          "ssl_certfile": None, "ssl_keyfile": None}]
+    out = capsys.readouterr()
+    assert "http://0.0.0.0:9123" in out.out and str(data) in out.out
+    assert "WARNING: no tokens are configured, so this coordinator is open" in out.err
+
+
+@pytest.mark.service
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "box.example.com"])
+def test_an_open_coordinator_beyond_loopback_refuses_to_start_without_insecure(
+    fake: FakeApp, tmp_path: Path, capsys: pytest.CaptureFixture[str], host: str
+) -> None:
+    assert serve.handle(_args("--host", host, "--data-dir", str(tmp_path / "d"))) == 2
+    err = capsys.readouterr().err
+    assert f"refusing to serve an open coordinator on {host}" in err and "--insecure" in err
+    assert fake.settings == [] and fake.runs == []
+
+
+@pytest.mark.service
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
+def test_an_open_coordinator_on_loopback_starts_with_a_warning(
+    fake: FakeApp, tmp_path: Path, capsys: pytest.CaptureFixture[str], host: str
+) -> None:
+    assert serve.handle(_args("--host", host, "--data-dir", str(tmp_path / "d"))) == 0
+    assert fake.runs[0]["host"] == host
+    assert "WARNING: no tokens are configured" in capsys.readouterr().err
+
+
+@pytest.mark.service
+def test_with_tokens_plain_http_beyond_loopback_starts_with_a_clear_text_warning(
+    fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FLASHML_SUBMITTER_TOKENS", "alice:tok-a")
+    assert serve.handle(_args("--host", "0.0.0.0", "--data-dir", str(tmp_path / "d"))) == 0
+    err = capsys.readouterr().err
+    assert "tokens cross the network in clear text" in err and "no tokens are configured" not in err
+
+
+@pytest.mark.service
+def test_tls_needs_both_files_and_passes_them_to_uvicorn(
+    fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert serve.handle(_args("--ssl-certfile", "c.pem", "--data-dir", str(tmp_path / "d"))) == 2
+    assert "--ssl-certfile and --ssl-keyfile go together" in capsys.readouterr().err
+    monkeypatch.setenv("FLASHML_OPERATOR_TOKENS", "root:tok-r")
+    args = _args("--host", "0.0.0.0", "--ssl-certfile", "c.pem", "--ssl-keyfile", "k.pem", "--data-dir",
+                 str(tmp_path / "d"))
+    assert serve.handle(args) == 0
+    assert (fake.runs[0]["ssl_certfile"], fake.runs[0]["ssl_keyfile"]) == ("c.pem", "k.pem")
+    out = capsys.readouterr()
+    assert "https://0.0.0.0:8100" in out.out and "WARNING" not in out.err
+
+
+@pytest.mark.service
+def test_a_bad_token_configuration_exits_2_before_anything_starts(
+    fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FLASHML_ARGV_SUBMITTERS", "alice")  # a grant, but no tokens at all
+    assert serve.handle(_args("--data-dir", str(tmp_path / "d"))) == 2
+    assert "FLASHML_ARGV_SUBMITTERS grants code execution but no tokens are configured" in capsys.readouterr().err
+    assert fake.runs == []
 
 
 @pytest.mark.service

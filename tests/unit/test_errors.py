@@ -18,6 +18,7 @@ EXPECTED_BASES = {
     "ArtifactNotFound": (LookupError,),
     "ExpansionError": (ValueError,),
     "AuthConfigError": (ValueError,),
+    "CodeExecutionNotPermitted": (PermissionError,),
 }
 
 

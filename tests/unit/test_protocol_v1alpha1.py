@@ -43,6 +43,7 @@ def minimal_instances() -> dict[str, BaseModel]:
         "Event": p.Event(job_id="j", type=p.EventType.LEASE_CLAIMED, source="flashruntime.leases", timestamp=T0),
         "ArtifactRecord": p.ArtifactRecord(uri="artifact://x", backend="local", bucket="b", object_key="k", created_at=T0),
         "JobRecord": p.JobRecord(job_id="j", spec=spec, created_at=T0),
+        "SubmittedBy": p.SubmittedBy(role="submitter", name="alice"),
         "GpuInfo": p.GpuInfo(index=0),
         "NodeCapabilities": registration.capabilities,
         "NodeRegistration": registration,

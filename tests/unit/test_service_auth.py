@@ -231,10 +231,11 @@ def test_node_token_identifies_the_node_and_ignores_delegation(static: StaticTok
 
 
 def test_operator_token_with_and_without_delegation(static: StaticTokenAuthenticator) -> None:
-    assert resolve_identity(static, f"Bearer {OPERATOR}", []) == Identity(None, True)
-    assert resolve_identity(static, f"Bearer {OPERATOR}", [" node-b "]) == Identity("node-b", True)
+    assert resolve_identity(static, f"Bearer {OPERATOR}", []) == Identity(None, True, "reducer")
+    assert resolve_identity(static, f"Bearer {OPERATOR}", [" node-b "]) == Identity("node-b", True, "reducer")
     # Not checked against any registry: lease liveness is the authority.
-    assert resolve_identity(static, f"Bearer {OPERATOR}", ["never-registered"]) == Identity("never-registered", True)
+    assert resolve_identity(static, f"Bearer {OPERATOR}", ["never-registered"]) == Identity(
+        "never-registered", True, "reducer")
 
 
 @pytest.mark.parametrize("values, status", [(["node-a", "node-b"], 400), (["node-a", "node-a"], 400),

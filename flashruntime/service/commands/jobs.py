@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flashruntime.errors import FlashRuntimeError
-from flashruntime.service.commands._api import resolve_api
+from flashruntime.service.commands._api import TOKEN_HELP, auth_hint, resolve_api, resolve_token
 
 EXIT_OK, EXIT_HTTP_ERROR, EXIT_UNREACHABLE = 0, 1, 2
 EXIT_BAD_SPEC, EXIT_NO_YAML = 1, 2
@@ -59,6 +59,7 @@ def register(subparsers: Any) -> None:
                     "the coordinator validates it (422 when invalid).",
     )
     parser.add_argument("spec_file", help="JobSpec as JSON (.json), or YAML (any other suffix)")
+    parser.add_argument("--token", default=None, help=TOKEN_HELP)
     parser.set_defaults(handler=handle_submit_spec)
     for name, method, suffix, help_text in _JOB_COMMANDS:
         parser = subparsers.add_parser(
@@ -67,6 +68,7 @@ def register(subparsers: Any) -> None:
                         "on the coordinator at --api.",
         )
         parser.add_argument("job_id", type=_job_id, help="the job's id (job_id in submit-spec's answer)")
+        parser.add_argument("--token", default=None, help=TOKEN_HELP)
         parser.set_defaults(handler=functools.partial(_handle_job_route, name, method, suffix))
 
 
@@ -119,11 +121,15 @@ def encode_spec(path: Path, data: dict[str, Any]) -> bytes:
         raise CommandError(f"{path}: contains NaN or Infinity, which JSON cannot carry", EXIT_BAD_SPEC) from None
 
 
-def request(api: str, method: str, path: str, body: bytes | None = None, *, timeout: float = TIMEOUT_S) -> Any:
-    """One call to the coordinator → the decoded JSON answer. HTTP status >= 400 raises
-    ``CommandError`` with exit code 1; an unreachable or non-JSON server, code 2."""
+def request(api: str, method: str, path: str, body: bytes | None = None, *, timeout: float = TIMEOUT_S,
+            token: str | None = None) -> Any:
+    """One call to the coordinator → the decoded JSON answer, with ``token`` as the bearer
+    token when given. HTTP status >= 400 raises ``CommandError`` with exit code 1 (a 401 or
+    403 says what to do about the token); an unreachable or non-JSON server, code 2."""
     url = api + path
     headers = {"Accept": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
     if body is not None:
         headers["Content-Type"] = "application/json"
     req = urllib.request.Request(url, data=body, method=method, headers=headers)
@@ -131,7 +137,8 @@ def request(api: str, method: str, path: str, body: bytes | None = None, *, time
         with urllib.request.urlopen(req, timeout=timeout) as response:
             raw = response.read()
     except urllib.error.HTTPError as exc:
-        raise CommandError(f"{method} {url} -> {exc.code} {exc.reason}: {_detail(exc)}", EXIT_HTTP_ERROR) from None
+        raise CommandError(f"{method} {url} -> {exc.code} {exc.reason}: {_detail(exc)}{auth_hint(exc.code)}",
+                           EXIT_HTTP_ERROR) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
         raise CommandError(
@@ -177,7 +184,7 @@ def _run(command: str, args: argparse.Namespace, method: str, path: str, body_fr
         return EXIT_UNREACHABLE
     try:
         body = None if body_from is None else _spec_body(command, body_from)
-        answer = request(api, method, path, body)
+        answer = request(api, method, path, body, token=resolve_token(getattr(args, "token", None)))
     except CommandError as exc:
         print(f"flashruntime {command}: {exc}", file=sys.stderr)
         return exc.code

@@ -1,15 +1,18 @@
-"""``flashruntime serve``: run the coordinator (SPEC §10) under uvicorn on ``create_app(settings)``.
+"""``flashruntime serve``: run the coordinator under uvicorn on ``create_app(settings)``.
 
 Paths resolve each on its own: ``--data-dir`` (both) > ``FLASHML_LEDGER_PATH`` /
-``FLASHML_LOCAL_ARTIFACTS_DIR`` > ``./flashruntime-data/…``. Exit codes: 0 clean
-shutdown (Ctrl-C or SIGTERM); 1 uvicorn gave up after starting (port in use, lifespan
-startup failure; its log says why); 2 the ``service`` extra is missing or the settings
-are invalid.
+``FLASHML_LOCAL_ARTIFACTS_DIR`` > ``./flashruntime-data/…``. With no tokens configured the
+coordinator is open, which is for development: ``serve`` warns, and refuses to listen
+beyond loopback unless ``--insecure`` says so. Exit codes: 0 clean shutdown (Ctrl-C or
+SIGTERM); 1 uvicorn gave up after starting (port in use, lifespan startup failure; its log
+says why); 2 the ``service`` extra is missing, the settings are invalid, or an open
+coordinator was asked to listen beyond loopback without ``--insecure``.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import signal
 import sqlite3
@@ -42,6 +45,12 @@ def register(subparsers: Any) -> None:
                         help=f"D/{LEDGER_NAME} (the ledger), D/{LEASES_NAME}, D/{CHECKPOINTS_NAME} and "
                              f"D/{ARTIFACTS_NAME}/, overriding env")
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="uvicorn log level (default info)")
+    parser.add_argument("--ssl-certfile", default=None, metavar="PEM",
+                        help="serve HTTPS with this certificate (chain) file; needs --ssl-keyfile")
+    parser.add_argument("--ssl-keyfile", default=None, metavar="PEM", help="the certificate's private key file")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow an open coordinator (no tokens configured) to listen beyond loopback: "
+                             "anyone who reaches it can submit jobs and run code on trusted workers")
     parser.set_defaults(handler=handle)
 
 
@@ -66,8 +75,26 @@ def resolve_paths(data_dir: str | None, env: Mapping[str, str]) -> tuple[Path, P
     return Path(ledger), Path(artifacts)
 
 
-def url_for(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+def url_for(host: str, port: int, *, tls: bool = False) -> str:
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps the coordinator on this machine (``localhost``, 127.x, ::1)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False  # a hostname: it may resolve to any interface
+
+
+OPEN_MODE_WARNING = (
+    "WARNING: no tokens are configured, so this coordinator is open: anyone who can reach {url} can submit "
+    "jobs, read every result and have commands run on trusted workers. Configure FLASHML_SUBMITTER_TOKENS, "
+    "FLASHML_NODE_TOKENS and FLASHML_OPERATOR_TOKENS for anything but development."
+)
 
 
 class _Terminated(Exception):
@@ -121,17 +148,41 @@ def handle(args: argparse.Namespace) -> int:
         except OSError as exc:
             return _fail(f"cannot create directory {str(directory)!r}: {exc.strerror or exc}")
 
+    if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
+        return _fail("--ssl-certfile and --ssl-keyfile go together: give both to serve HTTPS, or neither")
+    tls = args.ssl_certfile is not None
+    url = url_for(args.host, args.port, tls=tls)
+    try:
+        from flashruntime.service.auth import authenticator_from_env
+
+        enforcing = authenticator_from_env(env).enforcing
+    except AuthConfigError as exc:
+        return _fail(f"invalid settings: {exc}")
+    if not enforcing:
+        if not is_loopback(args.host) and not args.insecure:
+            return _fail(
+                f"refusing to serve an open coordinator on {args.host}: with no tokens configured, anyone who "
+                "can reach it can submit jobs and have commands run on trusted workers. Configure tokens "
+                "(FLASHML_SUBMITTER_TOKENS, FLASHML_NODE_TOKENS, FLASHML_OPERATOR_TOKENS), listen on 127.0.0.1, "
+                "or pass --insecure to accept the risk"
+            )
+        print(OPEN_MODE_WARNING.format(url=url), file=sys.stderr, flush=True)
+    elif not tls and not is_loopback(args.host):
+        print(f"WARNING: serving plain HTTP on {args.host}: tokens cross the network in clear text; serve HTTPS "
+              "(--ssl-certfile/--ssl-keyfile) or put a TLS reverse proxy in front", file=sys.stderr, flush=True)
+
     try:
         app = create_app(settings)
     except (AuthConfigError, RuntimeError, OSError, sqlite3.Error) as exc:
         return _fail(f"invalid settings: {exc}")
 
-    print(f"FlashRuntime coordinator on {url_for(args.host, args.port)}", flush=True)
+    print(f"FlashRuntime coordinator on {url}", flush=True)
     print(f"  data dir   {ledger.parent}  (ledger {ledger.name}, {LEASES_NAME}, {CHECKPOINTS_NAME})", flush=True)
     print(f"  artifacts  {artifacts}", flush=True)
     try:
         with _sigterm_stops_cleanly():
-            uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+            uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                        ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
     except (KeyboardInterrupt, _Terminated):
         return EXIT_OK
     except SystemExit as exc:

@@ -1,0 +1,133 @@
+"""Response bodies of the coordinator's HTTP API (v1alpha1).
+
+Pydantic models only: they give every route a typed answer in the OpenAPI schema, so
+clients and fuzzers can check what they receive. Like every wire model they ignore
+unknown fields, and new fields arrive optional.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from flashruntime.protocol._base import WireModel
+from flashruntime.protocol.v1alpha1 import ExecutionEvidence, NodeCapabilities
+
+__all__ = [
+    "ArtifactListing",
+    "CompleteResult",
+    "CordonResult",
+    "ErrorBody",
+    "FailResult",
+    "Health",
+    "JobLogs",
+    "LostWork",
+    "NodeRow",
+    "PartRegistered",
+    "RegisterResult",
+    "StatusResult",
+    "TaskRow",
+    "UncordonResult",
+    "ValidationIssue",
+]
+
+
+class ValidationIssue(WireModel):
+    """One problem of a refused request body: where (``loc``), what (``msg``), its kind."""
+
+    loc: list[str | int] = Field(default_factory=list)
+    msg: str
+    type: str = ""
+
+
+class ErrorBody(WireModel):
+    """Every 4xx and 5xx answer: ``detail`` is a sentence, or a list of body problems (422)."""
+
+    detail: str | list[ValidationIssue]
+
+
+class Health(WireModel):
+    status: Literal["ok", "unavailable"]
+    profile: str = ""
+    detail: str | None = None  # why the coordinator is not ready
+
+
+class JobLogs(WireModel):
+    logs: str
+
+
+class TaskRow(WireModel):
+    """One task of a job, as ``GET /v1alpha1/jobs/{id}/tasks`` lists it."""
+
+    task_id: str
+    state: str
+    attempts: int
+    max_attempts: int
+    node_id: str | None = None  # the active lease's node, else the last one's
+    deadline: str | None = None  # the active lease's deadline (ISO 8601)
+    failures: int = 0
+    expiries: int = 0
+    max_expiries: int = 0
+    evidence: ExecutionEvidence | dict[str, Any] | None = None  # the accepted attempt's
+
+
+class ArtifactListing(WireModel):
+    uri: str
+    key: str
+    size_bytes: int
+
+
+class NodeRow(WireModel):
+    """One registered node, as ``GET /v1alpha1/nodes`` lists it."""
+
+    node_id: str
+    hostname: str
+    environment: str
+    argv_capable: bool
+    module_capable: bool
+    capabilities: NodeCapabilities
+    online: bool
+    last_heartbeat_age_s: float
+    accepted_tasks: int
+    cordoned_until: str | None = None
+    cordon_reason: str | None = None
+
+
+class RegisterResult(WireModel):
+    node_id: str
+    status: Literal["registered"] = "registered"
+
+
+class StatusResult(WireModel):
+    status: str
+
+
+class CordonResult(WireModel):
+    node_id: str
+    cordoned_until: str | None = None
+    reason: str = ""
+
+
+class UncordonResult(WireModel):
+    node_id: str
+    uncordoned: bool
+
+
+class CompleteResult(WireModel):
+    accepted: bool
+    detail: str | None = None
+
+
+class FailResult(WireModel):
+    status: Literal["requeued-or-exhausted"] = "requeued-or-exhausted"
+
+
+class PartRegistered(WireModel):
+    status: Literal["registered"] = "registered"
+    key: str
+
+
+class LostWork(WireModel):
+    lost_steps: int | None = None
+    latest_step: int | None = None

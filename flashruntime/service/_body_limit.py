@@ -1,0 +1,78 @@
+"""Request body limits, enforced before a body is read whole.
+
+An ASGI middleware in front of the whole app: a request whose ``Content-Length`` is over
+its route's limit is answered 413 at once, without reading its body; one that arrives
+without a length (chunked) is cut off with 413 as soon as what was received passes the
+limit. Artifact uploads have their own, larger limit; every other body is JSON.
+
+The refusal is an ``HTTPException``, the one kind of error FastAPI passes on unchanged
+while it reads a body, so the app's own handler writes the usual ``{"detail": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from flashruntime.errors import FlashRuntimeError
+
+__all__ = ["BodyLimit", "BodyTooLarge"]
+
+
+class BodyTooLarge(FlashRuntimeError, HTTPException):
+    """A request body over its route's limit (413); ``detail`` names the limit and its setting."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(413, detail)
+
+
+class BodyLimit:
+    """Refuse bodies over ``limit_for(scope) -> (bytes, message)`` with 413."""
+
+    def __init__(self, app: ASGIApp, limit_for: Callable[[Scope], tuple[int, str]]) -> None:
+        self.app = app
+        self.limit_for = limit_for
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit, message = self.limit_for(scope)
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            await _refuse(send, message)  # the body is never read
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            event = await receive()
+            if event["type"] == "http.request":
+                received += len(event.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(message)
+            return event
+
+        await self.app(scope, limited, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _refuse(send: Send, message: str) -> None:
+    body = json.dumps({"detail": message}).encode("utf-8")
+    headers: list[Any] = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                          (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,201 @@
+"""The coordinator's front door: who is calling, may they call this route, and is the
+request body something the coordinator will read.
+
+``Guard`` resolves the caller's ``Identity`` once per request, applies the per-credential
+rate limit and checks the route's roles in ``access.ROUTE_ACCESS``. ``StrictJSONRoute``
+parses request bodies as strict JSON: NaN and infinities (not JSON), strings that are
+not valid Unicode (lone surrogates) and nesting too deep are refused with 422 naming
+where, before any model sees them, so nothing stored can later fail to render.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Depends, HTTPException, Request, Response
+from fastapi.routing import APIRoute
+
+from flashruntime.errors import FlashRuntimeError
+from flashruntime.service.access import ROUTE_ACCESS, RouteAccess
+from flashruntime.service.auth import ON_BEHALF_OF_HEADER, AuthFailure, Identity, require_role, resolve_identity
+
+__all__ = ["BodyProblem", "Guard", "RateLimited", "StrictJSONRoute", "parse_strict_json", "route_key"]
+
+_CONVERTER = re.compile(r"\{(\w+):\w+\}")
+_MAX_DEPTH = 64  # JSON objects and arrays nested deeper than any wire model needs
+
+
+def route_key(method: str, path: str) -> tuple[str, str]:
+    """``(METHOD, template)`` as ``ROUTE_ACCESS`` and the OpenAPI schema write it
+    (``{key:path}`` → ``{key}``)."""
+    return method.upper(), _CONVERTER.sub(r"{\1}", path)
+
+
+class BodyProblem(FlashRuntimeError, ValueError):
+    """A JSON body that parsed but cannot be accepted; ``loc`` is the path to the value."""
+
+    def __init__(self, loc: list[str | int], message: str, kind: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.kind = kind
+
+    def as_issue(self) -> dict[str, Any]:
+        return {"loc": ["body", *self.loc], "msg": str(self), "type": self.kind}
+
+
+def _walk_problem(value: Any) -> BodyProblem | None:
+    """The first value no stored record could render again: a non-finite number (NaN and
+    Infinity are not JSON, 1e999 overflows), a string that is not valid Unicode (a lone
+    surrogate), nesting beyond ``_MAX_DEPTH``. None if there is none."""
+    stack: list[tuple[Any, list[str | int]]] = [(value, [])]
+    while stack:
+        item, loc = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return BodyProblem(loc, f"{item} is not a finite number: JSON has no NaN or Infinity; send a finite "
+                                        "number, or null", "finite_number")
+        elif isinstance(item, str):
+            if not _encodable(item):
+                return BodyProblem(loc, "this string is not valid Unicode (it holds a lone surrogate); send UTF-8 "
+                                        "text", "unicode")
+        elif isinstance(item, (dict, list)):
+            if len(loc) >= _MAX_DEPTH:
+                return BodyProblem(loc, f"objects and arrays are nested more than {_MAX_DEPTH} deep", "too_deep")
+            if isinstance(item, dict):
+                for key, inner in reversed(list(item.items())):
+                    if not _encodable(key):
+                        return BodyProblem(loc, "a key of this object is not valid Unicode (it holds a lone "
+                                                "surrogate); send UTF-8 text", "unicode")
+                    stack.append((inner, [*loc, key]))
+            else:
+                stack.extend((inner, [*loc, index]) for index, inner in reversed(list(enumerate(item))))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def parse_strict_json(body: bytes) -> Any:
+    """``body`` parsed as strict JSON. Invalid JSON raises ``json.JSONDecodeError`` (FastAPI
+    answers 422); JSON that parses but holds a value no record could render again raises
+    ``BodyProblem`` naming where (see ``_walk_problem``)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise json.JSONDecodeError(f"the body is not UTF-8 ({exc.reason})", "", exc.start) from None
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise BodyProblem([], f"objects and arrays are nested more than {_MAX_DEPTH} deep", "too_deep") from None
+    problem = _walk_problem(value)
+    if problem is not None:
+        raise problem
+    return value
+
+
+class _StrictJSONRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            try:
+                self._json = parse_strict_json(await self.body())
+            except BodyProblem as problem:  # an HTTPException is the one kind FastAPI passes on as it is
+                raise HTTPException(422, [problem.as_issue()]) from None
+        return self._json
+
+
+class StrictJSONRoute(APIRoute):
+    """An ``APIRoute`` whose JSON bodies are parsed by ``parse_strict_json``."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(_StrictJSONRequest(request.scope, request.receive))
+
+        return strict
+
+
+class Guard:
+    """FastAPI dependencies for every route: ``caller`` (the identity, resolved once per
+    request) and ``check`` (rate limit, then the route's roles)."""
+
+    def __init__(self, coordinator: Any, *, rate_limiter: Any = None, metrics_public: bool = False) -> None:
+        self._coordinator = coordinator
+        self._authenticator = coordinator.authenticator
+        self._rate_limiter = rate_limiter
+        self._metrics_public = metrics_public
+
+    @property
+    def enforcing(self) -> bool:
+        return bool(self._authenticator.enforcing)
+
+    def access_of(self, request: Request) -> RouteAccess:
+        route = request.scope.get("route")
+        key = route_key(request.method, getattr(route, "path", request.url.path))
+        if key == ("HEAD", key[1]):
+            key = ("GET", key[1])
+        access = ROUTE_ACCESS.get(key)
+        if access is None:  # create_app refuses routes without a row, so only a bug gets here
+            raise AuthFailure(403, f"{key[0]} {key[1]} has no access rule")
+        if key == ("GET", "/metrics") and self._metrics_public:
+            return RouteAccess(frozenset(), access.scope)
+        return access
+
+    async def caller(self, request: Request) -> Identity:
+        """The caller's identity; 401 when tokens are configured and none valid was sent
+        on a route that needs one. Open routes resolve nobody."""
+        access = self.access_of(request)
+        if access.open:
+            return Identity(None, False)
+        return resolve_identity(
+            self._authenticator, request.headers.get("authorization"), request.headers.getlist(ON_BEHALF_OF_HEADER)
+        )
+
+    def dependency(self) -> Any:
+        """The router-level dependency: ``check`` with the identity from ``caller``."""
+
+        async def guard(request: Request, identity: Identity = Depends(self.caller)) -> None:
+            self.check(request, identity)
+
+        return Depends(guard)
+
+    def check(self, request: Request, identity: Identity) -> None:
+        access = self.access_of(request)
+        if access.open:
+            return
+        if self._rate_limiter is not None:
+            key = _limit_key(identity, request)
+            wait_s = self._rate_limiter.acquire(key)
+            if wait_s is not None:
+                raise RateLimited(wait_s)
+        require_role(identity, access.roles, enforcing=self.enforcing)
+
+
+def _limit_key(identity: Identity, request: Request) -> tuple[str, str]:
+    if identity.node_id is not None:
+        return ("node", identity.node_id)
+    if identity.role is not None:
+        return (identity.role.value, identity.name or "")
+    client = request.client
+    return ("address", client.host if client is not None else "")
+
+
+class RateLimited(AuthFailure):
+    """Too many requests from one credential: 429 with ``Retry-After``."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.retry_after_s = max(1, int(wait_s + 0.999))
+        super().__init__(429, f"too many requests from this credential; retry in {self.retry_after_s} s")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}

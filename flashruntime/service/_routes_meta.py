@@ -1,0 +1,67 @@
+"""Routes about the coordinator itself: health probes, Prometheus metrics, the OpenAPI
+schema and the dashboard page."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Response
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from flashruntime.protocol.api_v1alpha1 import Health
+from flashruntime.protocol.v1alpha1 import TaskState
+from flashruntime.service._coordinator import Coordinator
+from flashruntime.service._dashboard import DASHBOARD_HTML
+from flashruntime.service._http_guard import Guard, StrictJSONRoute
+from flashruntime.service._metrics import CONTENT_TYPE
+from flashruntime.service._openapi_docs import ERRORS
+
+__all__ = ["meta_router"]
+
+
+def meta_router(coordinator: Coordinator, guard: Guard, openapi: Callable[[], dict[str, Any]]) -> APIRouter:
+    router = APIRouter(route_class=StrictJSONRoute, dependencies=[guard.dependency()], responses=ERRORS)
+
+    def alive() -> JSONResponse:
+        return JSONResponse({"status": "ok", "profile": coordinator.settings.profile})
+
+    @router.get("/healthz", response_model=Health)
+    def healthz() -> JSONResponse:
+        return alive()
+
+    @router.get("/livez", response_model=Health)
+    def livez() -> JSONResponse:
+        return alive()
+
+    @router.get("/readyz", response_model=Health,
+                responses={503: {"model": Health, "description": "a database does not answer"}})
+    def readyz() -> JSONResponse:
+        problem = coordinator.readiness_problem()
+        if problem is not None:
+            return JSONResponse({"status": "unavailable", "profile": coordinator.settings.profile,
+                                 "detail": problem}, status_code=503)
+        return JSONResponse({"status": "ok", "profile": coordinator.settings.profile})
+
+    @router.get("/metrics", response_class=Response,
+                responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}},
+                                 "description": "Prometheus text exposition format 0.0.4"}})
+    def metrics() -> Response:
+        now = coordinator.now()
+        manager = coordinator.manager
+        counts = manager.store.counts()  # type: ignore[attr-defined]
+        tasks_by_state = {state.value: int(counts.get(state.value, 0)) for state in TaskState}
+        live = sum(1 for record in manager.store.leased()  # type: ignore[attr-defined]
+                   if record.active_lease is not None and record.active_lease.deadline > now)
+        nodes = coordinator.nodes.status_counts(manager.cordoned(now), now)
+        return Response(coordinator.metrics.render(tasks_by_state, live, nodes), media_type=CONTENT_TYPE)
+
+    @router.get("/openapi.json", include_in_schema=False)
+    def openapi_schema() -> JSONResponse:
+        return JSONResponse(openapi())
+
+    @router.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def dashboard() -> str:
+        return DASHBOARD_HTML
+
+    return router
