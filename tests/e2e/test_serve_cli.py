@@ -1,10 +1,12 @@
-"""``flashruntime serve`` as users start it, driven by the CLI's HTTP subcommands (SPEC §10)."""
+"""``flashruntime serve`` as users start it, driven by the CLI's HTTP subcommands."""
 
 from __future__ import annotations
 
 import json
+import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,50 @@ def test_serve_then_submit_status_events_cancel_and_a_clean_stop(tmp_path: Path)
     assert f"FlashRuntime coordinator on {url}" in out
     unreachable = _cli("status", job["job_id"], env=env)
     assert unreachable.returncode == 2
+
+
+def test_serve_over_tls_with_tokens_and_the_cli_with_its_token(tmp_path: Path) -> None:
+    """HTTPS from uvicorn's own TLS (``--ssl-certfile``/``--ssl-keyfile``), a certificate from a
+    throwaway CA; the CLI trusts that CA through SSL_CERT_FILE and sends ``--token`` or
+    FLASHML_TOKEN, and says what to do when it has no token."""
+    trustme = pytest.importorskip("trustme")
+    httpx = pytest.importorskip("httpx")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert_file, key_file, ca_file = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    ca.cert_pem.write_to_path(str(ca_file))
+    trusted = ssl.create_default_context(cafile=str(ca_file))
+    port = free_port()
+    url = f"https://127.0.0.1:{port}"
+    env = process_env(FLASHML_RUNTIME_API=url, FLASHML_SUBMITTER_TOKENS="alice:tok-alice", SSL_CERT_FILE=str(ca_file))
+    server = subprocess.Popen([sys.executable, "-m", "flashruntime.service.cli", "serve", "--port", str(port),
+                               "--data-dir", str(tmp_path / "data"), "--ssl-certfile", str(cert_file),
+                               "--ssl-keyfile", str(key_file)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None and time.monotonic() < deadline, "the TLS coordinator never became healthy"
+            try:
+                if httpx.get(f"{url}/healthz", verify=trusted, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)  # no plain HTTP on the TLS port
+        spec_file = tmp_path / "job.json"
+        spec_file.write_text(json.dumps(SPEC))
+        anonymous = _cli("submit-spec", str(spec_file), env=env)
+        assert anonymous.returncode == 1
+        assert "401" in anonymous.stderr and "pass --token or set FLASHML_TOKEN" in anonymous.stderr
+        submitted = _cli("submit-spec", str(spec_file), "--token", "tok-alice", env=env)
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = json.loads(submitted.stdout)["job_id"]
+        status = _cli("status", job_id, env={**env, "FLASHML_TOKEN": "tok-alice"})
+        assert status.returncode == 0 and json.loads(status.stdout)["submitted_by"]["name"] == "alice"
+    finally:
+        out = stop_process(server)
+    assert server.returncode == 0, out
+    assert f"FlashRuntime coordinator on {url}" in out

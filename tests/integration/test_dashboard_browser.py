@@ -72,3 +72,48 @@ def test_artifact_links_escape_hash_question_mark_and_percent_in_keys(browser: A
             fetched = httpx.get(href, timeout=10)
             assert (fetched.status_code, fetched.content) == (200, content), href
         assert not severe_log_entries(browser)
+
+
+def test_with_tokens_the_dashboard_shows_nothing_until_it_is_given_one(
+        browser: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from selenium.webdriver.common.by import By
+
+    monkeypatch.setenv("FLASHML_NODE_TOKENS", "node-a:tok-node")
+    monkeypatch.setenv("FLASHML_SUBMITTER_TOKENS", "alice:tok-alice")
+    monkeypatch.setenv("FLASHML_OPERATOR_TOKENS", "root:tok-root")
+
+    def rows(driver: Any, table: str) -> list[str]:
+        return [tr.text for tr in driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")]
+
+    def use_token(token: str) -> None:
+        field = browser.find_element(By.ID, "token")
+        field.clear()
+        field.send_keys(token)
+        browser.find_element(By.CSS_SELECTOR, "#auth button[type=submit]").click()
+
+    with serve_in_thread(settings_for(tmp_path / "data")) as url, httpx.Client(base_url=url, timeout=10) as api:
+        api.post("/v1alpha1/nodes/register", json=registration(), headers={"Authorization": "Bearer tok-node"})
+        job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=1),
+                          headers={"Authorization": "Bearer tok-alice"}).json()["job_id"]
+        browser.get(url + "/")
+        wait_for(browser, lambda d: "needs a token" in _text(d, "#status"), what="the request for a token")
+        assert rows(browser, "nodes") == [] and rows(browser, "jobs") == []
+        assert job_id not in browser.page_source
+
+        use_token("not-a-token")
+        wait_for(browser, lambda d: "this token is refused" in _text(d, "#status"), what="the refusal")
+        assert rows(browser, "jobs") == []
+
+        use_token("tok-alice")  # a submitter: its own jobs, but not the node list
+        wait_for(browser, lambda d: job_id in _text(d, "#jobs"), what="alice's job")
+        assert "needs an operator token" in _text(browser, "#nodes")
+
+        use_token("tok-root")
+        wait_for(browser, lambda d: "node-a" in _text(d, "#nodes"), what="the node list")
+        browser.find_element(By.CSS_SELECTOR, f'tr.job[data-job="{job_id}"]').click()
+        wait_for(browser, lambda d: "trial-000" in _text(d, "#tasks"), what="the job's tasks")
+        assert browser.execute_script("return sessionStorage.getItem('flashruntime-token')") == "tok-root"
+
+        browser.find_element(By.ID, "forget").click()
+        wait_for(browser, lambda d: "needs a token" in _text(d, "#status"), what="the token forgotten")
+        assert rows(browser, "jobs") == [] and rows(browser, "tasks") == []
