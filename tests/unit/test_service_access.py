@@ -242,3 +242,19 @@ def test_the_rate_limiter_allows_a_burst_then_the_rate_per_key() -> None:
     assert [limiter.acquire("a") for _ in range(5)].count(None) == 4  # refilled to the burst, no more
     with pytest.raises(ValueError, match="per_second must be a finite number > 0"):
         RateLimiter(0)
+
+
+def test_the_security_page_documents_exactly_the_access_table() -> None:
+    from tests._support import REPO_ROOT
+
+    text = (REPO_ROOT / "docs" / "security.md").read_text(encoding="utf-8")
+    section = text.split("## Every route", 1)[1].split("\n## ", 1)[0]
+    documented: dict[tuple[str, str], frozenset[str]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or not cells[0].startswith("`"):
+            continue
+        method, path = cells[0].strip("`").split(" ", 1)
+        roles = frozenset() if cells[1] == "open" else frozenset(r.strip() for r in cells[1].split(","))
+        documented[(method, path)] = roles
+    assert documented == {key: frozenset(role.value for role in access.roles) for key, access in ROUTE_ACCESS.items()}
