@@ -105,3 +105,12 @@ def test_serve_over_tls_with_tokens_and_the_cli_with_its_token(tmp_path: Path) -
         out = stop_process(server)
     assert server.returncode == 0, out
     assert f"FlashRuntime coordinator on {url}" in out
+
+
+def test_an_open_coordinator_on_every_interface_refuses_to_start_without_insecure(tmp_path: Path) -> None:
+    refused = subprocess.run([sys.executable, "-m", "flashruntime.service.cli", "serve", "--host", "0.0.0.0",
+                              "--port", str(free_port()), "--data-dir", str(tmp_path / "data")],
+                             env=process_env(), capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 2
+    assert "refusing to serve an open coordinator on 0.0.0.0" in refused.stderr and "--insecure" in refused.stderr
+    assert not (tmp_path / "data").exists()

@@ -140,14 +140,6 @@ def handle(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return _fail(f"{exc}; {SERVICE_HINT}")
 
-    ledger, artifacts = (path.expanduser().absolute() for path in resolve_paths(args.data_dir, env))
-    settings.ledger_path, settings.artifacts_dir = str(ledger), str(artifacts)
-    for directory in (ledger.parent, artifacts):
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            return _fail(f"cannot create directory {str(directory)!r}: {exc.strerror or exc}")
-
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         return _fail("--ssl-certfile and --ssl-keyfile go together: give both to serve HTTPS, or neither")
     tls = args.ssl_certfile is not None
@@ -170,6 +162,14 @@ def handle(args: argparse.Namespace) -> int:
     elif not tls and not is_loopback(args.host):
         print(f"WARNING: serving plain HTTP on {args.host}: tokens cross the network in clear text; serve HTTPS "
               "(--ssl-certfile/--ssl-keyfile) or put a TLS reverse proxy in front", file=sys.stderr, flush=True)
+
+    ledger, artifacts = (path.expanduser().absolute() for path in resolve_paths(args.data_dir, env))
+    settings.ledger_path, settings.artifacts_dir = str(ledger), str(artifacts)
+    for directory in (ledger.parent, artifacts):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return _fail(f"cannot create directory {str(directory)!r}: {exc.strerror or exc}")
 
     try:
         app = create_app(settings)
