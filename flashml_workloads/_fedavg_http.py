@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from flashruntime._http_text import error_detail, quote_key, quote_segment
+from flashruntime.client import error_detail, quote_key, quote_segment
 from flashruntime.errors import ArtifactNotFound
 
 _TIMEOUT_S = 60.0

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypedDict, TypeVar
 
 from flashml_workloads._fedavg_http import HttpCoordinator
 from flashml_workloads.fedavg_weights import apply_delta, decode, encode, reduce_deltas_with_report, require_finite
-from flashruntime._http_text import is_transient
+from flashruntime.client import is_transient
 from flashruntime.errors import ArtifactNotFound, CoordinatorUnavailable, QuorumNotMet
 
 __all__ = [

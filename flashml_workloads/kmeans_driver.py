@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from flashml_workloads._fedavg_http import HttpCoordinator
 from flashml_workloads.kmeans_shard import check_centroids
-from flashruntime._http_text import error_detail, is_transient, quote_key
+from flashruntime.client import error_detail, is_transient, quote_key
 
 __all__ = [
     "DEFAULT_IMAGE",

@@ -13,7 +13,7 @@ __version__ = "0.5.0"
 _LAZY: dict[str, tuple[str, str | None]] = {
     "plan": ("flashruntime.planner", "plan"),
     "render": ("flashruntime.planner", "render"),
-    "run": ("flashruntime._flash_run", "run"),
+    "run": ("flashruntime.local.flash_run", "run"),
     "PLANNER_VERSION": ("flashruntime.planner", "PLANNER_VERSION"),
     "PlanRequest": ("flashruntime.protocol.plan_v1alpha1", "PlanRequest"),
     "PlanReport": ("flashruntime.protocol.plan_v1alpha1", "PlanReport"),
@@ -24,7 +24,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "IndependentTasks": ("flashruntime.protocol.plan_v1alpha1", "IndependentTasks"),
     "Resources": ("flashruntime.protocol.plan_v1alpha1", "Resources"),
     "Objective": ("flashruntime.protocol.plan_v1alpha1", "Objective"),
-    "submit": ("flashruntime.sdk", "submit"),
+    "submit": ("flashruntime.local.submit", "submit"),
     "CommandWorkload": ("flashruntime.workloads.command", "CommandWorkload"),
     "OutputSpec": ("flashruntime.workloads.command", "OutputSpec"),
     "Source": ("flashruntime.workloads.command", "Source"),

@@ -42,7 +42,7 @@ def wait_healthy(url: str, timeout_s: float = 30.0, process: subprocess.Popen[An
 
 
 def settings_for(data_dir: Path, **overrides: Any) -> Any:
-    from flashruntime.service.settings import RuntimeSettings
+    from flashruntime.coordinator.settings import RuntimeSettings
 
     values: dict[str, Any] = {
         "ledger_path": str(data_dir / "flashruntime.db"),
@@ -58,7 +58,7 @@ def serve_in_thread(settings: Any) -> Iterator[str]:
     """Serve ``create_app(settings)`` until the block ends; yields the base URL."""
     import uvicorn
 
-    from flashruntime.service.app import create_app
+    from flashruntime.coordinator.app import create_app
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
@@ -74,7 +74,7 @@ def serve_in_thread(settings: Any) -> Iterator[str]:
 
 
 class CoordinatorProcess:
-    """``uvicorn --factory flashruntime.service.app:create_app`` in its own process."""
+    """``uvicorn --factory flashruntime.coordinator.app:create_app`` in its own process."""
 
     def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
@@ -90,7 +90,7 @@ class CoordinatorProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> CoordinatorProcess:
-        argv = [sys.executable, "-m", "uvicorn", "--factory", "flashruntime.service.app:create_app",
+        argv = [sys.executable, "-m", "uvicorn", "--factory", "flashruntime.coordinator.app:create_app",
                 "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
         self.process = subprocess.Popen(argv, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_healthy(self.url, process=self.process)
@@ -140,7 +140,7 @@ def run_worker(url: str, work_dir: Path, *options: str, max_tasks: int, timeout:
     """A real ``flashruntime worker`` process against ``url`` until it has taken ``max_tasks``
     tasks (then it exits by itself); ``timeout`` is a hang guard. → (exit code, its output)."""
     worker = subprocess.Popen(
-        [sys.executable, "-m", "flashruntime.service.cli", "--api", url, "worker", "--work-dir", str(work_dir),
+        [sys.executable, "-m", "flashruntime.cli", "--api", url, "worker", "--work-dir", str(work_dir),
          "--poll-seconds", "0.2", "--max-tasks", str(max_tasks), *options],
         env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

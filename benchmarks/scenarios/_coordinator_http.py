@@ -88,7 +88,7 @@ class ServeProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "flashruntime.service.cli", "serve", "--host", "127.0.0.1", "--port",
+        return [sys.executable, "-m", "flashruntime.cli", "serve", "--host", "127.0.0.1", "--port",
                 str(self.port), "--data-dir", str(self.data_dir), "--log-level", "warning"]
 
     def env(self) -> dict[str, str]:

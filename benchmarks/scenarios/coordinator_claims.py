@@ -126,7 +126,7 @@ def _http_drain(url: str, tasks: int, node_ids: list[str]) -> _Drain:
 def _node_views(node_ids: list[str]) -> dict[str, dict[str, Any]]:
     """The claim node view the coordinator builds from the same registrations."""
     from flashruntime.protocol.v1alpha1 import NodeRegistration
-    from flashruntime.service._nodes import NodeRegistry
+    from flashruntime.coordinator.nodes import NodeRegistry
 
     registry = NodeRegistry()
     for node_id in node_ids:
@@ -138,7 +138,7 @@ def _in_process_drain(work_dir: Path, sample: int, tasks: int, node_ids: list[st
     from flashruntime.leases import LeaseManager, SqliteLeaseStore
     from flashruntime.protocol.v1alpha1 import JobSpec
     from flashruntime.scheduler import IsolationAwarePlacement
-    from flashruntime.service.modea import expand_tasks
+    from flashruntime.coordinator.expansion import expand_tasks
 
     job_id = f"{sample:012x}"
     specs = expand_tasks(job_id, JobSpec.model_validate(http.job_spec(tasks, LEASE_SECONDS, name=JOB_NAME)))
@@ -183,7 +183,7 @@ def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
     missing = http.service_missing()
     if missing:
         return skipped_rows(NAME, SECTION, METRICS, missing)
-    from flashruntime.service.settings import RuntimeSettings
+    from flashruntime.coordinator.settings import RuntimeSettings
 
     samples = 1 if smoke else max(repeats, MIN_SAMPLES)
     tasks = SMOKE_TASKS if smoke else TASKS

@@ -23,7 +23,7 @@ def run(repeats: int, smoke: bool) -> list[dict]:
     for _ in range(samples):
         with tempfile.TemporaryDirectory(dir=base) as tmp:
             started = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "flashruntime.service.cli", "demo", "--output-dir", tmp],
+            done = subprocess.run([sys.executable, "-m", "flashruntime.cli", "demo", "--output-dir", tmp],
                                   capture_output=True, text=True, timeout=300, check=False)
             walls.append(time.perf_counter() - started)
             codes.append(done.returncode)

@@ -53,7 +53,7 @@ def run(repeats: int, smoke: bool) -> list[dict]:
     for index in range(pairs):
         with tempfile.TemporaryDirectory(dir=base) as tmp:
             bare_env = {**env, "FLASHML_OUTPUT_DIR": str(Path(tmp) / "bare"), "FLASHML_CKPT_DIR": str(Path(tmp) / "ck")}
-            ours_argv = [sys.executable, "-m", "flashruntime.service.cli", "submit", "--no-watch",
+            ours_argv = [sys.executable, "-m", "flashruntime.cli", "submit", "--no-watch",
                          "--output-dir", str(Path(tmp) / "ours"), " ".join(_torchrun(script_args))]
             order = ("bare", "ours") if index % 2 == 0 else ("ours", "bare")  # ABBA
             for which in order:

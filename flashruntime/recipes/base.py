@@ -2,7 +2,7 @@
 
 A recipe turns one job's ``workload.parameters`` into deterministic ``TaskSpec``s
 for the lease coordinator. Recipes register by ``kind`` (= ``workload.type``);
-``flashruntime.service.modea.expand_tasks`` consults the registry before its
+``flashruntime.coordinator.expansion.expand_tasks`` consults the registry before its
 built-in expansions.
 """
 

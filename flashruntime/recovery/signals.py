@@ -28,10 +28,13 @@ TORCHRUN_WRAPPER = "ChildFailedError"
 
 # A line (after any leading "[rank3]:" / "[default0]:" tags) that starts with a
 # deterministic exception name, optionally module-qualified, then ":" or end of line.
+# The name may come several times in a row: ranks of one torchrun job write the same
+# traceback to one stream at once, which interleaves them ("ModuleNotFoundErrorModule
+# NotFoundError: : No module named ...").
 _DETERMINISTIC_LINE = re.compile(
     r"^(?:\[[A-Za-z]+[0-9]+\]:[ \t]*)*"
     r"(?:[A-Za-z_][A-Za-z0-9_]*\.)*"
-    r"(" + "|".join(DETERMINISTIC_EXCEPTIONS) + r")"
+    r"(" + "|".join(DETERMINISTIC_EXCEPTIONS) + r")(?:\1)*"
     r"(?::|$)",
     re.MULTILINE,
 )

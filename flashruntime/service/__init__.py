@@ -1,5 +1,8 @@
-"""Surfaces: the ``flashruntime`` CLI, the coordinator service (extra ``service``) and the worker agent.
+"""Compatibility import paths of the coordinator, the worker and the CLI.
 
-Only ``flashruntime.service.app`` needs the ``service`` extra; everything else here
-imports with the standard library and pydantic.
+The code lives in ``flashruntime.coordinator``, ``flashruntime.agent`` and
+``flashruntime.cli``; each module here re-exports the public names that code written
+for earlier releases imports (``flashruntime.service.app``, ``.auth``, ``.modea``,
+``.ledger``, ``.settings``, ``.checkpoints``, ``.worker``, ``.cli``), the same objects.
+Only ``.app`` needs the ``service`` extra.
 """

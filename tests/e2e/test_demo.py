@@ -17,7 +17,7 @@ HANG_GUARD_S = 120
 
 def _demo(*args: str) -> tuple[int, dict]:
     result = run_core_only(
-        "from flashruntime.service.cli import main\n"
+        "from flashruntime.cli.dispatch import main\n"
         f"raise SystemExit(main(['demo', '--json', *{list(args)!r}]))\n",
         timeout=HANG_GUARD_S,
     )
@@ -51,7 +51,7 @@ def test_demo_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
 
 def test_demo_human_output(tmp_path: Path) -> None:
     result = run_core_only(
-        "from flashruntime.service.cli import main\n"
+        "from flashruntime.cli.dispatch import main\n"
         f"raise SystemExit(main(['demo', '--output-dir', {str(tmp_path)!r}]))\n",
         timeout=HANG_GUARD_S,
     )
@@ -63,7 +63,7 @@ def test_demo_human_output(tmp_path: Path) -> None:
 
 def test_demo_ddp_without_torch_says_how_to_get_it(tmp_path: Path) -> None:
     result = run_core_only(
-        "from flashruntime.service.cli import main\n"
+        "from flashruntime.cli.dispatch import main\n"
         f"raise SystemExit(main(['demo', '--ddp', '--output-dir', {str(tmp_path)!r}]))\n",
         timeout=HANG_GUARD_S,
     )
@@ -77,7 +77,7 @@ def test_demo_refuses_a_directory_that_already_holds_a_run(tmp_path: Path) -> No
     assert code == 0
     before = sorted(path.name for path in tmp_path.rglob("*"))
     result = run_core_only(
-        "from flashruntime.service.cli import main\n"
+        "from flashruntime.cli.dispatch import main\n"
         f"raise SystemExit(main(['demo', '--output-dir', {str(tmp_path)!r}]))\n",
         timeout=HANG_GUARD_S,
     )

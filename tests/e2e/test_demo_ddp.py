@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 def test_demo_ddp_recovers_and_resumes(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    done = subprocess.run([sys.executable, "-m", "flashruntime.service.cli", "demo", "--ddp", "--json",
+    done = subprocess.run([sys.executable, "-m", "flashruntime.cli", "demo", "--ddp", "--json",
                            "--output-dir", str(tmp_path)], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)

@@ -31,7 +31,7 @@ def test_three_rounds_over_a_real_coordinator_and_workers_match_centralized(tmp_
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = process_env(OMP_NUM_THREADS="1")
-    cli = [sys.executable, "-m", "flashruntime.service.cli"]
+    cli = [sys.executable, "-m", "flashruntime.cli"]
     server = subprocess.Popen([*cli, "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     workers: list[subprocess.Popen[str]] = []

@@ -50,7 +50,7 @@ def test_three_iterations_over_a_real_coordinator_and_two_workers_match_local_ll
         try:
             for node in WORKERS:
                 workers.append(subprocess.Popen(
-                    [sys.executable, "-m", "flashruntime.service.cli", "--api", url, "worker", "--node-id", node,
+                    [sys.executable, "-m", "flashruntime.cli", "--api", url, "worker", "--node-id", node,
                      "--work-dir", str(tmp_path / node), "--poll-seconds", "0.2"],
                     env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
             deadline = time.monotonic() + 60

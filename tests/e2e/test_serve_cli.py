@@ -23,7 +23,7 @@ SPEC = {"apiVersion": "flashml.dev/v1alpha1", "kind": "Job", "metadata": {"name"
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flashruntime.service.cli", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "flashruntime.cli", *args], env=env, capture_output=True,
                           text=True, timeout=120, check=False)
 
 
@@ -31,7 +31,7 @@ def test_serve_then_submit_status_events_cancel_and_a_clean_stop(tmp_path: Path)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = process_env(FLASHML_RUNTIME_API=url)
-    server = subprocess.Popen([sys.executable, "-m", "flashruntime.service.cli", "serve", "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "flashruntime.cli", "serve", "--port", str(port),
                                "--data-dir", str(tmp_path / "data")], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:
@@ -76,7 +76,7 @@ def test_serve_over_tls_with_tokens_and_the_cli_with_its_token(tmp_path: Path) -
     port = free_port()
     url = f"https://127.0.0.1:{port}"
     env = process_env(FLASHML_RUNTIME_API=url, FLASHML_SUBMITTER_TOKENS="alice:tok-alice", SSL_CERT_FILE=str(ca_file))
-    server = subprocess.Popen([sys.executable, "-m", "flashruntime.service.cli", "serve", "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "flashruntime.cli", "serve", "--port", str(port),
                                "--data-dir", str(tmp_path / "data"), "--ssl-certfile", str(cert_file),
                                "--ssl-keyfile", str(key_file)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
@@ -108,7 +108,7 @@ def test_serve_over_tls_with_tokens_and_the_cli_with_its_token(tmp_path: Path) -
 
 
 def test_an_open_coordinator_on_every_interface_refuses_to_start_without_insecure(tmp_path: Path) -> None:
-    refused = subprocess.run([sys.executable, "-m", "flashruntime.service.cli", "serve", "--host", "0.0.0.0",
+    refused = subprocess.run([sys.executable, "-m", "flashruntime.cli", "serve", "--host", "0.0.0.0",
                               "--port", str(free_port()), "--data-dir", str(tmp_path / "data")],
                              env=process_env(), capture_output=True, text=True, timeout=120, check=False)
     assert refused.returncode == 2

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from flashruntime.service import cli
-from flashruntime.service.commands import _api
+from flashruntime.cli import dispatch as cli
+from flashruntime.cli import _api
 from tests._support import run_core_only
 
-JOBS_MODULE = "flashruntime.service.commands.jobs"
+JOBS_MODULE = "flashruntime.cli.jobs"
 RECORD = {"job_id": "0123456789ab", "name": "sweep-a", "state": "RUNNING", "backend": "leases"}
 SPEC = {
     "apiVersion": "flashml.dev/v1alpha1",
@@ -124,7 +124,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def run_cli(monkeypatch: pytest.MonkeyPatch) -> Callable[..., int]:
-    """``flashruntime.service.cli.main`` with the jobs module registered (once)."""
+    """``flashruntime.cli.dispatch.main`` with the jobs module registered (once)."""
     modules = tuple(m for m in cli.COMMAND_MODULES if m != JOBS_MODULE) + (JOBS_MODULE,)
     monkeypatch.setattr(cli, "COMMAND_MODULES", modules)
     return lambda *argv: cli.main(list(argv))
@@ -380,7 +380,7 @@ def test_http_commands_work_with_the_core_install_only(fake: FakeCoordinator, tm
     fake.routes[("GET", "/v1alpha1/jobs/j1")] = (200, RECORD)
     spec = _write(tmp_path, "job.yaml", SPEC_YAML)
     code = (
-        "from flashruntime.service import cli\n"
+        "from flashruntime.cli import dispatch as cli\n"
         f"cli.COMMAND_MODULES = tuple(m for m in cli.COMMAND_MODULES if m != {JOBS_MODULE!r}) + ({JOBS_MODULE!r},)\n"
         f"status = cli.main(['--api', {fake.url!r}, 'status', 'j1'])\n"
         f"yaml_spec = cli.main(['--api', {fake.url!r}, 'submit-spec', {str(spec)!r}])\n"

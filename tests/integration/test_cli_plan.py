@@ -19,7 +19,7 @@ EXAMPLE_YAML = REPO_ROOT / "examples" / "plan-qwen7b-lora.yaml"
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flashruntime.service.cli", "plan", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "flashruntime.cli", "plan", *args], capture_output=True,
                           text=True, cwd=cwd or REPO_ROOT, timeout=120, check=False)
 
 
@@ -105,7 +105,7 @@ def test_yaml_without_pyyaml_exits_2_with_the_install_hint() -> None:
     code = blocking_prelude(refuse=("yaml",)) + (
         "import runpy\n"
         f"sys.argv = ['flashruntime', 'plan', {str(EXAMPLE_YAML)!r}]\n"
-        "runpy.run_module('flashruntime.service.cli', run_name='__main__')\n"
+        "runpy.run_module('flashruntime.cli.dispatch', run_name='__main__')\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             check=False)
@@ -136,7 +136,7 @@ def test_plan_into_a_closed_pipe_exits_1_without_a_traceback() -> None:
     os.close(read_end)  # the reader (| head -1) is gone before the report is printed
     try:
         for output in ((), ("--json",)):
-            result = subprocess.run([sys.executable, "-m", "flashruntime.service.cli", "plan", str(EXAMPLE_JSON),
+            result = subprocess.run([sys.executable, "-m", "flashruntime.cli", "plan", str(EXAMPLE_JSON),
                                      *output], stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
                                     timeout=120, check=False)
             assert (result.returncode, result.stderr) == (1, "")
@@ -155,7 +155,7 @@ def test_a_warning_into_a_closed_stderr_stops_nothing(tmp_path: Path) -> None:
     os.close(read_end)
     try:
         with (tmp_path / "report.json").open("w") as report:
-            result = subprocess.run([sys.executable, "-m", "flashruntime.service.cli", "plan", str(misspelt), "--json"],
+            result = subprocess.run([sys.executable, "-m", "flashruntime.cli", "plan", str(misspelt), "--json"],
                                     stdout=report, stderr=write_end, cwd=REPO_ROOT, timeout=120, check=False)
     finally:
         os.close(write_end)
@@ -166,7 +166,7 @@ def test_a_warning_into_a_closed_stderr_stops_nothing(tmp_path: Path) -> None:
 def test_plan_with_stdout_closed_from_the_start_exits_as_usual() -> None:
     """fd 1 closed before the process starts (``>&-``, some supervisors): Python sets
     sys.stdout to None and print() writes nothing; the exit code is the command's own."""
-    result = subprocess.run(["bash", "-c", 'exec "$@" >&-', "_", sys.executable, "-m", "flashruntime.service.cli",
+    result = subprocess.run(["bash", "-c", 'exec "$@" >&-', "_", sys.executable, "-m", "flashruntime.cli",
                              "plan", str(EXAMPLE_JSON)], stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
                             timeout=120, check=False)
     assert (result.returncode, result.stderr) == (0, "")

@@ -28,7 +28,7 @@ def test_progress_line_on_a_tty(tmp_path: Path) -> None:
     primary, secondary = pty.openpty()
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "flashruntime.service.cli", "submit", f"{sys.executable} {script}",
+        [sys.executable, "-m", "flashruntime.cli", "submit", f"{sys.executable} {script}",
          "--output-dir", str(tmp_path / "out"), "--no-watch"],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=secondary, env=env,
     )

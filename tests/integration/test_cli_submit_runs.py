@@ -14,7 +14,7 @@ PY = sys.executable
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "flashruntime.service.cli", *args], capture_output=True, text=True,
+    return subprocess.run([PY, "-m", "flashruntime.cli", *args], capture_output=True, text=True,
                           cwd=cwd or REPO_ROOT, timeout=120, check=False)
 
 
@@ -41,7 +41,7 @@ def test_submit_json_with_watch_keeps_stdout_one_json_object(tmp_path: Path) -> 
 
     env = {**os.environ, "BROWSER": "true"}  # webbrowser.open runs `true <url>`: nothing opens
     result = subprocess.run(
-        [PY, "-m", "flashruntime.service.cli", "submit", f"{PY} -c pass", "--output-dir", str(tmp_path),
+        [PY, "-m", "flashruntime.cli", "submit", f"{PY} -c pass", "--output-dir", str(tmp_path),
          "--json", "--watch"],
         capture_output=True, text=True, cwd=REPO_ROOT, timeout=120, check=False, env=env,
     )
@@ -95,7 +95,7 @@ def _with_stdout_closed(*args: str) -> subprocess.CompletedProcess[str]:
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        return subprocess.run([PY, "-m", "flashruntime.service.cli", *args], stdout=write_end, stderr=subprocess.PIPE,
+        return subprocess.run([PY, "-m", "flashruntime.cli", *args], stdout=write_end, stderr=subprocess.PIPE,
                               text=True, cwd=REPO_ROOT, timeout=120, check=False)
     finally:
         os.close(write_end)
@@ -186,7 +186,7 @@ def test_view_serves_a_finished_run_until_sigterm(tmp_path: Path) -> None:
     (src / "t.py").write_text("print('from the run')")
     out = tmp_path / "out"
     assert _cli("submit", f"{PY} t.py", "--source", str(src), "--output-dir", str(out), "--no-watch").returncode == 0
-    viewer = subprocess.Popen([PY, "-m", "flashruntime.service.cli", "view", str(out), "--no-open"],
+    viewer = subprocess.Popen([PY, "-m", "flashruntime.cli", "view", str(out), "--no-open"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
     try:
         line = viewer.stdout.readline()  # type: ignore[union-attr]

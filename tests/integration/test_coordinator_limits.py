@@ -163,7 +163,7 @@ def test_each_credential_is_held_to_its_rate(tmp_path: Path, monkeypatch: pytest
 
 
 def test_tokens_configured_mean_a_rate_limit_by_default_and_open_mode_none(tmp_path: Path) -> None:
-    from flashruntime.service.settings import DEFAULT_RATE_LIMIT
+    from flashruntime.coordinator.settings import DEFAULT_RATE_LIMIT
 
     settings = settings_for(tmp_path / "data")
     assert settings.rate_limit_for(enforcing=True) == DEFAULT_RATE_LIMIT

@@ -168,7 +168,7 @@ def test_sigterm_to_the_submit_cli_settles_the_run_then_ends_the_cli(tmp_path: P
     src, out = tmp_path / "src", tmp_path / "out"
     src.mkdir()
     (src / "sleeper.py").write_text(SLEEPER)
-    cli = subprocess.Popen([PY, "-m", "flashruntime.service.cli", "submit", f"{PY} sleeper.py", "--source", str(src),
+    cli = subprocess.Popen([PY, "-m", "flashruntime.cli", "submit", f"{PY} sleeper.py", "--source", str(src),
                             "--output-dir", str(out), "--no-watch"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
     try:
@@ -415,7 +415,7 @@ def test_an_attempt_launched_while_the_main_thread_holds_the_runs_lock_is_never_
 # A signal lands while run.json is being written with the attempt's end or the run's end (the
 # write wrapped to send it then): the record is made once, and the file ends as the run did.
 SIGNAL_DURING_THE_WRITE = PRELUDE + """
-from flashruntime._run import Run
+from flashruntime.local.run import Run
 write = Run._write
 fired = []
 def _write(self):

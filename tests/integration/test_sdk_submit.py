@@ -379,7 +379,7 @@ def test_a_cancel_after_the_last_attempt_ended_names_no_stopped_attempt(
     attempt stopped by itself, so RUN_CANCELLED is the plain "run cancelled" (SPEC §5.4)."""
     import threading
 
-    from flashruntime import sdk
+    from flashruntime.local import submit as sdk
 
     collecting, cancelled = threading.Event(), threading.Event()
     collect = sdk._collect_outputs

@@ -410,7 +410,7 @@ def test_join_code_gates_registration(tmp_path: Path) -> None:
 
 
 def test_required_auth_without_tokens_refuses_to_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flashruntime.service.app import create_app
+    from flashruntime.coordinator.app import create_app
 
     monkeypatch.setenv("FLASHML_REQUIRE_NODE_AUTH", "1")
     monkeypatch.delenv("FLASHML_NODE_TOKENS", raising=False)
@@ -453,7 +453,7 @@ def test_a_lease_survives_a_kill9_of_the_coordinator(tmp_path: Path) -> None:
 
 
 def test_importing_the_app_module_has_no_side_effects_and_app_is_built_on_access(tmp_path: Path) -> None:
-    """SPEC §9.1: ``flashruntime.service.app.app`` is built lazily (once), or is None with
+    """SPEC §9.1: ``flashruntime.coordinator.app.app`` is built lazily (once), or is None with
     ``FLASHML_SERVICE_AUTOINIT=0``; the import alone creates nothing."""
     import subprocess
     import sys
@@ -461,7 +461,7 @@ def test_importing_the_app_module_has_no_side_effects_and_app_is_built_on_access
     from tests.service_server import process_env
 
     code = (
-        "import pathlib, sys; import flashruntime.service.app as m; d = pathlib.Path(sys.argv[1]);"
+        "import pathlib, sys; import flashruntime.coordinator.app as m; d = pathlib.Path(sys.argv[1]);"
         "assert not d.exists(), 'import created files'; a = m.app; assert a is m.app;"
         "print(type(a).__name__, d.joinpath('flashruntime.db').exists(), d.joinpath('leases.db').exists())"
     )

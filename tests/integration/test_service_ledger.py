@@ -20,7 +20,7 @@ from flashruntime.protocol.v1alpha1 import (
     JobSpec,
     JobState,
 )
-from flashruntime.service.ledger import Ledger
+from flashruntime.coordinator.ledger import Ledger
 from tests._support import run_core_only
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -355,7 +355,7 @@ def test_wrong_types_are_type_errors_and_change_nothing(ledger: Ledger) -> None:
 def test_auth_and_ledger_import_with_only_the_core(tmp_path: Path) -> None:
     result = run_core_only(
         "import sys\n"
-        "import flashruntime.service.auth as auth, flashruntime.service.ledger as ledger\n"
+        "import flashruntime.coordinator.auth as auth, flashruntime.coordinator.ledger as ledger\n"
         f"led = ledger.Ledger({str(tmp_path / 'core.db')!r})\n"
         "print(led.list_jobs(), type(auth.authenticator_from_env({})).__name__)\n"
         "print(sorted(m for m in ('fastapi', 'uvicorn', 'httpx', 'starlette', 'yaml', 'psutil') if m in sys.modules))\n",

@@ -249,7 +249,7 @@ def test_a_duplicate_complete_racing_the_first_counts_and_records_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from flashruntime.protocol.v1alpha1 import CompleteRequest, EventType, JobSpec, NodeRegistration
-    from flashruntime.service._coordinator import Coordinator
+    from flashruntime.coordinator.core import Coordinator
 
     for name in ("FLASHML_NODE_TOKENS", "FLASHML_OPERATOR_TOKENS"):
         monkeypatch.delenv(name, raising=False)

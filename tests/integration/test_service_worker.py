@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 
 from flashruntime.protocol.v1alpha1 import Lease, utcnow
-from flashruntime.service._worker_inputs import TaskRefused, extract_archive
-from flashruntime.service._worker_run import heartbeat_interval
-from flashruntime.service.commands import worker as worker_command
-from flashruntime.service.worker import WorkerAgent, WorkerTiming
+from flashruntime.agent.inputs import TaskRefused, extract_archive
+from flashruntime.agent.lease_run import heartbeat_interval
+from flashruntime.agent import command as worker_command
+from flashruntime.cli import worker as worker_cli
+from flashruntime.agent.worker import WorkerAgent, WorkerTiming
 from tests._support import pid_alive, run_core_only
 from tests.worker_fake_coordinator import FakeCoordinator
 
@@ -409,7 +410,7 @@ def test_max_tasks_stops_the_claim_loop(coordinator, tmp_path):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flashruntime")
     parser.add_argument("--api", default=None)
-    worker_command.register(parser.add_subparsers(dest="command"))
+    worker_cli.register(parser.add_subparsers(dest="command"))
     return parser
 
 
@@ -471,7 +472,7 @@ def test_cli_unreachable_coordinator_exits_2_and_bad_runner_is_a_usage_error(tmp
 
 def test_worker_imports_and_registers_with_the_standard_library_only():
     result = run_core_only(
-        "import sys, flashruntime.service.worker as w, flashruntime.service.commands.worker\n"
+        "import sys, flashruntime.agent.worker as w, flashruntime.cli.worker\n"
         "reg = w.WorkerAgent('http://127.0.0.1:1', node_id='n').registration()\n"
         "assert reg.capabilities.cpu_cores and reg.capabilities.memory_bytes, reg\n"
         "print(sorted(m for m in ('fastapi', 'uvicorn', 'httpx', 'psutil', 'yaml', 'torch') if m in sys.modules))\n"

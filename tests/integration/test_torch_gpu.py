@@ -99,7 +99,7 @@ def test_worker_registration_reports_every_visible_gpu(gpus: int) -> None:
     coordinator's GPU gate can place ``gpus`` tasks on this machine."""
     import torch
 
-    from flashruntime.service.worker import WorkerAgent
+    from flashruntime.agent.worker import WorkerAgent
 
     capabilities = WorkerAgent("http://127.0.0.1:9", node_id="gpu-box").registration().capabilities
     assert len(capabilities.gpus) == torch.cuda.device_count()

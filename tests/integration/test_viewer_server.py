@@ -116,7 +116,7 @@ def test_submit_with_watch_serves_the_run_it_started(tmp_path: Path, capsys: pyt
     import webbrowser
 
     import flashruntime as flash
-    from flashruntime import sdk
+    from flashruntime.local import submit as sdk
 
     opened: list[str] = []
     monkeypatch.setattr(webbrowser, "open", opened.append)

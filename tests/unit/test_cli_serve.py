@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from flashruntime.errors import AuthConfigError
-from flashruntime.service.commands import serve
-from flashruntime.service.settings import RuntimeSettings
+from flashruntime.cli import serve
+from flashruntime.coordinator.settings import RuntimeSettings
 
 ENV_NAMES = ("FLASHML_LEDGER_PATH", "FLASHML_LOCAL_ARTIFACTS_DIR", "FLASHML_MAX_ARTIFACT_MB", "FLASHML_SWEEP_INTERVAL_S",
              "FLASHML_STANDARD_NODE_SELECTOR", "FLASHML_SANDBOX_NODE_SELECTOR", "FLASHML_PROFILE",
@@ -72,9 +72,9 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeApp:
         fake.run(app, **kwargs)
 
     monkeypatch.setattr(uvicorn, "run", run)
-    app_module = types.ModuleType("flashruntime.service.app")
+    app_module = types.ModuleType("flashruntime.coordinator.app")
     app_module.create_app = fake.create_app  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "flashruntime.service.app", app_module)
+    monkeypatch.setitem(sys.modules, "flashruntime.coordinator.app", app_module)
     return fake
 
 
@@ -244,7 +244,7 @@ def test_missing_service_extra_exits_2_with_the_install_hint(
     # `import name` raise ImportError); without fastapi, importing the app module fails.
     monkeypatch.setitem(sys.modules, missing, None)
     if missing == "fastapi":
-        monkeypatch.setitem(sys.modules, "flashruntime.service.app", None)
+        monkeypatch.setitem(sys.modules, "flashruntime.coordinator.app", None)
     assert serve.handle(_args("--data-dir", str(tmp_path / "d"))) == 2
     assert "install the service extra: pip install 'flashruntime[service]'" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()

@@ -12,7 +12,7 @@ import pytest
 
 from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LocalProcessLauncher
-from flashruntime.service.commands.demo import demo_workload
+from flashruntime.cli.demo import demo_workload
 from flashruntime.strategies.command import compile_workload
 
 

@@ -53,11 +53,11 @@ def test_docstring_draws_the_tree() -> None:
 # attempt, a fused lease transition handing its case to the general path inside the
 # method), and the simulated crash a task module raises as ``SystemExit``.
 _OUTSIDE_THE_FAMILY = {
-    "flashruntime._run_guard._Terminated",
+    "flashruntime.local.guard._Terminated",
     "flashruntime.leases._memory_fast._TakeGeneralPath",
-    "flashruntime.service._worker_run._LeaseLost",
-    "flashruntime.service.commands.plan._RequestError",
-    "flashruntime.service.commands.serve._Terminated",
+    "flashruntime.agent.lease_run._LeaseLost",
+    "flashruntime.cli.plan._RequestError",
+    "flashruntime.cli.serve._Terminated",
     "flashml_workloads.sgd_trainer.SimulatedCrash",
 }
 
@@ -76,8 +76,8 @@ def test_every_exception_the_project_defines_is_rooted() -> None:
     unrooted: list[str] = []
     for package in (flashruntime, flashml_workloads):
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-            if info.name == "flashruntime.service.app":
-                continue  # importing it is fine, but its lazy ``app`` is not this test's business
+            if info.name == "flashruntime.coordinator.app" or info.name.endswith(".__main__"):
+                continue  # a lazy ``app`` and the ``python -m`` entry points are not this test's business
             module = importlib.import_module(info.name)
             for name, value in vars(module).items():
                 if not (inspect.isclass(value) and issubclass(value, BaseException)):
@@ -88,5 +88,5 @@ def test_every_exception_the_project_defines_is_rooted() -> None:
                 found.append(qualified)
                 if not issubclass(value, errors.FlashRuntimeError) and qualified not in _OUTSIDE_THE_FAMILY:
                     unrooted.append(qualified)
-    assert "flashruntime.service._artifacts.BadArtifactKey" in found  # the walk reaches the service
+    assert "flashruntime.coordinator.artifacts.BadArtifactKey" in found  # the walk reaches the service
     assert unrooted == [], f"exceptions outside FlashRuntimeError: {unrooted}"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import flashruntime as flash
-from flashruntime._flash_run import (
+from flashruntime.local.flash_run import (
     coordinated_workload,
     independent_jobspec,
     plan_workload,

@@ -50,3 +50,13 @@ def test_large_log_tail_is_scanned_quickly() -> None:
     log = noise[: 1 << 20] + "\n[rank3]: ImportError: cannot import name 'foo'\n"
     assert from_local_launch(1, log).exit_deterministic is True
     assert from_local_launch(1, noise[: 1 << 20]).exit_deterministic is False
+
+
+def test_a_deterministic_error_interleaved_by_two_ranks_is_still_deterministic() -> None:
+    """Two torchrun ranks print the same traceback to one stream at once."""
+    tail = ("Traceback (most recent call last):\nTraceback (most recent call last):\n"
+            "ModuleNotFoundErrorModuleNotFoundError: : No module named 'x'No module named 'x'\n"
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n")
+    assert from_local_launch(1, tail).exit_deterministic is True
+    assert describe_launch(1, tail) == "ModuleNotFoundError at line start"
+    assert from_local_launch(1, "ModuleNotFoundErrorish: no\nChildFailedError").exit_deterministic is False

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from flashruntime.protocol.v1alpha1 import SubmittedBy
-from flashruntime.service.access import (
+from flashruntime.coordinator.access import (
     ROUTE_ACCESS,
     LiveLease,
     artifact_read_allowed,
@@ -17,7 +17,7 @@ from flashruntime.service.access import (
     checkpoint_read_allowed,
     owns_job,
 )
-from flashruntime.service.auth import (
+from flashruntime.coordinator.auth import (
     AuthConfigError,
     AuthFailure,
     Credential,
@@ -187,7 +187,7 @@ def test_checkpoint_reads() -> None:
     ("alice", "does not say who submitted its job"),
 ])
 def test_a_worker_with_a_token_runs_only_granted_commands(stamp: object, problem: str | None) -> None:
-    from flashruntime.service._worker_run import code_grant_problem
+    from flashruntime.agent.lease_run import code_grant_problem
 
     payload = {"argv": ["true"]} if stamp is None else {"argv": ["true"], "submitted_by": stamp}
     found = code_grant_problem(payload)
@@ -207,7 +207,7 @@ def test_a_worker_with_a_token_runs_only_granted_commands(stamp: object, problem
 ])
 def test_strict_json_names_where_the_problem_is(body: bytes, loc: list[object], words: str) -> None:
     pytest.importorskip("fastapi")
-    from flashruntime.service._http_guard import BodyProblem, parse_strict_json
+    from flashruntime.coordinator.guard import BodyProblem, parse_strict_json
 
     with pytest.raises(BodyProblem) as info:
         parse_strict_json(body)
@@ -218,7 +218,7 @@ def test_strict_json_names_where_the_problem_is(body: bytes, loc: list[object], 
 
 def test_strict_json_passes_ordinary_json_and_refuses_broken_json() -> None:
     pytest.importorskip("fastapi")
-    from flashruntime.service._http_guard import parse_strict_json
+    from flashruntime.coordinator.guard import parse_strict_json
 
     value = {"a": [1, 2.5, "\U0001f600", None, {"b": True}]}  # sent as an escaped surrogate pair
     assert parse_strict_json(json.dumps(value).encode()) == value
@@ -229,7 +229,7 @@ def test_strict_json_passes_ordinary_json_and_refuses_broken_json() -> None:
 
 
 def test_the_rate_limiter_allows_a_burst_then_the_rate_per_key() -> None:
-    from flashruntime.service._rate_limit import RateLimiter
+    from flashruntime.coordinator.rate_limit import RateLimiter
 
     now = [0.0]
     limiter = RateLimiter(2.0, clock=lambda: now[0])  # 2 per second, bursts of 4

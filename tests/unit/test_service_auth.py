@@ -7,8 +7,8 @@ import hmac
 import pytest
 
 from flashruntime import errors
-from flashruntime.service import auth
-from flashruntime.service.auth import (
+from flashruntime.coordinator import auth
+from flashruntime.coordinator.auth import (
     AuthConfigError,
     AuthFailure,
     Identity,

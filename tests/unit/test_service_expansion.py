@@ -16,8 +16,8 @@ from flashruntime.protocol import v1alpha1 as p
 from flashruntime.protocol.v1alpha1 import JobSpec, NodeCapabilities, TaskSpec
 from flashruntime.recipes import WorkloadRecipe, base, register_recipe
 from flashruntime.scheduler import IsolationAwarePlacement
-from flashruntime.service import modea
-from flashruntime.service.modea import (
+from flashruntime.coordinator import expansion as modea
+from flashruntime.coordinator.expansion import (
     ALLOWED_TASK_MODULES,
     FEDAVG_DRIVER_SUPPLIED_KEYS,
     FEDAVG_WORKER_PARAM_KEYS,
@@ -106,7 +106,7 @@ def test_fedavg_key_tuples_cover_exactly_what_the_worker_reads() -> None:
 
 def test_modea_imports_with_stdlib_and_pydantic_only_and_registers_command() -> None:
     code = (
-        "import flashruntime.service.modea\n"
+        "import flashruntime.coordinator.expansion\n"
         "from flashruntime.recipes import recipe_for\n"
         "print(type(recipe_for('command')).__name__)\n"
     )

@@ -18,17 +18,17 @@ from flashruntime.protocol.v1alpha1 import (
     NodeHeartbeat,
     NodeRegistration,
 )
-from flashruntime.service._artifacts import (
+from flashruntime.coordinator.artifacts import (
     ArtifactConflict,
     ArtifactStore,
     ArtifactTooLarge,
     BadArtifactKey,
     check_key,
 )
-from flashruntime.service._lease_jobs import derived_state, refreshed
-from flashruntime.service._metrics import Metrics
-from flashruntime.service._nodes import ONLINE_WINDOW_S, NodeRegistry
-from flashruntime.service.settings import RuntimeSettings, parse_selector
+from flashruntime.coordinator.lease_jobs import derived_state, refreshed
+from flashruntime.coordinator.metrics import Metrics
+from flashruntime.coordinator.nodes import ONLINE_WINDOW_S, NodeRegistry
+from flashruntime.coordinator.settings import RuntimeSettings, parse_selector
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
@@ -225,7 +225,7 @@ def test_metrics_render_prometheus_text() -> None:
 
 
 def test_dashboard_is_self_contained_and_polls_the_documented_routes() -> None:
-    from flashruntime.service._dashboard import DASHBOARD_HTML
+    from flashruntime.coordinator.dashboard import DASHBOARD_HTML
     from flashruntime.viewer.page import TOKENS
 
     assert "http://" not in DASHBOARD_HTML and "https://" not in DASHBOARD_HTML and " src=" not in DASHBOARD_HTML

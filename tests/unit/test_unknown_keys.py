@@ -12,7 +12,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from flashruntime.protocol.plan_v1alpha1 import PlanRequest
 from flashruntime.protocol.v1alpha1 import JobSpec
-from flashruntime.service.commands._unknown_keys import UnknownKey, unknown_keys, warning_lines
+from flashruntime.cli._unknown_keys import UnknownKey, unknown_keys, warning_lines
 
 
 class Leaf(BaseModel):

@@ -10,6 +10,17 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 
+from flashruntime.coordinator.access import (
+    artifact_read_allowed,
+    artifact_write_allowed,
+    checkpoint_read_allowed,
+    owns_job,
+)
+from flashruntime.coordinator.artifacts import ArtifactConflict, ArtifactTooLarge, BadArtifactKey, check_key
+from flashruntime.coordinator.auth import AuthFailure, Identity, task_write_allowed
+from flashruntime.coordinator.core import Coordinator, NoBackend
+from flashruntime.coordinator.guard import Guard, StrictJSONRoute
+from flashruntime.coordinator.openapi import BYTES_RESPONSE, ERRORS
 from flashruntime.errors import CheckpointError, CodeExecutionNotPermitted, ExpansionError
 from flashruntime.protocol.api_v1alpha1 import ArtifactListing, ErrorBody, JobLogs, LostWork, PartRegistered, TaskRow
 from flashruntime.protocol.v1alpha1 import (
@@ -21,17 +32,6 @@ from flashruntime.protocol.v1alpha1 import (
     JobSpec,
     RegisterPartRequest,
 )
-from flashruntime.service._artifacts import ArtifactConflict, ArtifactTooLarge, BadArtifactKey, check_key
-from flashruntime.service._coordinator import Coordinator, NoBackend
-from flashruntime.service._http_guard import Guard, StrictJSONRoute
-from flashruntime.service._openapi_docs import BYTES_RESPONSE, ERRORS
-from flashruntime.service.access import (
-    artifact_read_allowed,
-    artifact_write_allowed,
-    checkpoint_read_allowed,
-    owns_job,
-)
-from flashruntime.service.auth import AuthFailure, Identity, task_write_allowed
 
 __all__ = ["jobs_router"]
 

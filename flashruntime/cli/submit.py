@@ -56,9 +56,9 @@ def summary(run: Any) -> dict[str, Any]:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from flashruntime.cli._progress import watch
     from flashruntime.errors import LaunchError
-    from flashruntime.sdk import submit
-    from flashruntime.service.commands._progress import watch
+    from flashruntime.local.submit import submit
     from flashruntime.workloads.command import CommandWorkload, Source
 
     try:

@@ -1,6 +1,8 @@
-"""The worker agent's HTTP client: SPEC §9.2's node, lease and artifact routes over ``urllib``.
+"""Talking to a coordinator over HTTP, with the standard library only (``urllib``).
 
-Standard library only. Every call carries ``Authorization: Bearer <token>`` when a token
+The pieces every client needs (path quoting, an error response's detail, which
+failures are worth retrying) and ``WorkerClient``, an agent's view of the node, lease
+and artifact routes. Every call carries ``Authorization: Bearer <token>`` when a token
 is given; registration also carries the join code. An HTTP error status becomes
 ``CoordinatorHTTPError`` (with ``status`` and the server's ``detail``); a connection
 failure becomes ``CoordinatorUnavailable``, so callers branch on types, not on urllib.
@@ -17,8 +19,43 @@ from pathlib import Path
 from typing import Any
 
 import flashruntime
-from flashruntime._http_text import error_detail, quote_key, quote_segment
 from flashruntime.errors import CoordinatorUnavailable, FlashRuntimeError
+
+_DETAIL_CHARS = 500
+
+
+def quote_segment(value: object) -> str:
+    """One path segment (a job, node or lease id): every ``/`` is escaped."""
+    return urllib.parse.quote(str(value), safe="")
+
+
+def quote_key(key: str) -> str:
+    """An artifact key, whose ``/`` separators stay: ``/v1alpha1/artifacts/{key:path}``."""
+    return urllib.parse.quote(key, safe="/")
+
+
+def error_detail(exc: urllib.error.HTTPError) -> str:
+    """FastAPI's ``{"detail": ...}`` of an error response, else its text (capped), else the reason."""
+    try:
+        raw = exc.read()
+    except (OSError, http.client.HTTPException):
+        return exc.reason if isinstance(exc.reason, str) else ""
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace")[:_DETAIL_CHARS]
+    if isinstance(parsed, dict) and "detail" in parsed:
+        return str(parsed["detail"])[:_DETAIL_CHARS]
+    return str(parsed)[:_DETAIL_CHARS]
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Connection errors, HTTP 5xx and 429 (the coordinator's rate limit) are worth retrying;
+    other 4xx and everything else is not."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code >= 500 or exc.code == 429
+    return isinstance(exc, (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException))
+
 
 JOIN_CODE_HEADER = "X-FlashML-Join-Code"
 DEFAULT_TIMEOUT_S = 60.0

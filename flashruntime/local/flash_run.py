@@ -18,12 +18,12 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from flashruntime._http_text import error_detail
+from flashruntime.client import error_detail
 from flashruntime.errors import CoordinatorUnavailable
 from flashruntime.integrations.pytorch import ddp
+from flashruntime.local.submit import Run, submit
 from flashruntime.protocol.plan_v1alpha1 import StrategyPlan
 from flashruntime.protocol.v1alpha1 import ImageSpec, JobRecord, JobSpec, ResourcesSpec
-from flashruntime.sdk import Run, submit
 from flashruntime.workloads.command import CommandWorkload, to_jobspec
 
 __all__ = ["run"]

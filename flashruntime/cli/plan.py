@@ -73,9 +73,9 @@ def _load(path: Path) -> Any:
 def handle(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from flashruntime.cli._unknown_keys import print_warnings
     from flashruntime.planner import plan, render
     from flashruntime.protocol.plan_v1alpha1 import PlanRequest
-    from flashruntime.service.commands._unknown_keys import print_warnings
 
     path = Path(args.request_file)
     try:

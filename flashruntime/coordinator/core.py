@@ -20,6 +20,15 @@ from typing import Any
 
 from flashruntime.checkpoint import CheckpointCatalog
 from flashruntime.checkpoint.sqlite_store import SqliteManifestStore
+from flashruntime.coordinator.access import LiveLease, owns_job
+from flashruntime.coordinator.artifacts import ArtifactStore, sha256_of
+from flashruntime.coordinator.auth import ARGV_SUBMITTERS_ENV, Identity, Role, authenticator_from_env
+from flashruntime.coordinator.expansion import expand_tasks
+from flashruntime.coordinator.lease_jobs import TERMINAL_JOB_STATES, refreshed
+from flashruntime.coordinator.ledger import Ledger
+from flashruntime.coordinator.metrics import Metrics
+from flashruntime.coordinator.nodes import NodeRegistry
+from flashruntime.coordinator.settings import RuntimeSettings
 from flashruntime.errors import CodeExecutionNotPermitted, ExpansionError, FlashRuntimeError, LeaseError
 from flashruntime.leases import LeaseManager, SqliteLeaseStore
 from flashruntime.protocol.v1alpha1 import (
@@ -34,15 +43,6 @@ from flashruntime.protocol.v1alpha1 import (
     TaskState,
 )
 from flashruntime.scheduler import IsolationAwarePlacement
-from flashruntime.service._artifacts import ArtifactStore, sha256_of
-from flashruntime.service._lease_jobs import TERMINAL_JOB_STATES, refreshed
-from flashruntime.service._metrics import Metrics
-from flashruntime.service._nodes import NodeRegistry
-from flashruntime.service.access import LiveLease, owns_job
-from flashruntime.service.auth import ARGV_SUBMITTERS_ENV, Identity, Role, authenticator_from_env
-from flashruntime.service.ledger import Ledger
-from flashruntime.service.modea import expand_tasks
-from flashruntime.service.settings import RuntimeSettings
 
 __all__ = ["SUBMITTED_BY_KEY", "Coordinator", "NoBackend"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from flashruntime.coordinator.access import ROUTE_ACCESS
 from flashruntime.protocol.api_v1alpha1 import ErrorBody
-from flashruntime.service.access import ROUTE_ACCESS
 
 __all__ = ["BYTES_RESPONSE", "ERRORS", "SECURITY_SCHEME", "add_security"]
 

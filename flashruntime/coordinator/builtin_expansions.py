@@ -3,7 +3,7 @@ sharded K-means iteration, one federated-averaging round.
 
 Each maps a job's ``workload.parameters`` to module tasks for allowlisted task
 modules, refusing bad parameters with an ``ExpansionError`` that says what to fix.
-Public names are re-exported by ``flashruntime.service.modea``.
+Public names are re-exported by ``flashruntime.coordinator.expansion``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,11 @@ from typing import Any
 
 from flashruntime.errors import ExpansionError
 from flashruntime.leases import MAX_LEASE_SECONDS, bounded_lease_seconds
+from flashruntime.protocol.task_modules import (
+    ALLOWED_TASK_MODULES,
+    FEDAVG_DRIVER_SUPPLIED_KEYS,
+    FEDAVG_WORKER_PARAM_KEYS,
+)
 from flashruntime.protocol.v1alpha1 import JobSpec, TaskSpec
 from flashruntime.recipes.base import lease_task, output_prefix
 
@@ -27,14 +32,6 @@ __all__ = [
 ]
 
 _PACKAGE = "flashml_workloads"
-ALLOWED_TASK_MODULES = frozenset({
-    "flashml_workloads.sklearn_trial",
-    "flashml_workloads.kmeans_shard",
-    "flashml_workloads.sgd_trainer",
-    "flashml_workloads.fedavg_worker",
-})
-FEDAVG_WORKER_PARAM_KEYS = ("local_steps", "lr", "batch_size", "seed", "in_dim", "hidden", "out_dim", "dataset_size")
-FEDAVG_DRIVER_SUPPLIED_KEYS = ("round", "shard", "num_shards")
 
 _MAX_SHARDS = 999
 # A grid is a product: a few innocent-looking lists can ask for billions of tasks.

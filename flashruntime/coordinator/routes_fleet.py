@@ -10,6 +10,17 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 
+from flashruntime.coordinator.auth import (
+    AuthFailure,
+    Identity,
+    join_code_valid,
+    require_acting_node,
+    require_node,
+)
+from flashruntime.coordinator.core import Coordinator
+from flashruntime.coordinator.guard import Guard, StrictJSONRoute
+from flashruntime.coordinator.nodes import node_id_problem
+from flashruntime.coordinator.openapi import ERRORS
 from flashruntime.errors import LeaseError
 from flashruntime.protocol.api_v1alpha1 import (
     CompleteResult,
@@ -28,17 +39,6 @@ from flashruntime.protocol.v1alpha1 import (
     Lease,
     NodeHeartbeat,
     NodeRegistration,
-)
-from flashruntime.service._coordinator import Coordinator
-from flashruntime.service._http_guard import Guard, StrictJSONRoute
-from flashruntime.service._nodes import node_id_problem
-from flashruntime.service._openapi_docs import ERRORS
-from flashruntime.service.auth import (
-    AuthFailure,
-    Identity,
-    join_code_valid,
-    require_acting_node,
-    require_node,
 )
 
 __all__ = ["JOIN_CODE_HEADER", "fleet_router"]

@@ -19,9 +19,9 @@ from typing import Any
 from fastapi import Depends, HTTPException, Request, Response
 from fastapi.routing import APIRoute
 
+from flashruntime.coordinator.access import ROUTE_ACCESS, RouteAccess
+from flashruntime.coordinator.auth import ON_BEHALF_OF_HEADER, AuthFailure, Identity, require_role, resolve_identity
 from flashruntime.errors import FlashRuntimeError
-from flashruntime.service.access import ROUTE_ACCESS, RouteAccess
-from flashruntime.service.auth import ON_BEHALF_OF_HEADER, AuthFailure, Identity, require_role, resolve_identity
 
 __all__ = ["BodyProblem", "Guard", "RateLimited", "StrictJSONRoute", "parse_strict_json", "route_key"]
 

@@ -23,12 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flashruntime.launchers._sweep import proc_available
-from flashruntime.launchers.local import LocalLaunchHandle, read_log_tail
-from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
-from flashruntime.protocol.v1alpha1 import CompleteRequest, Lease
-from flashruntime.service._worker_http import CoordinatorHTTPError, CoordinatorUnavailable, WorkerClient
-from flashruntime.service._worker_inputs import (
+from flashruntime.agent.inputs import (
     LeaseDirs,
     TaskInterrupted,
     TaskRefused,
@@ -36,7 +31,12 @@ from flashruntime.service._worker_inputs import (
     prepare_inputs,
     write_spec,
 )
-from flashruntime.service.modea import ALLOWED_TASK_MODULES
+from flashruntime.client import CoordinatorHTTPError, CoordinatorUnavailable, WorkerClient
+from flashruntime.launchers._sweep import proc_available
+from flashruntime.launchers.local import LocalLaunchHandle, read_log_tail
+from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
+from flashruntime.protocol.task_modules import ALLOWED_TASK_MODULES
+from flashruntime.protocol.v1alpha1 import CompleteRequest, Lease
 
 logger = logging.getLogger("flashruntime.worker")
 

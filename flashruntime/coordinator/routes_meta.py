@@ -9,13 +9,13 @@ from typing import Any
 from fastapi import APIRouter, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 
+from flashruntime.coordinator.core import Coordinator
+from flashruntime.coordinator.dashboard import DASHBOARD_HTML
+from flashruntime.coordinator.guard import Guard, StrictJSONRoute
+from flashruntime.coordinator.metrics import CONTENT_TYPE
+from flashruntime.coordinator.openapi import ERRORS
 from flashruntime.protocol.api_v1alpha1 import Health
 from flashruntime.protocol.v1alpha1 import TaskState
-from flashruntime.service._coordinator import Coordinator
-from flashruntime.service._dashboard import DASHBOARD_HTML
-from flashruntime.service._http_guard import Guard, StrictJSONRoute
-from flashruntime.service._metrics import CONTENT_TYPE
-from flashruntime.service._openapi_docs import ERRORS
 
 __all__ = ["meta_router"]
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from flashruntime.client import CoordinatorHTTPError, CoordinatorUnavailable, WorkerClient
 from flashruntime.errors import FlashRuntimeError
-from flashruntime.service._worker_http import CoordinatorHTTPError, CoordinatorUnavailable, WorkerClient
 
 ARTIFACT_SCHEME = "artifact://"
 

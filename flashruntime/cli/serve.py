@@ -125,8 +125,8 @@ def _fail(message: str) -> int:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from flashruntime.coordinator.settings import RuntimeSettings
     from flashruntime.errors import AuthConfigError
-    from flashruntime.service.settings import RuntimeSettings
 
     env = os.environ
     try:
@@ -136,7 +136,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from flashruntime.service.app import create_app
+        from flashruntime.coordinator.app import create_app
     except ImportError as exc:
         return _fail(f"{exc}; {SERVICE_HINT}")
 
@@ -145,7 +145,7 @@ def handle(args: argparse.Namespace) -> int:
     tls = args.ssl_certfile is not None
     url = url_for(args.host, args.port, tls=tls)
     try:
-        from flashruntime.service.auth import authenticator_from_env
+        from flashruntime.coordinator.auth import authenticator_from_env
 
         enforcing = authenticator_from_env(env).enforcing
     except AuthConfigError as exc:

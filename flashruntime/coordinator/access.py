@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flashruntime.service.auth import Identity, Role, task_write_allowed, write_allowed
+from flashruntime.coordinator.auth import Identity, Role, task_write_allowed, write_allowed
 
 __all__ = [
     "ROUTE_ACCESS",

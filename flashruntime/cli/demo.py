@@ -29,7 +29,7 @@ def demo_workload(ddp: bool, crash: bool) -> Any:
     from flashruntime.workloads.command import CommandWorkload, OutputSpec
 
     crash_args = [f"--crash-at-step={CRASH_AT}"] if crash else []
-    script = str(Path(__file__).resolve().parents[2] / "demo" / ("train_ddp.py" if ddp else "train.py"))
+    script = str(Path(__file__).resolve().parents[1] / "demo" / ("train_ddp.py" if ddp else "train.py"))
     if ddp:
         argv = ["torchrun", "--nproc-per-node=2", "--nnodes=1", "--standalone", "--local-addr=127.0.0.1", script]
     else:
@@ -42,7 +42,7 @@ def demo_workload(ddp: bool, crash: bool) -> Any:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from flashruntime.sdk import submit
+    from flashruntime.local.submit import submit
 
     if args.ddp:
         import importlib.util

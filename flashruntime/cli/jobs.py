@@ -22,8 +22,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from flashruntime.cli._api import TOKEN_HELP, auth_hint, resolve_api, resolve_token
 from flashruntime.errors import FlashRuntimeError
-from flashruntime.service.commands._api import TOKEN_HELP, auth_hint, resolve_api, resolve_token
 
 EXIT_OK, EXIT_HTTP_ERROR, EXIT_UNREACHABLE = 0, 1, 2
 EXIT_BAD_SPEC, EXIT_NO_YAML = 1, 2
@@ -194,8 +194,8 @@ def _run(command: str, args: argparse.Namespace, method: str, path: str, body_fr
 
 def _spec_body(command: str, path: Path) -> bytes:
     """The spec file as the request body, after a warning for each key JobSpec would ignore."""
+    from flashruntime.cli._unknown_keys import print_warnings
     from flashruntime.protocol.v1alpha1 import JobSpec
-    from flashruntime.service.commands._unknown_keys import print_warnings
 
     data = load_spec(path)
     print_warnings(command, JobSpec, data)

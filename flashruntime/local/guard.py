@@ -6,7 +6,7 @@ run.json saying RUNNING. While this process drives runs, a handler (installed on
 main thread, only over the default action) cancels and settles them first; then the
 process dies of the same signal, so its parent sees the status it expects. Runs still
 live when the interpreter exits (``wait=False``, then the script ended) are cancelled by
-an atexit hook. ``flashruntime.sdk`` drives the runs; this module only guards them.
+an atexit hook. ``flashruntime.local.submit`` drives the runs; this module only guards them.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from flashruntime._run import Run, _event
 from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LocalLaunchHandle
+from flashruntime.local.run import Run, _event
 
 _TERMINATING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 _SETTLE_TIMEOUT_S = 60.0  # for a drive loop to settle a cancelled run

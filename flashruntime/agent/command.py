@@ -1,4 +1,4 @@
-"""``flashruntime worker``: run the built-in worker agent against a coordinator (SPEC §9.11, §10).
+"""The worker agent's command line: ``flashruntime worker`` and ``python -m flashruntime.agent``.
 
 Exit codes: 0 stopped after ``--max-tasks`` or by SIGINT/SIGTERM; 1 registration refused
 (401/403); 2 coordinator unreachable at startup, or invalid options.
@@ -11,7 +11,6 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 DEFAULT_API = "http://localhost:8100"
 EXIT_INVALID = 2
@@ -36,19 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a local dataset offered to tasks as local_inputs (repeatable)")
 
 
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "worker", help="run a worker agent that claims and runs tasks from a coordinator",
-        description="Register with a coordinator, claim leases, run them, upload outputs (SPEC §9.11).",
-    )
-    add_arguments(parser)
-    parser.set_defaults(handler=handle)
+DESCRIPTION = "Register with a coordinator, claim leases, run them, upload outputs."
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """A standalone parser (``python -m flashruntime.service.worker``) with the global ``--api`` too."""
-    parser = argparse.ArgumentParser(prog="python -m flashruntime.service.worker",
-                                     description="Run the FlashRuntime worker agent (SPEC §9.11).")
+    """A standalone parser (``python -m flashruntime.agent``) with the global ``--api`` too."""
+    parser = argparse.ArgumentParser(prog="python -m flashruntime.agent", description=DESCRIPTION)
     parser.add_argument("--api", default=None, help="coordinator URL (else env FLASHML_RUNTIME_API)")
     add_arguments(parser)
     parser.set_defaults(handler=handle)
@@ -85,7 +77,7 @@ def _configure_logging() -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from flashruntime.service.worker import WorkerAgent
+    from flashruntime.agent.worker import WorkerAgent
 
     try:
         agent = WorkerAgent(
@@ -105,3 +97,9 @@ def handle(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     _configure_logging()
     return agent.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flashruntime.agent [options]``: the ``flashruntime worker`` command."""
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args))

@@ -1,0 +1,5 @@
+import sys
+
+from flashruntime.agent.command import main
+
+sys.exit(main())

@@ -1,0 +1,318 @@
+"""The built-in worker agent (SPEC §9.11): register, heartbeat, claim, run, report — HTTP only.
+
+``WorkerAgent(...).run()`` returns the exit code of ``flashruntime worker``: 0 after
+``max_tasks`` tasks or a stop signal, 1 when registration is refused (401/403), 2 when the
+coordinator is unreachable at startup or the work directory is unusable. Standard library
+and pydantic only; psutil is used when present.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import platform
+import signal
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from pydantic import ValidationError
+
+import flashruntime
+from flashruntime.agent.inputs import TaskRefused, safe_segment
+from flashruntime.agent.lease_run import RUNNERS, LeaseRunner, WorkerTiming
+from flashruntime.client import CoordinatorHTTPError, WorkerClient
+from flashruntime.errors import CoordinatorUnavailable
+from flashruntime.monitor.gpus import query_gpus
+from flashruntime.protocol.v1alpha1 import GpuInfo, Lease, NodeCapabilities, NodeHeartbeat, NodeRegistration
+
+__all__ = ["WorkerAgent", "main"]
+
+logger = logging.getLogger("flashruntime.worker")
+
+EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE = 0, 1, 2
+_NO_DATASETS: Mapping[str, str] = MappingProxyType({})
+_ARCHITECTURES = {"x86_64": "amd64", "amd64": "amd64", "x64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+def _cpu_cores() -> float | None:
+    try:
+        return float(len(os.sched_getaffinity(0)))  # what this process may use, e.g. inside a container
+    except (AttributeError, OSError):
+        count = os.cpu_count()
+        return float(count) if count else None
+
+
+def _memory_bytes() -> int | None:
+    if hasattr(os, "sysconf"):
+        try:
+            return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (ValueError, OSError):
+            return None
+    try:  # no sysconf (Windows): psutil when present
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().total)
+
+
+def _gpus() -> list[GpuInfo]:
+    return [GpuInfo(index=index, name=row.get("name") or "", memory_total_mb=row.get("mem_total_mb"))
+            for index, row in enumerate(query_gpus())]
+
+
+def _pool_list(pools: Iterable[str] | str) -> list[str]:
+    items = pools.split(",") if isinstance(pools, str) else list(pools)
+    if not all(isinstance(item, str) for item in items):
+        raise ValueError(f"pools must be strings, got {items!r}")
+    return [item.strip() for item in items if item.strip()]
+
+
+class WorkerAgent:
+    """A pull-based agent for one coordinator. ``timing`` tunes periods and clocks (tests)."""
+
+    def __init__(
+        self,
+        coordinator: str,
+        *,
+        token: str | None = None,
+        node_id: str | None = None,
+        runner: str = "subprocess",
+        max_tasks: int = 0,
+        work_dir: str | os.PathLike[str] | None = None,
+        join_code: str | None = None,
+        poll_seconds: float = 2.0,
+        pools: Iterable[str] = (),
+        datasets: Mapping[str, str | os.PathLike[str]] = _NO_DATASETS,
+        timing: WorkerTiming | None = None,
+    ) -> None:
+        if runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
+        if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or max_tasks < 0:
+            raise ValueError(f"max_tasks must be an integer >= 0 (0 = unlimited), got {max_tasks!r}")
+        if isinstance(poll_seconds, bool) or not isinstance(poll_seconds, (int, float)) \
+                or not math.isfinite(poll_seconds) or poll_seconds <= 0:
+            raise ValueError(f"poll_seconds must be a finite number > 0, got {poll_seconds!r}")
+        node_id = socket.gethostname() if node_id is None else node_id
+        if not isinstance(node_id, str) or not node_id.strip():
+            raise ValueError(f"node_id must be a non-empty string, got {node_id!r}")
+        resolved: dict[str, str] = {}
+        for name, path in dict(datasets).items():
+            try:
+                safe_segment(name, "dataset name")
+            except TaskRefused as exc:
+                raise ValueError(str(exc)) from None
+            resolved[name] = os.fspath(path)
+        self.client = WorkerClient(coordinator, token=token, join_code=join_code)
+        self.runner = runner
+        self.max_tasks = max_tasks
+        self.poll_seconds = float(poll_seconds)
+        self.pools = _pool_list(pools)
+        self.datasets: dict[str, str] = resolved
+        self.work_dir = None if work_dir is None else Path(os.path.expanduser(os.fspath(work_dir)))
+        self.timing = timing or WorkerTiming()
+        self.tasks_done = 0  # tasks that completed or failed
+        self._node_id = node_id
+        self._capabilities: NodeCapabilities | None = None
+        self._stopping = threading.Event()  # stop requested (signal, stop(), refused re-registration)
+        self._closing = threading.Event()  # run() is returning: background threads end
+        self._register_lock = threading.Lock()
+        self._exit_code = EXIT_OK
+
+    @property
+    def node_id(self) -> str:
+        """The node id in use: the requested one, or the one the coordinator answered with."""
+        return self._node_id
+
+    def registration(self) -> NodeRegistration:
+        """The ``NodeRegistration`` this agent sends (capabilities probed once)."""
+        if self._capabilities is None:
+            machine = platform.machine()
+            self._capabilities = NodeCapabilities(
+                cpu_cores=_cpu_cores(), memory_bytes=_memory_bytes(), gpus=_gpus(), pools=self.pools,
+                os=platform.system().lower(), architecture=_ARCHITECTURES.get(machine.lower(), machine.lower()),
+            )
+        return NodeRegistration(
+            node_id=self._node_id,
+            kubernetes_node="",
+            hostname=socket.gethostname(),
+            capabilities=self._capabilities,
+            module_capable=True,
+            argv_capable=False,  # this agent never runs containers
+            sandbox_capable=False,
+            unsandboxed_argv_capable=self.runner == "trusted",
+            local_datasets=sorted(self.datasets),
+            agent_version=flashruntime.__version__,
+        )
+
+    def stop(self) -> None:
+        """Ask ``run`` to return: a running child is cancelled and its lease failed ("agent shutdown")."""
+        self._stopping.set()
+
+    # lifecycle -------------------------------------------------------------------
+    def run(self) -> int:
+        """Register, then claim and run leases until ``max_tasks`` or a stop; returns the exit code."""
+        restore = self._install_signal_handlers()
+        try:
+            return self._run()
+        finally:
+            restore()
+
+    def _install_signal_handlers(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None  # signals reach only the main thread; callers elsewhere use stop()
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def on_signal(signum: int, frame: Any) -> None:
+            logger.info("received %s: stopping", signal.Signals(signum).name)
+            self.stop()
+
+        for sig in previous:
+            signal.signal(sig, on_signal)
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+        return restore
+
+    def _work_root(self) -> Path:
+        if self.work_dir is None:
+            return Path(tempfile.mkdtemp(prefix="flashruntime-worker-"))
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        return self.work_dir.resolve()
+
+    def _run(self) -> int:
+        try:
+            work_root = self._work_root()
+        except OSError as exc:
+            logger.error("work directory %s is unusable: %s", self.work_dir, exc)
+            return EXIT_UNREACHABLE
+        try:
+            self._register()
+        except CoordinatorHTTPError as exc:
+            if exc.status in (401, 403):
+                logger.error("registration refused by %s: %s", self.client.base_url, exc)
+                return EXIT_REFUSED
+            logger.error("registration failed at %s: %s", self.client.base_url, exc)
+            return EXIT_UNREACHABLE
+        except CoordinatorUnavailable as exc:
+            logger.error("coordinator unreachable: %s", exc)
+            return EXIT_UNREACHABLE
+        logger.info("node %s registered with %s (runner %s, work dir %s)", self.node_id, self.client.base_url,
+                    self.runner, work_root)
+        beat = threading.Thread(target=self._node_heartbeats, name="flashruntime-node-heartbeat", daemon=True)
+        beat.start()
+        # A worker with a token believes its fleet is protected: it runs a command only for a
+        # submitter the coordinator says holds the code-execution permission.
+        runner = LeaseRunner(self.client, work_root=work_root, runner=self.runner, datasets=self.datasets,
+                             timing=self.timing, stopping=self._stopping,
+                             require_code_grant=self.client.authenticates)
+        try:
+            self._claim_loop(runner)
+        finally:
+            self._closing.set()
+            beat.join()
+        logger.info("node %s stopping after %d task(s)", self.node_id, self.tasks_done)
+        return self._exit_code
+
+    # registration and node heartbeats ------------------------------------------------
+    def _register(self) -> None:
+        with self._register_lock:
+            answer = self.client.register(self.registration().model_dump(mode="json"))
+            assigned = answer.get("node_id") if isinstance(answer, dict) else None
+            if isinstance(assigned, str) and assigned and assigned != self._node_id:
+                logger.info("coordinator registered this agent as node %s (asked for %s)", assigned, self._node_id)
+                self._node_id = assigned
+
+    def _reregister(self) -> bool:
+        """Register again; a refusal (401/403) stops the agent with exit code 1."""
+        try:
+            self._register()
+        except CoordinatorHTTPError as exc:
+            if exc.status in (401, 403):
+                logger.error("re-registration refused: %s", exc)
+                self._exit_code = EXIT_REFUSED
+                self.stop()
+            else:
+                logger.warning("re-registration failed: %s", exc)
+            return False
+        except CoordinatorUnavailable as exc:
+            logger.warning("re-registration failed: %s", exc)
+            return False
+        logger.info("node %s re-registered", self.node_id)
+        return True
+
+    def _node_heartbeats(self) -> None:
+        while not self._closing.wait(self.timing.node_heartbeat_s):
+            node_id = self.node_id
+            try:
+                self.client.node_heartbeat(node_id, NodeHeartbeat(node_id=node_id).model_dump(mode="json"))
+            except CoordinatorHTTPError as exc:
+                if exc.status == 404:
+                    logger.warning("coordinator does not know node %s: re-registering", node_id)
+                    self._reregister()
+                else:
+                    logger.warning("node heartbeat refused: %s", exc)
+            except CoordinatorUnavailable as exc:
+                logger.warning("node heartbeat failed: %s", exc)
+
+    # claim loop ----------------------------------------------------------------------
+    def _sleep(self, seconds: float) -> None:
+        (self.timing.sleep or self._stopping.wait)(seconds)
+
+    def _jittered(self, seconds: float) -> float:
+        return seconds * self.timing.rng.uniform(0.8, 1.2)
+
+    def _backoff(self, failures: int) -> float:
+        return self._jittered(min(self.timing.max_backoff_s, self.poll_seconds * 2.0 ** failures))
+
+    def _claim_loop(self, runner: LeaseRunner) -> None:
+        refused = 0  # consecutive claims answered 403
+        errors = 0  # consecutive claims that failed otherwise
+        while not self._stopping.is_set():
+            try:
+                data = self.client.claim(self.node_id)
+            except CoordinatorHTTPError as exc:
+                if exc.status == 403:
+                    refused += 1
+                    if refused == 1:
+                        logger.warning("claim refused (%s): re-registering", exc)
+                        self._reregister()
+                    else:
+                        self._sleep(self._backoff(refused - 1))
+                    continue
+                errors += 1
+                logger.warning("claim failed: %s", exc)
+                self._sleep(self._backoff(errors))
+                continue
+            except CoordinatorUnavailable as exc:
+                errors += 1
+                logger.warning("claim failed: %s", exc)
+                self._sleep(self._backoff(errors))
+                continue
+            refused = errors = 0
+            if data is None:
+                self._sleep(self._jittered(self.poll_seconds))
+                continue
+            try:
+                lease = Lease.model_validate(data)
+            except ValidationError as exc:
+                errors += 1
+                logger.warning("claim answer is not a Lease: %s", exc)
+                self._sleep(self._backoff(errors))
+                continue
+            outcome = runner.run(lease)
+            if outcome.counts:
+                self.tasks_done += 1
+            if self.max_tasks and self.tasks_done >= self.max_tasks:
+                logger.info("max tasks (%d) reached", self.max_tasks)
+                return
+
+

@@ -1,0 +1,5 @@
+import sys
+
+from flashruntime.cli.dispatch import main
+
+sys.exit(main())

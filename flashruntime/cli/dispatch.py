@@ -1,0 +1,103 @@
+"""The ``flashruntime`` command: parse -> library call -> exit code.
+
+argparse only, so the CLI works with the core install; a subcommand imports what
+it needs inside its handler, keeping ``flashruntime --help`` fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import select
+import sys
+from collections.abc import Callable, Sequence
+
+import flashruntime
+
+Handler = Callable[[argparse.Namespace], int]
+
+# One module per subcommand, each with ``register(subparsers)``, which adds the subparser
+# and sets ``handler``; a handler imports what it needs, so building the parser stays
+# cheap. Order = order in ``flashruntime --help``.
+COMMAND_MODULES: tuple[str, ...] = (
+    "flashruntime.cli.submit",
+    "flashruntime.cli.runs",
+    "flashruntime.cli.view",
+    "flashruntime.cli.demo",
+    "flashruntime.cli.plan",
+    "flashruntime.cli.jobs",
+    "flashruntime.cli.serve",
+    "flashruntime.cli.worker",
+)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="flashruntime",
+        description="Operate ML jobs you already have: launch, checkpoints, recovery, leases.",
+    )
+    parser.add_argument("--version", action="version", version=f"flashruntime {flashruntime.__version__}")
+    parser.add_argument(
+        "--api",
+        default=None,
+        help="coordinator URL (else env FLASHML_RUNTIME_API, else http://localhost:8100)",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+EXIT_STDOUT_CLOSED = 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler | None = getattr(args, "handler", None)
+    try:
+        if handler is None:
+            parser.print_help()
+            code = 0
+        else:
+            code = handler(args)
+        if sys.stdout is not None:  # None when the process started with fd 1 closed: print() writes nothing
+            sys.stdout.flush()  # inside the try: a reader gone by now (| head) is seen here, not at exit
+    except BrokenPipeError:
+        if not _stdout_broken():
+            raise  # another pipe (stderr, a socket): not the quiet end of `| head`
+        return _stdout_closed()
+    return code
+
+
+def _stdout_broken() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports POLLERR on its write end).
+    Where that cannot be asked (no poll, no file descriptor), assume so, as before."""
+    poll = getattr(select, "poll", None)
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return True
+    if poll is None:
+        return True
+    poller = poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``flashruntime runs | head -1``): stop quietly, as Unix
+    tools do. stdout now points at devnull so the interpreter's final flush cannot fail again
+    (https://docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is no file descriptor (replaced in-process): nothing to redirect
+        pass
+    return EXIT_STDOUT_CLOSED
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""``flashruntime worker``: run the worker agent against a coordinator (its options and
+handler live with the agent, in ``flashruntime.agent.command``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flashruntime.agent.command import DESCRIPTION, add_arguments, handle
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "worker", help="run a worker agent that claims and runs tasks from a coordinator", description=DESCRIPTION,
+    )
+    add_arguments(parser)
+    parser.set_defaults(handler=handle)
