@@ -1,82 +1,65 @@
-"""``HttpCoordinator``: the FedAvg driver's view of a coordinator over SPEC §9.2's routes.
+"""``HttpCoordinator``: what the FedAvg and K-means drivers need of a coordinator, over
+HTTP through ``flashruntime.client`` (standard library only).
 
-Standard library only (``urllib``): 60 s timeout, JSON bodies, the caller's headers (an
-operator bearer token, say) on every call. HTTP errors surface as ``urllib.error.HTTPError``
-carrying the server's ``detail``, so the driver can retry 5xx and report 4xx; an artifact
-GET answered 404 raises ``ArtifactNotFound``.
+HTTP errors surface as ``CoordinatorHTTPError`` carrying the status and the server's
+``detail`` (a missing artifact as ``ArtifactNotFound``), a coordinator that cannot be
+reached as ``CoordinatorUnavailable``. The client tries each call once: the drivers
+decide what to retry, by the same rule (``flashruntime.client.RetryPolicy``).
 """
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from flashruntime.client import error_detail, quote_key, quote_segment
-from flashruntime.errors import ArtifactNotFound
+import flashruntime
+from flashruntime.client import NO_RETRY, CoordinatorClient
+
+__all__ = ["HttpCoordinator"]
 
 _TIMEOUT_S = 60.0
 
 
 class HttpCoordinator:
-    """A ``Coordinator`` that speaks HTTP to ``flashruntime serve`` (or any server with the same routes)."""
+    """A ``Coordinator`` that speaks HTTP to ``flashruntime serve`` (or any server with the same
+    routes). ``headers`` go with every call: ``{"Authorization": "Bearer <token>"}`` on a
+    coordinator with tokens (a submitter's token for its own jobs, or an operator's)."""
 
     def __init__(self, base_url: str, headers: Mapping[str, str] | None = None) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"HttpCoordinator: base_url must be an http(s) URL, got {base_url!r}")
-        self.base_url = base_url.rstrip("/")
         self.headers = dict(headers or {})
+        self.client = CoordinatorClient(base_url, headers=self.headers, timeout_s=_TIMEOUT_S, retry=NO_RETRY,
+                                        user_agent=f"flashruntime-driver/{flashruntime.__version__}")
+        self.base_url = self.client.base_url
 
     def __repr__(self) -> str:  # headers stay out: they usually hold a token
         return f"HttpCoordinator({self.base_url!r})"
 
-    def _request(self, method: str, path: str, body: bytes | None = None) -> bytes:
-        url = self.base_url + path
-        headers = {"Accept": "application/json", **self.headers}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        request = urllib.request.Request(url, data=body, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
-                return response.read()
-        except urllib.error.HTTPError as exc:
-            detail = error_detail(exc)
-            raise urllib.error.HTTPError(
-                url, exc.code, f"{method} {path} -> {exc.code} {exc.reason}: {detail}", exc.headers, None
-            ) from None
-
-    def _json(self, method: str, path: str, payload: Any = None) -> Any:
-        body = None if payload is None else json.dumps(payload).encode("utf-8")
-        return json.loads(self._request(method, path, body))
-
     def submit(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /v1alpha1/jobs`` → the ``JobRecord`` (it carries ``job_id``)."""
-        return self._json("POST", "/v1alpha1/jobs", body)
+        return self.client.submit_job(body)
 
     def job_state(self, job_id: str) -> str:
         """``GET /v1alpha1/jobs/{id}`` → its ``state``."""
-        return self._json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}")["state"]
+        return self.client.job_state(job_id)
 
     def artifacts(self, job_id: str) -> list[dict[str, Any]]:
         """``GET /v1alpha1/jobs/{id}/artifacts`` → ``[{uri, key, size_bytes}]``."""
-        return self._json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}/artifacts")
+        return self.client.job_artifacts(job_id)
 
     def tasks(self, job_id: str) -> list[dict[str, Any]]:
         """``GET /v1alpha1/jobs/{id}/tasks`` → ``[{task_id, state, ...}]``."""
-        return self._json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}/tasks")
+        return self.client.tasks(job_id)
 
     def get_artifact(self, key: str) -> bytes:
         """``GET /v1alpha1/artifacts/{key}`` → the bytes; 404 → ``ArtifactNotFound``."""
-        try:
-            return self._request("GET", f"/v1alpha1/artifacts/{quote_key(key)}")
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                raise ArtifactNotFound(f"artifact {key!r} not found at {self.base_url}") from None
-            raise
+        return self.client.get_artifact(key)
 
-    def put_artifact(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
+    def put_artifact(self, key: str, body: Any) -> dict[str, Any]:
         """``PUT /v1alpha1/artifacts/{key}`` with ``body`` as JSON → the ``ArtifactRecord``."""
-        return self._json("PUT", f"/v1alpha1/artifacts/{quote_key(key)}", body)
+        return self.client.put_json_artifact(key, body)
+
+    def put_bytes(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> dict[str, Any]:
+        """``PUT /v1alpha1/artifacts/{key}`` with ``data`` as the body → the ``ArtifactRecord``."""
+        return self.client.put_artifact(key, data, content_type)

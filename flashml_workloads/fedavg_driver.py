@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypedDict, TypeVar
 
 from flashml_workloads._fedavg_http import HttpCoordinator
 from flashml_workloads.fedavg_weights import apply_delta, decode, encode, reduce_deltas_with_report, require_finite
-from flashruntime.client import is_transient
+from flashruntime.client import RetryPolicy, is_transient
 from flashruntime.errors import ArtifactNotFound, CoordinatorUnavailable, QuorumNotMet
 
 __all__ = [
@@ -108,32 +108,31 @@ def _round_body(
 
 
 class _Caller:
-    """Retries coordinator calls with exponential backoff (capped at 5 s and at a deadline)."""
+    """Retries coordinator calls by the client's rule (``RetryPolicy``: exponential backoff
+    capped at 5 s), and never waits past a deadline."""
 
     def __init__(self, attempts: int, backoff_s: float, clock: Callable[[], float], sleep: Callable[[float], None]):
-        self.attempts = attempts
-        self.backoff_s = backoff_s
+        self.policy = RetryPolicy(attempts=attempts, backoff_s=backoff_s, max_backoff_s=_BACKOFF_CAP_S, sleep=sleep)
         self.clock = clock
         self.sleep = sleep
 
     def __call__(self, what: str, fn: Callable[[], _T], deadline: float | None = None) -> _T:
-        delay = self.backoff_s
-        for attempt in range(1, self.attempts + 1):
+        attempts = self.policy.attempts
+        for attempt in range(1, attempts + 1):
             try:
                 return fn()
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                if attempt == self.attempts:
+                if attempt == attempts:
                     raise CoordinatorUnavailable(
-                        f"{what} failed {self.attempts} time(s) with connection errors or HTTP 5xx; "
+                        f"{what} failed {attempts} time(s) with connection errors or HTTP 5xx; "
                         f"last error: {exc}. Check that the coordinator is up, or raise poll_attempts"
                     ) from exc
-            wait = min(delay, _BACKOFF_CAP_S)
+                wait = self.policy.delay(attempt, exc)
             if deadline is not None:
                 wait = min(wait, max(0.0, deadline - self.clock()))
             self.sleep(wait)
-            delay *= 2
         raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -3,7 +3,8 @@
 ``shard_and_upload`` splits the rows into CSV shard artifacts; each iteration of ``run_kmeans``
 submits one ``sharded_kmeans`` lease job (one ``kmeans_shard`` task per shard), waits for it to
 succeed, downloads every shard's partial (``metrics.json``) and reduces them with
-``reduce_partials`` into the next centroids. Standard library only (``urllib``).
+``reduce_partials`` into the next centroids. Standard library only (through
+``flashruntime.client``).
 """
 
 from __future__ import annotations
@@ -12,14 +13,12 @@ import json
 import math
 import random
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from flashml_workloads._fedavg_http import HttpCoordinator
 from flashml_workloads.kmeans_shard import check_centroids
-from flashruntime.client import error_detail, is_transient, quote_key
+from flashruntime.client import is_transient
 
 __all__ = [
     "DEFAULT_IMAGE",
@@ -31,7 +30,6 @@ __all__ = [
 
 DEFAULT_IMAGE = "local/tier1:dev"
 _MAX_SHARDS = 999  # shard keys and task ids carry three digits
-_TIMEOUT_S = 60.0
 _T = TypeVar("_T")
 
 
@@ -139,24 +137,6 @@ def reduce_partials(
     return centroids, math.fsum(inertias)
 
 
-class _KMeansCoordinator(HttpCoordinator):
-    """``HttpCoordinator`` plus a raw-bytes artifact PUT (its ``put_artifact`` sends JSON)."""
-
-    def put_bytes(self, key: str, data: bytes, content_type: str) -> dict[str, Any]:
-        """``PUT /v1alpha1/artifacts/{key}`` with ``data`` as the body → the ``ArtifactRecord``."""
-        path = f"/v1alpha1/artifacts/{quote_key(key)}"
-        url = self.base_url + path
-        headers = {"Accept": "application/json", "Content-Type": content_type, **self.headers}
-        request = urllib.request.Request(url, data=data, method="PUT", headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            raise urllib.error.HTTPError(
-                url, exc.code, f"PUT {path} -> {exc.code} {exc.reason}: {error_detail(exc)}", exc.headers, None
-            ) from None
-
-
 def _shard_csv(rows: Sequence[Sequence[float]]) -> bytes:
     return "".join(",".join(f"{value:.6f}" for value in row) + "\n" for row in rows).encode("utf-8")
 
@@ -182,7 +162,7 @@ def shard_and_upload(
         )
     if not isinstance(prefix, str) or not prefix.strip("/"):
         raise ValueError(f"shard_and_upload: prefix must be a non-empty artifact key prefix, got {prefix!r}")
-    coord = _KMeansCoordinator(base_url, headers)
+    coord = HttpCoordinator(base_url, headers)
     base = prefix.rstrip("/")
     uris = []
     for s in range(n_shards):
@@ -222,7 +202,7 @@ class _Iteration:
     """One submitted iteration: its job, its deadline, and reads retried on transient errors until then."""
 
     def __init__(
-        self, coord: _KMeansCoordinator, it: int, job_id: str, timeout_s: float, poll_seconds: float,
+        self, coord: HttpCoordinator, it: int, job_id: str, timeout_s: float, poll_seconds: float,
         clock: Callable[[], float], sleep: Callable[[float], None],
     ) -> None:
         self.coord, self.it, self.job_id = coord, it, job_id
@@ -318,7 +298,7 @@ def run_kmeans(
     poll_seconds = _positive_seconds(poll_seconds, "poll_seconds")
     timeout_per_iteration_s = _positive_seconds(timeout_per_iteration_s, "timeout_per_iteration_s")
     uris = list(shard_uris)
-    coord = _KMeansCoordinator(base_url, headers)
+    coord = HttpCoordinator(base_url, headers)
     inertia_history: list[float] = []
     job_ids: list[str] = []
     for it in range(iterations):

@@ -1,26 +1,50 @@
-"""Talking to a coordinator over HTTP, with the standard library only (``urllib``).
+"""The one client of a coordinator's HTTP API, standard library only (``urllib``).
 
-The pieces every client needs (path quoting, an error response's detail, which
-failures are worth retrying) and ``WorkerClient``, an agent's view of the node, lease
-and artifact routes. Every call carries ``Authorization: Bearer <token>`` when a token
-is given; registration also carries the join code. An HTTP error status becomes
-``CoordinatorHTTPError`` (with ``status`` and the server's ``detail``); a connection
-failure becomes ``CoordinatorUnavailable``, so callers branch on types, not on urllib.
+``CoordinatorClient`` speaks every route a program outside the coordinator uses: the
+agent's node, lease and artifact routes, a submitter's job routes, an operator's node
+routes. Every call carries ``Authorization: Bearer <token>`` when a token is given.
+
+Failures map to the error family here and nowhere else: an HTTP error status is a
+``CoordinatorHTTPError`` (``status``, the server's ``detail``; a missing artifact an
+``ArtifactNotFound``), a connection that fails or breaks is ``CoordinatorUnavailable``,
+an answer that is not JSON a ``CoordinatorHTTPError`` too. Callers branch on types, never
+on urllib's. ``RetryPolicy`` is the one retry rule: idempotent calls are retried on
+transient failures (connection errors, 5xx, 429) with capped exponential backoff; a call
+that could act twice (submitting a job, claiming, failing a lease) is tried once.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import math
+import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import flashruntime
-from flashruntime.errors import CoordinatorUnavailable, FlashRuntimeError
+from flashruntime.errors import ArtifactNotFound, CoordinatorHTTPError, CoordinatorUnavailable
 
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "JOIN_CODE_HEADER",
+    "NO_RETRY",
+    "CoordinatorClient",
+    "RetryPolicy",
+    "is_transient",
+    "quote_key",
+    "quote_segment",
+]
+
+JOIN_CODE_HEADER = "X-FlashML-Join-Code"
+DEFAULT_TIMEOUT_S = 60.0
+_CHUNK = 1024 * 1024
 _DETAIL_CHARS = 500
 
 
@@ -34,166 +58,301 @@ def quote_key(key: str) -> str:
     return urllib.parse.quote(key, safe="/")
 
 
-def error_detail(exc: urllib.error.HTTPError) -> str:
-    """FastAPI's ``{"detail": ...}`` of an error response, else its text (capped), else the reason."""
-    try:
-        raw = exc.read()
-    except (OSError, http.client.HTTPException):
-        return exc.reason if isinstance(exc.reason, str) else ""
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed call is worth repeating: the coordinator unreachable or its
+    connection broken, an HTTP 5xx, or 429 (its rate limit). Other 4xx are answers.
+    Also recognises urllib's own errors, which user-written coordinators may raise."""
+    if isinstance(exc, CoordinatorHTTPError):
+        return exc.status >= 500 or exc.status == 429
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code >= 500 or exc.code == 429
+    return isinstance(exc, (CoordinatorUnavailable, urllib.error.URLError, ConnectionError, TimeoutError,
+                            http.client.HTTPException))
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how long to retry a transient failure: up to ``attempts`` tries in
+    all, waiting ``backoff_s * 2**(n - 1)`` (at most ``max_backoff_s``) before retry n, or
+    what a 429's ``Retry-After`` asks when that is longer. ``sleep`` waits (tests pass a fake)."""
+
+    attempts: int = 4
+    backoff_s: float = 0.5
+    max_backoff_s: float = 5.0
+    sleep: Callable[[float], object] = time.sleep
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
+            raise ValueError(f"attempts must be an int >= 1, got {self.attempts!r}")
+        for name in ("backoff_s", "max_backoff_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
+                                                                                        and value >= 0):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+
+    def delay(self, retry: int, exc: BaseException | None = None) -> float:
+        """Seconds to wait before retry number ``retry`` (1 = the first retry)."""
+        wait = min(self.max_backoff_s, self.backoff_s * 2.0 ** max(0, retry - 1))
+        asked = getattr(exc, "retry_after_s", None)
+        if isinstance(asked, (int, float)) and math.isfinite(asked) and asked > wait:
+            wait = min(float(asked), max(self.max_backoff_s, wait))
+        return wait
+
+    def run(self, call: Callable[[], Any], *, retry: bool = True,
+            retry_on: Callable[[BaseException], bool] = is_transient) -> Any:
+        """``call()``, repeated while it fails with an error ``retry_on`` accepts (a transient
+        one) and tries remain; just once when ``retry`` is false. The last failure propagates."""
+        tries = self.attempts if retry else 1
+        for attempt in range(1, tries + 1):
+            try:
+                return call()
+            except Exception as exc:
+                if attempt == tries or not retry_on(exc):
+                    raise
+                self.sleep(self.delay(attempt, exc))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+NO_RETRY = RetryPolicy(attempts=1)
+
+
+def _detail(raw: bytes) -> str:
+    """The ``detail`` of an error body (a sentence, or a 422's problems one per line), else its text."""
     try:
         parsed = json.loads(raw)
     except ValueError:
-        return raw.decode("utf-8", "replace")[:_DETAIL_CHARS]
-    if isinstance(parsed, dict) and "detail" in parsed:
-        return str(parsed["detail"])[:_DETAIL_CHARS]
-    return str(parsed)[:_DETAIL_CHARS]
+        return raw.decode("utf-8", "replace").strip()[:_DETAIL_CHARS]
+    detail = parsed.get("detail", parsed) if isinstance(parsed, dict) else parsed
+    if isinstance(detail, str):
+        return detail[:_DETAIL_CHARS * 4]
+    if isinstance(detail, list) and all(isinstance(issue, dict) and "msg" in issue for issue in detail):
+        return "".join(f"\n  {'.'.join(str(part) for part in issue.get('loc', ()))}: {issue['msg']}"
+                       for issue in detail)  # a refused body's problems, one per line
+    return json.dumps(detail)[:_DETAIL_CHARS]
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Connection errors, HTTP 5xx and 429 (the coordinator's rate limit) are worth retrying;
-    other 4xx and everything else is not."""
-    if isinstance(exc, urllib.error.HTTPError):
-        return exc.code >= 500 or exc.code == 429
-    return isinstance(exc, (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException))
+def _retry_after(headers: Any) -> float | None:
+    value = headers.get("Retry-After") if headers is not None else None
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
 
 
-JOIN_CODE_HEADER = "X-FlashML-Join-Code"
-DEFAULT_TIMEOUT_S = 60.0
-_CHUNK = 1024 * 1024
-_USER_AGENT = f"flashruntime-worker/{flashruntime.__version__}"
+class CoordinatorClient:
+    """A coordinator at ``base_url`` (``http://host:8100`` or ``https://…``).
 
-
-class CoordinatorHTTPError(FlashRuntimeError):
-    """The coordinator answered with an HTTP error status (``status``; ``detail`` from its body)."""
-
-    def __init__(self, method: str, path: str, status: int, detail: str) -> None:
-        super().__init__(f"{method} {path} -> HTTP {status}: {detail}")
-        self.method = method
-        self.path = path
-        self.status = status
-        self.detail = detail
-
-
-class WorkerClient:
-    """One agent's view of a coordinator: register, heartbeats, claim, complete/fail, artifacts."""
+    ``token``: sent as the bearer token; ``headers``: sent with every call too (a
+    delegation header, say); ``join_code``: sent with registration; ``retry``: the
+    policy for idempotent calls (``NO_RETRY`` to try each once).
+    """
 
     def __init__(
         self,
         base_url: str,
         *,
         token: str | None = None,
+        headers: Mapping[str, str] | None = None,
         join_code: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        retry: RetryPolicy | None = None,
+        user_agent: str = f"flashruntime/{flashruntime.__version__}",
     ) -> None:
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+        if not isinstance(base_url, str) or not base_url.strip().lower().startswith(("http://", "https://")):
             raise ValueError(f"coordinator must be an http(s) URL such as http://host:8100, got {base_url!r}")
-        self.base_url = base_url.rstrip("/")
-        self._token = token or None
+        self.base_url = base_url.strip().rstrip("/")
+        self._token = token.strip() if isinstance(token, str) and token.strip() else None
+        self._headers = dict(headers or {})
         self._join_code = join_code or None
         self.timeout_s = timeout_s
+        self.retry = retry if retry is not None else RetryPolicy()
+        self._user_agent = user_agent
 
-    def __repr__(self) -> str:  # the token stays out
-        return f"WorkerClient({self.base_url!r})"
+    def __repr__(self) -> str:  # the token and headers stay out
+        return f"CoordinatorClient({self.base_url!r})"
 
     @property
     def authenticates(self) -> bool:
         """Whether this client sends a bearer token."""
-        return self._token is not None
+        return self._token is not None or any(name.lower() == "authorization" for name in self._headers)
 
-    # transport ---------------------------------------------------------------
-    def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": _USER_AGENT}
-        if self._token:
+    # transport -----------------------------------------------------------------
+    def _request_headers(self, extra: Mapping[str, str] | None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": self._user_agent, **self._headers}
+        if self._token is not None:
             headers["Authorization"] = f"Bearer {self._token}"
         headers.update(extra or {})
         return headers
 
-    def _open(self, method: str, path: str, data: Any = None, headers: dict[str, str] | None = None) -> Any:
+    def _open(self, method: str, path: str, data: Any = None, headers: Mapping[str, str] | None = None) -> Any:
+        """The open response of one try; HTTP errors and connection failures mapped."""
         request = urllib.request.Request(self.base_url + path, data=data, method=method,
-                                         headers=self._headers(headers))
+                                         headers=self._request_headers(headers))
         try:
             return urllib.request.urlopen(request, timeout=self.timeout_s)
         except urllib.error.HTTPError as exc:
-            detail = error_detail(exc)
+            try:
+                raw = exc.read()
+            except (OSError, http.client.HTTPException):
+                raw = b""
+            retry_after = _retry_after(exc.headers)
             exc.close()
-            raise CoordinatorHTTPError(method, path, exc.code, detail) from None
+            detail = _detail(raw) if raw else (exc.reason if isinstance(exc.reason, str) else "")
+            error_type = ArtifactNotFound if exc.code == 404 and path.startswith("/v1alpha1/artifacts/") \
+                else CoordinatorHTTPError
+            raise error_type(method, path, exc.code, detail, retry_after_s=retry_after) from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", None) or exc
             raise CoordinatorUnavailable(f"{method} {self.base_url}{path}: {reason}") from None
 
-    def _json(self, method: str, path: str, payload: Any = None,
-              headers: dict[str, str] | None = None) -> Any:
-        """Send ``payload`` as JSON; the decoded answer, or None for 204 No Content."""
-        body = None if payload is None else json.dumps(payload).encode("utf-8")
-        extra = {"Content-Type": "application/json", **(headers or {})} if body is not None else headers
+    def _read(self, method: str, path: str, response: Any) -> tuple[int, bytes]:
         try:
-            with self._open(method, path, body, extra) as response:
-                status, raw = response.status, response.read()
+            with response:
+                return response.status, response.read()
         except (OSError, http.client.HTTPException) as exc:  # the connection broke while reading
             raise CoordinatorUnavailable(f"{method} {self.base_url}{path}: {exc}") from None
-        if status == 204 or not raw:
-            return None
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise CoordinatorHTTPError(method, path, status, "answer is not JSON") from None
 
-    # node routes ---------------------------------------------------------------
-    def register(self, registration: dict[str, Any]) -> dict[str, Any]:
+    def request_json(self, method: str, path: str, payload: Any = None, *, idempotent: bool,
+                     headers: Mapping[str, str] | None = None) -> Any:
+        """Send ``payload`` as JSON; the decoded answer, or None for 204 No Content.
+        Retried by the policy only when ``idempotent``."""
+        body = None if payload is None else json.dumps(payload, allow_nan=False).encode("utf-8")
+        extra = {"Content-Type": "application/json", **(headers or {})} if body is not None else headers
+
+        def once() -> Any:
+            status, raw = self._read(method, path, self._open(method, path, body, extra))
+            if status == 204 or not raw:
+                return None
+            try:
+                return json.loads(raw)
+            except ValueError:
+                raise CoordinatorHTTPError(method, path, status,
+                                           f"the answer is not JSON ({raw[:80]!r}); is {self.base_url} a "
+                                           "flashruntime coordinator?") from None
+
+        return self.retry.run(once, retry=idempotent)
+
+    # jobs ----------------------------------------------------------------------
+    def submit_job(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /v1alpha1/jobs`` → the ``JobRecord`` as JSON. Tried once (a repeat could
+        submit twice), except after a 429: the coordinator refused that one unread."""
+        return self.retry.run(lambda: self.request_json("POST", "/v1alpha1/jobs", dict(spec), idempotent=False),
+                              retry_on=_rate_limited)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self.request_json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}", idempotent=True)
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return self.request_json("GET", "/v1alpha1/jobs", idempotent=True)
+
+    def job_state(self, job_id: str) -> str:
+        return str(self.job(job_id)["state"])
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        return self.request_json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}/events", idempotent=True)
+
+    def logs(self, job_id: str) -> dict[str, Any]:
+        return self.request_json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}/logs", idempotent=True)
+
+    def tasks(self, job_id: str) -> list[dict[str, Any]]:
+        return self.request_json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}/tasks", idempotent=True)
+
+    def job_artifacts(self, job_id: str) -> list[dict[str, Any]]:
+        """``[{uri, key, size_bytes}]`` under ``jobs/<job_id>/``."""
+        return self.request_json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}/artifacts", idempotent=True)
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self.request_json("POST", f"/v1alpha1/jobs/{quote_segment(job_id)}/cancel", idempotent=True)
+
+    # nodes ---------------------------------------------------------------------
+    def register(self, registration: Mapping[str, Any]) -> dict[str, Any]:
         """``POST /v1alpha1/nodes/register`` (with the join code) → ``{"node_id", "status"}``."""
         headers = {JOIN_CODE_HEADER: self._join_code} if self._join_code else None
-        return self._json("POST", "/v1alpha1/nodes/register", registration, headers) or {}
+        return self.request_json("POST", "/v1alpha1/nodes/register", dict(registration), idempotent=True,
+                                 headers=headers) or {}
 
-    def node_heartbeat(self, node_id: str, heartbeat: dict[str, Any]) -> dict[str, Any]:
-        """``POST /v1alpha1/nodes/{node_id}/heartbeat``."""
-        return self._json("POST", f"/v1alpha1/nodes/{quote_segment(node_id)}/heartbeat", heartbeat) or {}
+    def node_heartbeat(self, node_id: str, heartbeat: Mapping[str, Any], *, retry: bool = True) -> dict[str, Any]:
+        """``retry=False`` for a caller whose own loop sends the next one soon anyway."""
+        return self.request_json("POST", f"/v1alpha1/nodes/{quote_segment(node_id)}/heartbeat", dict(heartbeat),
+                                 idempotent=retry) or {}
 
-    def claim(self, node_id: str) -> dict[str, Any] | None:
+    def nodes(self) -> list[dict[str, Any]]:
+        return self.request_json("GET", "/v1alpha1/nodes", idempotent=True)
+
+    # leases --------------------------------------------------------------------
+    def claim(self, node_id: str, job_id: str | None = None) -> dict[str, Any] | None:
         """``POST /v1alpha1/leases/claim`` → the Lease JSON, or None on 204 (nothing for this node)."""
-        return self._json("POST", "/v1alpha1/leases/claim", {"node_id": node_id})
+        body: dict[str, Any] = {"node_id": node_id}
+        if job_id is not None:
+            body["job_id"] = job_id
+        return self.request_json("POST", "/v1alpha1/leases/claim", body, idempotent=False)
 
-    # attempt routes --------------------------------------------------------------
-    def attempt_heartbeat(self, lease_id: str) -> dict[str, Any]:
-        """``POST /v1alpha1/attempts/{lease_id}/heartbeat`` → the renewed Lease JSON."""
-        return self._json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/heartbeat") or {}
+    def attempt_heartbeat(self, lease_id: str, *, retry: bool = True) -> dict[str, Any]:
+        """``retry=False`` for a caller whose own loop sends the next one soon anyway."""
+        return self.request_json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/heartbeat",
+                                 idempotent=retry) or {}
 
-    def complete(self, lease_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        """``POST /v1alpha1/attempts/{lease_id}/complete`` → ``{"accepted": bool, ...}``."""
-        return self._json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/complete", body) or {}
+    def complete(self, lease_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /v1alpha1/attempts/{lease_id}/complete`` → ``{"accepted": bool, ...}``; a repeat
+        of an accepted commit is answered as accepted, so it is retried like a read."""
+        return self.request_json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/complete", dict(body),
+                                 idempotent=True) or {}
 
     def fail(self, lease_id: str, reason: str) -> dict[str, Any]:
-        """``POST /v1alpha1/attempts/{lease_id}/fail``."""
-        return self._json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/fail", {"reason": reason}) or {}
+        return self.request_json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/fail", {"reason": reason},
+                                 idempotent=False) or {}
 
-    # artifacts -------------------------------------------------------------------
+    # artifacts -----------------------------------------------------------------
+    def get_artifact(self, key: str) -> bytes:
+        """``GET /v1alpha1/artifacts/{key}`` → the bytes; a missing one raises ``ArtifactNotFound``."""
+        path = f"/v1alpha1/artifacts/{quote_key(key)}"
+        return self.retry.run(lambda: self._read("GET", path, self._open("GET", path))[1])
+
     def download(self, key: str, destination: Path) -> int:
-        """``GET /v1alpha1/artifacts/{key}`` streamed into ``destination``; returns the byte count."""
+        """``GET /v1alpha1/artifacts/{key}`` streamed into ``destination``; → the byte count."""
         path = f"/v1alpha1/artifacts/{quote_key(key)}"
-        with self._open("GET", path) as response, open(destination, "wb") as handle:
-            while True:
-                try:
-                    chunk = response.read(_CHUNK)
-                except (OSError, http.client.HTTPException) as exc:  # the connection broke mid-body
-                    raise CoordinatorUnavailable(f"GET {self.base_url}{path}: {exc}") from None
-                if not chunk:
-                    return handle.tell()
-                handle.write(chunk)
 
-    def upload(self, key: str, source: Path) -> dict[str, Any]:
-        """``PUT /v1alpha1/artifacts/{key}`` with the file's raw bytes (streamed) → the ArtifactRecord."""
+        def once() -> int:
+            with self._open("GET", path) as response, open(destination, "wb") as handle:
+                while True:
+                    try:
+                        chunk = response.read(_CHUNK)
+                    except (OSError, http.client.HTTPException) as exc:  # the connection broke mid-body
+                        raise CoordinatorUnavailable(f"GET {self.base_url}{path}: {exc}") from None
+                    if not chunk:
+                        return handle.tell()
+                    handle.write(chunk)
+
+        return self.retry.run(once)
+
+    def put_artifact(self, key: str, data: bytes | Path, content_type: str = "application/octet-stream"
+                     ) -> dict[str, Any]:
+        """``PUT /v1alpha1/artifacts/{key}`` with ``data`` (bytes, or a file streamed from disk)
+        as the body → the ``ArtifactRecord`` as JSON."""
         path = f"/v1alpha1/artifacts/{quote_key(key)}"
-        size = source.stat().st_size
-        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
-        with open(source, "rb") as body:
+
+        def send(body: bytes | BinaryIO, size: int) -> bytes:
+            headers = {"Content-Type": content_type, "Content-Length": str(size)}
+            return self._read("PUT", path, self._open("PUT", path, body, headers))[1]
+
+        def once() -> Any:
+            if isinstance(data, (bytes, bytearray)):
+                raw = send(bytes(data), len(data))
+            else:
+                with open(data, "rb") as stream:
+                    raw = send(stream, os.fstat(stream.fileno()).st_size)
             try:
-                with self._open("PUT", path, body, headers) as response:
-                    raw = response.read()
-            except (CoordinatorHTTPError, CoordinatorUnavailable):
-                raise
-            except (OSError, http.client.HTTPException) as exc:
-                raise CoordinatorUnavailable(f"PUT {self.base_url}{path}: {exc}") from None
-        try:
-            record = json.loads(raw) if raw else {}
-        except ValueError:
-            record = {}
-        return record if isinstance(record, dict) else {}
+                record = json.loads(raw) if raw else {}
+            except ValueError:
+                record = {}
+            return record if isinstance(record, dict) else {}
+
+        return self.retry.run(once)
+
+    def put_json_artifact(self, key: str, value: Any) -> dict[str, Any]:
+        """``put_artifact`` of ``value`` as JSON."""
+        return self.put_artifact(key, json.dumps(value, allow_nan=False).encode("utf-8"), "application/json")
+
+
+def _rate_limited(exc: BaseException) -> bool:
+    return isinstance(exc, CoordinatorHTTPError) and exc.status == 429

@@ -14,7 +14,8 @@ that built-in as a second base::
     ├── NonFiniteWeights(ValueError)     NaN/Inf/non-numeric weight
     ├── QuorumNotMet(RuntimeError)       FedAvg round below quorum
     ├── CoordinatorUnavailable(RuntimeError)  coordinator unreachable after retries
-    ├── ArtifactNotFound(LookupError)    artifact GET returned 404
+    ├── CoordinatorHTTPError(RuntimeError)    the coordinator answered an HTTP error status
+    │   └── ArtifactNotFound(LookupError)     artifact GET returned 404
     ├── ExpansionError(ValueError)       job cannot be expanded into tasks
     ├── AuthConfigError(ValueError)      invalid token configuration
     └── CodeExecutionNotPermitted(PermissionError)  a job would run commands its submitter may not run
@@ -30,6 +31,7 @@ __all__ = [
     "CheckpointError",
     "CodeExecutionNotPermitted",
     "CompileError",
+    "CoordinatorHTTPError",
     "CoordinatorUnavailable",
     "ExpansionError",
     "FlashRuntimeError",
@@ -77,8 +79,31 @@ class CoordinatorUnavailable(FlashRuntimeError, RuntimeError):
     """The coordinator stayed unreachable after every retry."""
 
 
-class ArtifactNotFound(FlashRuntimeError, LookupError):
-    """An artifact GET returned 404."""
+class CoordinatorHTTPError(FlashRuntimeError, RuntimeError):
+    """The coordinator answered ``method path`` with HTTP ``status``; ``detail`` is what it
+    said (its ``{"detail": ...}``), ``retry_after_s`` its ``Retry-After`` (a 429), if any."""
+
+    def __init__(self, method: str, path: str, status: int, detail: str, *,
+                 retry_after_s: float | None = None) -> None:
+        super().__init__(f"{method} {path} -> {status}: {detail}")
+        self.method = method
+        self.path = path
+        self.status = status
+        self.detail = detail
+        self.retry_after_s = retry_after_s
+
+
+class ArtifactNotFound(CoordinatorHTTPError, LookupError):
+    """An artifact GET returned 404. Raised with just a message by code that finds no
+    artifact without asking a coordinator (status 404, no method or path)."""
+
+    def __init__(self, method: str, path: str = "", status: int = 404, detail: str = "", *,
+                 retry_after_s: float | None = None) -> None:
+        if not path and not detail:  # ArtifactNotFound("message"), as before
+            FlashRuntimeError.__init__(self, method)
+            self.method, self.path, self.status, self.detail, self.retry_after_s = "", "", 404, method, None
+            return
+        super().__init__(method, path, status, detail, retry_after_s=retry_after_s)
 
 
 class ExpansionError(FlashRuntimeError, ValueError):

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from flashruntime.client import CoordinatorHTTPError, CoordinatorUnavailable, WorkerClient
-from flashruntime.errors import FlashRuntimeError
+from flashruntime.client import CoordinatorClient
+from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable, FlashRuntimeError
 
 ARTIFACT_SCHEME = "artifact://"
 
@@ -96,7 +96,7 @@ def _string_list(value: Any, what: str) -> list[str]:
 
 
 def prepare_inputs(
-    client: WorkerClient,
+    client: CoordinatorClient,
     payload: Mapping[str, Any],
     dirs: LeaseDirs,
     datasets: Mapping[str, str],

@@ -31,7 +31,8 @@ from flashruntime.agent.inputs import (
     prepare_inputs,
     write_spec,
 )
-from flashruntime.client import CoordinatorHTTPError, CoordinatorUnavailable, WorkerClient
+from flashruntime.client import CoordinatorClient, is_transient
+from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable
 from flashruntime.launchers._sweep import proc_available
 from flashruntime.launchers.local import LocalLaunchHandle, read_log_tail
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
@@ -84,7 +85,7 @@ def heartbeat_interval(lease: Lease, floor_s: float = 1.0) -> float:
 class LeaseHeartbeat:
     """Renews one lease every ``interval_s`` on a daemon thread; ``lost`` is set on 410/403."""
 
-    def __init__(self, client: WorkerClient, lease_id: str, interval_s: float) -> None:
+    def __init__(self, client: CoordinatorClient, lease_id: str, interval_s: float) -> None:
         self._client = client
         self.lease_id = lease_id
         self.interval_s = interval_s
@@ -103,7 +104,7 @@ class LeaseHeartbeat:
     def _loop(self) -> None:
         while not self._done.wait(self.interval_s):
             try:
-                self._client.attempt_heartbeat(self.lease_id)
+                self._client.attempt_heartbeat(self.lease_id, retry=False)  # the next beat is the retry
             except CoordinatorHTTPError as exc:
                 if exc.status in LOST_STATUSES:
                     logger.warning("lease %s lost (HTTP %s): stopping its processes", self.lease_id, exc.status)
@@ -239,7 +240,7 @@ class LeaseRunner:
 
     def __init__(
         self,
-        client: WorkerClient,
+        client: CoordinatorClient,
         *,
         work_root: Path,
         runner: str,
@@ -335,7 +336,7 @@ class LeaseRunner:
             if self._interrupted(heartbeat):
                 return self._after_interrupt(lease, heartbeat)
             try:
-                uploaded = self._with_retries(lambda key=prefix + relative, path=path: self._client.upload(key, path))
+                uploaded = self._settled(lambda key=prefix + relative, path=path: self._client.put_artifact(key, path))
             except CoordinatorHTTPError as exc:
                 return self._fail(lease, f"upload of {relative!r} refused: HTTP {exc.status}: {exc.detail}",
                                   Outcome.FAILED)
@@ -347,7 +348,7 @@ class LeaseRunner:
         evidence = evidence_from_telemetry(dirs.telemetry, exit_code=0, wall_seconds=wall_seconds)
         body = CompleteRequest(output_sha256=sha256_file(metrics), evidence=evidence).model_dump(mode="json")
         try:
-            answer = self._with_retries(lambda: self._client.complete(lease.lease_id, body))
+            answer = self._settled(lambda: self._client.complete(lease.lease_id, body))
         except CoordinatorHTTPError as exc:
             logger.warning("lease %s: complete refused: %s", lease.lease_id, exc)
             return Outcome.ABANDONED
@@ -361,30 +362,29 @@ class LeaseRunner:
         reason = reason[:_REASON_LIMIT * 4]
         logger.info("lease %s failed: %s", lease.lease_id, reason)
         try:
-            sent = self._with_retries(lambda: self._client.fail(lease.lease_id, reason))
+            # Repeated like the idempotent calls: a repeat of a fail that was applied gets 410
+            # (the lease is gone), which ends the attempt just the same.
+            sent = self._settled(lambda: self._client.retry.run(lambda: self._client.fail(lease.lease_id, reason)))
         except CoordinatorHTTPError as exc:
             logger.warning("lease %s: fail refused: %s", lease.lease_id, exc)
             return Outcome.ABANDONED
         return outcome if sent is not None else Outcome.ABANDONED
 
-    def _with_retries(self, call: Callable[[], Any]) -> Any:
-        """``call()``, retried while the coordinator is unreachable or answers 5xx or 429; None when it
-        stays so. 403/404/410 mean the lease is gone (``_LeaseLost``); other HTTP errors propagate."""
-        for attempt in range(self._timing.finish_attempts):
-            try:
-                return call()
-            except CoordinatorHTTPError as exc:
-                if exc.status in (*LOST_STATUSES, 404):
-                    raise _LeaseLost() from None
-                if exc.status < 500 and exc.status != 429:  # 429: the coordinator's rate limit, so wait
-                    raise
-                problem: Exception = exc
-            except CoordinatorUnavailable as exc:
-                problem = exc
-            logger.warning("coordinator call failed (%s); try %d of %d", problem, attempt + 1,
-                           self._timing.finish_attempts)
-            if attempt + 1 < self._timing.finish_attempts:
-                self._sleep(min(self._timing.max_backoff_s, 2.0 ** attempt))
+    def _settled(self, call: Callable[[], Any]) -> Any:
+        """``call()`` (which the client retries by its policy while the coordinator is unreachable
+        or answers 5xx or 429); None when it stayed so. 403/404/410 mean the lease is gone
+        (``_LeaseLost``); other HTTP errors propagate."""
+        try:
+            return call()
+        except CoordinatorHTTPError as exc:
+            if exc.status in (*LOST_STATUSES, 404):
+                raise _LeaseLost() from None
+            if not is_transient(exc):
+                raise
+            problem: Exception = exc
+        except CoordinatorUnavailable as exc:
+            problem = exc
+        logger.warning("coordinator call failed after %d tries: %s", self._client.retry.attempts, problem)
         return None
 
 

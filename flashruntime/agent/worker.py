@@ -14,7 +14,6 @@ import os
 import platform
 import signal
 import socket
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -27,12 +26,12 @@ from pydantic import ValidationError
 import flashruntime
 from flashruntime.agent.inputs import TaskRefused, safe_segment
 from flashruntime.agent.lease_run import RUNNERS, LeaseRunner, WorkerTiming
-from flashruntime.client import CoordinatorHTTPError, WorkerClient
-from flashruntime.errors import CoordinatorUnavailable
+from flashruntime.client import CoordinatorClient, RetryPolicy
+from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable
 from flashruntime.monitor.gpus import query_gpus
 from flashruntime.protocol.v1alpha1 import GpuInfo, Lease, NodeCapabilities, NodeHeartbeat, NodeRegistration
 
-__all__ = ["WorkerAgent", "main"]
+__all__ = ["WorkerAgent"]
 
 logger = logging.getLogger("flashruntime.worker")
 
@@ -109,18 +108,25 @@ class WorkerAgent:
             except TaskRefused as exc:
                 raise ValueError(str(exc)) from None
             resolved[name] = os.fspath(path)
-        self.client = WorkerClient(coordinator, token=token, join_code=join_code)
+        self.timing = timing or WorkerTiming()
+        self._stopping = threading.Event()  # stop requested (signal, stop(), refused re-registration)
+        # The client repeats what is safe to repeat while the coordinator is unreachable or
+        # busy, waiting between tries the way the claim loop does (a stop request ends a wait).
+        self.client = CoordinatorClient(
+            coordinator, token=token, join_code=join_code, user_agent=f"flashruntime-worker/{flashruntime.__version__}",
+            retry=RetryPolicy(attempts=self.timing.finish_attempts, backoff_s=1.0,
+                              max_backoff_s=self.timing.max_backoff_s, sleep=self._sleep),
+        )
+        self._claim_backoff = RetryPolicy(backoff_s=2.0 * float(poll_seconds), max_backoff_s=self.timing.max_backoff_s)
         self.runner = runner
         self.max_tasks = max_tasks
         self.poll_seconds = float(poll_seconds)
         self.pools = _pool_list(pools)
         self.datasets: dict[str, str] = resolved
         self.work_dir = None if work_dir is None else Path(os.path.expanduser(os.fspath(work_dir)))
-        self.timing = timing or WorkerTiming()
         self.tasks_done = 0  # tasks that completed or failed
         self._node_id = node_id
         self._capabilities: NodeCapabilities | None = None
-        self._stopping = threading.Event()  # stop requested (signal, stop(), refused re-registration)
         self._closing = threading.Event()  # run() is returning: background threads end
         self._register_lock = threading.Lock()
         self._exit_code = EXIT_OK
@@ -253,7 +259,8 @@ class WorkerAgent:
         while not self._closing.wait(self.timing.node_heartbeat_s):
             node_id = self.node_id
             try:
-                self.client.node_heartbeat(node_id, NodeHeartbeat(node_id=node_id).model_dump(mode="json"))
+                self.client.node_heartbeat(node_id, NodeHeartbeat(node_id=node_id).model_dump(mode="json"),
+                                           retry=False)  # the next beat is the retry
             except CoordinatorHTTPError as exc:
                 if exc.status == 404:
                     logger.warning("coordinator does not know node %s: re-registering", node_id)
@@ -271,7 +278,9 @@ class WorkerAgent:
         return seconds * self.timing.rng.uniform(0.8, 1.2)
 
     def _backoff(self, failures: int) -> float:
-        return self._jittered(min(self.timing.max_backoff_s, self.poll_seconds * 2.0 ** failures))
+        """The wait after ``failures`` failed claims in a row: the client's retry rule, from
+        twice the poll period, jittered so a fleet does not come back in step."""
+        return self._jittered(self._claim_backoff.delay(failures))
 
     def _claim_loop(self, runner: LeaseRunner) -> None:
         refused = 0  # consecutive claims answered 403

@@ -1,8 +1,9 @@
-"""The coordinator's job routes from a shell (SPEC §10, §9.2): ``submit-spec``, ``status``,
-``events``, ``logs``, ``cancel``. Each prints the response as JSON (indent 2);
-``submit-spec`` first warns on stderr about each key JobSpec would ignore.
+"""The coordinator's job routes from a shell: ``submit-spec``, ``status``, ``events``,
+``logs``, ``cancel``. Each prints the response as JSON (indent 2); ``submit-spec`` first
+warns on stderr about each key JobSpec would ignore.
 
-Standard library HTTP only (urllib), so these work without the ``service`` extra.
+Through ``flashruntime.client`` (standard library only), so these work without the
+``service`` extra.
 Exit codes: 0 success; 1 HTTP status >= 400 (status and FastAPI's ``detail`` printed)
 or a spec file that cannot be read or is not an object; 2 coordinator unreachable,
 ``--api`` not a URL, or pyyaml missing for a YAML spec.
@@ -13,22 +14,22 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import functools
-import http.client
+import http
 import json
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from flashruntime.cli._api import TOKEN_HELP, auth_hint, resolve_api, resolve_token
-from flashruntime.errors import FlashRuntimeError
+from flashruntime.client import CoordinatorClient, RetryPolicy
+from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable, FlashRuntimeError
 
 EXIT_OK, EXIT_HTTP_ERROR, EXIT_UNREACHABLE = 0, 1, 2
 EXIT_BAD_SPEC, EXIT_NO_YAML = 1, 2
 
 TIMEOUT_S = 30.0
+CLI_RETRY = RetryPolicy(attempts=2, backoff_s=0.5)  # one more try of what is safe to repeat; a person is waiting
 JOBS_PATH = "/v1alpha1/jobs"
 YAML_HINT = (
     "reading a YAML spec needs pyyaml: pip install 'flashruntime[service]' (or pip install pyyaml), "
@@ -123,57 +124,36 @@ def encode_spec(path: Path, data: dict[str, Any]) -> bytes:
 
 def request(api: str, method: str, path: str, body: bytes | None = None, *, timeout: float = TIMEOUT_S,
             token: str | None = None) -> Any:
-    """One call to the coordinator → the decoded JSON answer, with ``token`` as the bearer
-    token when given. HTTP status >= 400 raises ``CommandError`` with exit code 1 (a 401 or
-    403 says what to do about the token); an unreachable or non-JSON server, code 2."""
+    """One call to the coordinator through the client → the decoded JSON answer, with
+    ``token`` as the bearer token when given. An HTTP status >= 400 raises ``CommandError``
+    with exit code 1 (a 401 or 403 also says what to do about the token); an unreachable
+    server or an answer that is not JSON, code 2."""
+    client = CoordinatorClient(api, token=token, timeout_s=timeout, retry=CLI_RETRY)
     url = api + path
-    headers = {"Accept": "application/json"}
-    if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
-    if body is not None:
-        headers["Content-Type"] = "application/json"
-    req = urllib.request.Request(url, data=body, method=method, headers=headers)
+    payload = None if body is None else json.loads(body)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as response:
-            raw = response.read()
-    except urllib.error.HTTPError as exc:
-        raise CommandError(f"{method} {url} -> {exc.code} {exc.reason}: {_detail(exc)}{auth_hint(exc.code)}",
-                           EXIT_HTTP_ERROR) from None
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        if (method, path) == ("POST", JOBS_PATH):
+            return client.submit_job(payload)
+        return client.request_json(method, path, payload, idempotent=True)
+    except CoordinatorHTTPError as exc:
+        if exc.status < 400:  # answered, but not with JSON
+            raise CommandError(f"{method} {url} {exc.detail}; is --api / FLASHML_RUNTIME_API the address of a "
+                               "flashruntime coordinator?", EXIT_UNREACHABLE) from None
+        raise CommandError(f"{method} {url} -> {exc.status} {_phrase(exc.status)}: {exc.detail}"
+                           f"{auth_hint(exc.status)}", EXIT_HTTP_ERROR) from None
+    except CoordinatorUnavailable as exc:
         raise CommandError(
-            f"cannot reach the coordinator at {api} ({method} {path}: {reason or type(exc).__name__}); "
-            "start one with 'flashruntime serve', or point --api or FLASHML_RUNTIME_API at a running coordinator",
+            f"cannot reach the coordinator at {api} ({exc}); start one with 'flashruntime serve', or point --api "
+            "or FLASHML_RUNTIME_API at a running coordinator",
             EXIT_UNREACHABLE,
         ) from None
+
+
+def _phrase(status: int) -> str:
     try:
-        return json.loads(raw)
+        return http.HTTPStatus(status).phrase
     except ValueError:
-        raise CommandError(
-            f"{method} {url} answered with a body that is not JSON ({raw[:80]!r}); "
-            "is --api / FLASHML_RUNTIME_API the address of a flashruntime coordinator?",
-            EXIT_UNREACHABLE,
-        ) from None
-
-
-def _detail(exc: urllib.error.HTTPError) -> str:
-    """FastAPI's ``detail``: a string as is, validation errors one per line."""
-    try:
-        raw = exc.read()
-    except OSError:
         return ""
-    try:
-        parsed = json.loads(raw)
-    except ValueError:
-        return raw.decode("utf-8", "replace").strip()[:500]
-    detail = parsed.get("detail", parsed) if isinstance(parsed, dict) else parsed
-    if isinstance(detail, str):
-        return detail
-    if isinstance(detail, list) and all(isinstance(e, dict) and "msg" in e for e in detail):
-        return "".join(
-            f"\n  {'.'.join(str(part) for part in e.get('loc', ()))}: {e['msg']}" for e in detail
-        )
-    return json.dumps(detail, indent=2)
 
 
 def _run(command: str, args: argparse.Namespace, method: str, path: str, body_from: Path | None = None) -> int:

@@ -8,17 +8,13 @@ The workload and JobSpec building are pure functions; ``run`` adds the launch or
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import shlex
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from flashruntime.client import error_detail
+from flashruntime.client import CoordinatorClient
 from flashruntime.errors import CoordinatorUnavailable
 from flashruntime.integrations.pytorch import ddp
 from flashruntime.local.submit import Run, submit
@@ -261,22 +257,14 @@ def independent_jobspec(
 
 
 def post_job(url: str, spec: JobSpec, headers: Mapping[str, str] | None = None) -> JobRecord:
-    """``POST <url>/v1alpha1/jobs`` → the coordinator's ``JobRecord``; HTTP >= 400 → ``RuntimeError``."""
-    endpoint = f"{url}/v1alpha1/jobs"
-    request = urllib.request.Request(
-        endpoint,
-        data=json.dumps(spec.model_dump(mode="json")).encode("utf-8"),
-        method="POST",
-        headers={"Accept": "application/json", "Content-Type": "application/json", **(headers or {})},
-    )
+    """``POST <url>/v1alpha1/jobs`` → the coordinator's ``JobRecord``. An HTTP error status
+    raises ``CoordinatorHTTPError`` (a ``RuntimeError``); an unreachable coordinator
+    ``CoordinatorUnavailable``."""
+    client = CoordinatorClient(url, headers=headers, timeout_s=_TIMEOUT_S)
     try:
-        with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
-            body = response.read()
-    except urllib.error.HTTPError as exc:
-        raise RuntimeError(f"POST {endpoint} -> {exc.code}: {error_detail(exc)}") from None
-    except (OSError, http.client.HTTPException) as exc:
-        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        answer = client.submit_job(spec.model_dump(mode="json"))
+    except CoordinatorUnavailable as exc:
         raise CoordinatorUnavailable(
-            f"coordinator at {url} is unreachable ({reason}); check coordinator_url or {RUNTIME_API_ENV}"
+            f"coordinator at {url} is unreachable ({exc}); check coordinator_url or {RUNTIME_API_ENV}"
         ) from exc
-    return JobRecord.model_validate_json(body)
+    return JobRecord.model_validate(answer)

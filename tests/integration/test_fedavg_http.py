@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import socket
-import urllib.error
 
 import pytest
 
@@ -19,6 +18,7 @@ from flashml_workloads.fedavg_driver import (
     HttpCoordinator,
     run_fedavg,
 )
+from flashruntime.errors import CoordinatorHTTPError
 from tests.fedavg_fakes import FakeCoordinator, FakeHttpServer, quadratic_worker
 
 TARGETS = [[1.0, 2.0], [1.5, 1.0], [0.5, 3.0]]
@@ -59,15 +59,15 @@ def test_each_method_uses_its_route_and_sends_headers(served):
     assert "operator-secret" not in repr(coord)
 
 
-def test_missing_artifact_is_artifact_not_found_and_4xx_carry_detail(served):
+def test_missing_artifact_is_artifact_not_found_and_4xx_are_typed_errors_with_their_detail(served):
     server, _ = served
     coord = HttpCoordinator(server.url)
     with pytest.raises(ArtifactNotFound, match="jobs/none/round-000/weights.json"):
         coord.get_artifact("jobs/none/round-000/weights.json")
     server.fail_next.append(("POST", "/v1alpha1/jobs", 422))
-    with pytest.raises(urllib.error.HTTPError, match="POST /v1alpha1/jobs -> 422 .*injected 422") as info:
+    with pytest.raises(CoordinatorHTTPError, match="POST /v1alpha1/jobs -> 422: .*injected 422") as info:
         coord.submit({})
-    assert info.value.code == 422
+    assert info.value.status == 422 and info.value.detail == "injected 422"
 
 
 def test_full_run_over_http_retries_5xx(served):

@@ -281,10 +281,12 @@ def test_claim_403_re_registers_once_then_backs_off_and_204_sleeps_with_jitter(c
     assert all(0.8 <= s <= 1.2 for s in idle) and len(set(idle)) > 1
 
 
-@pytest.mark.parametrize("status, code", [(403, 1), (401, 1), (500, 2)])
-def test_registration_refused_or_broken(coordinator, tmp_path, status, code):
-    coordinator.register_statuses.append(status)
+@pytest.mark.parametrize("status, code, tries", [(403, 1, 1), (401, 1, 1), (500, 2, FAST.finish_attempts)])
+def test_registration_refused_or_broken(coordinator, tmp_path, status, code, tries):
+    """A refusal is final; a coordinator that keeps failing is tried by the client's retry policy."""
+    coordinator.register_statuses.extend([status] * FAST.finish_attempts)
     assert make_agent(coordinator, tmp_path).run() == code
+    assert len(coordinator.calls("POST", "/v1alpha1/nodes/register")) == tries
     assert coordinator.calls("POST", "/v1alpha1/leases/claim") == []
 
 

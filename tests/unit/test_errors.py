@@ -1,4 +1,4 @@
-"""The error family of SPEC §15: one root, documented built-in bases kept."""
+"""The error family: one root, documented built-in bases kept."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ EXPECTED_BASES = {
     "NonFiniteWeights": (ValueError,),
     "QuorumNotMet": (RuntimeError,),
     "CoordinatorUnavailable": (RuntimeError,),
+    "CoordinatorHTTPError": (RuntimeError,),
     "ArtifactNotFound": (LookupError,),
     "ExpansionError": (ValueError,),
     "AuthConfigError": (ValueError,),
@@ -27,15 +28,35 @@ def test_root() -> None:
     assert errors.FlashRuntimeError.__bases__ == (Exception,)
 
 
+PARENTS = {"ArtifactNotFound": "CoordinatorHTTPError"}  # within the family; FlashRuntimeError otherwise
+
+
+def _raise(cls: type[Exception], message: str) -> None:
+    if cls is errors.CoordinatorHTTPError:
+        raise cls("GET", "/v1alpha1/jobs/j", 500, message)
+    raise cls(message)
+
+
 @pytest.mark.parametrize("name, builtins", sorted(EXPECTED_BASES.items()))
 def test_each_error_is_rooted_and_keeps_its_builtin(name: str, builtins: tuple[type, ...]) -> None:
     cls = getattr(errors, name)
-    assert cls.__bases__ == (errors.FlashRuntimeError, *builtins)
+    assert cls.__bases__ == (getattr(errors, PARENTS.get(name, "FlashRuntimeError")), *builtins)
     with pytest.raises(errors.FlashRuntimeError, match="why and how to fix"):
-        raise cls("why and how to fix")
+        _raise(cls, "why and how to fix")
     for builtin in builtins:
         with pytest.raises(builtin):
-            raise cls("caught by existing except clauses")
+            _raise(cls, "caught by existing except clauses")
+
+
+def test_http_errors_carry_what_the_coordinator_answered() -> None:
+    error = errors.CoordinatorHTTPError("POST", "/v1alpha1/jobs", 429, "slow down", retry_after_s=2.0)
+    assert (error.method, error.path, error.status, error.detail, error.retry_after_s) == (
+        "POST", "/v1alpha1/jobs", 429, "slow down", 2.0)
+    assert str(error) == "POST /v1alpha1/jobs -> 429: slow down"
+    missing = errors.ArtifactNotFound("GET", "/v1alpha1/artifacts/a", 404, "no artifact 'a'")
+    assert missing.status == 404 and isinstance(missing, LookupError) and isinstance(missing, RuntimeError)
+    plain = errors.ArtifactNotFound("artifact 'a' not found")  # raised without a coordinator, as before
+    assert str(plain) == "artifact 'a' not found" and plain.status == 404
 
 
 def test_all_lists_exactly_the_family() -> None:
