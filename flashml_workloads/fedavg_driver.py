@@ -20,6 +20,7 @@ from flashml_workloads._fedavg_http import HttpCoordinator
 from flashml_workloads.fedavg_weights import apply_delta, decode, encode, reduce_deltas_with_report, require_finite
 from flashruntime.client import RetryPolicy, is_transient
 from flashruntime.errors import ArtifactNotFound, CoordinatorUnavailable, QuorumNotMet
+from flashruntime.protocol.lease_rules import FEDAVG_LEASE_SECONDS
 
 __all__ = [
     "ArtifactNotFound",
@@ -237,7 +238,7 @@ def run_fedavg(
     initial_weights: dict[str, Any],
     round_timeout_s: float = 600.0,
     poll_seconds: float = 1.0,
-    lease_seconds: float = 120.0,
+    lease_seconds: float = FEDAVG_LEASE_SECONDS,
     on_round: Callable[[RoundResult], None] | None = None,
     start_round: int = 0,
     weights_uri: str | None = None,

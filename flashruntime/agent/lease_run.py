@@ -36,13 +36,13 @@ from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable
 from flashruntime.launchers._sweep import proc_available
 from flashruntime.launchers.local import LocalLaunchHandle, read_log_tail
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
+from flashruntime.protocol.lease_rules import DEFAULT_LEASE_SECONDS  # for a Lease that states no length (0)
 from flashruntime.protocol.task_modules import ALLOWED_TASK_MODULES
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Lease
 
 logger = logging.getLogger("flashruntime.worker")
 
 RUNNERS = ("subprocess", "trusted")
-DEFAULT_LEASE_SECONDS = 60.0  # used when a Lease does not state its renewal period (lease_seconds == 0)
 LOST_STATUSES = (403, 410)  # the lease is no longer ours: stop and walk away without further calls
 SHUTDOWN_REASON = "agent shutdown"
 _REASON_LIMIT = 500

@@ -15,7 +15,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flashruntime.errors import ExpansionError
-from flashruntime.leases import MAX_LEASE_SECONDS, bounded_lease_seconds
+from flashruntime.protocol.lease_rules import (
+    DEFAULT_LEASE_SECONDS,
+    FEDAVG_LEASE_SECONDS,
+    MAX_LEASE_SECONDS,
+    bounded_lease_seconds,
+)
 from flashruntime.protocol.task_modules import (
     ALLOWED_TASK_MODULES,
     FEDAVG_DRIVER_SUPPLIED_KEYS,
@@ -160,7 +165,7 @@ def expand_hyperparameter_search(job_id: str, spec: JobSpec) -> list[TaskSpec]:
     trials = _trials(params)
     module = _qualified_module("sklearn_trial" if params.get("module") is None else params["module"])
     inputs = _checked_inputs(params.get("inputs"), "hyperparameter_search")
-    lease_seconds = _lease_seconds(params, 60.0, "hyperparameter_search")
+    lease_seconds = _lease_seconds(params, DEFAULT_LEASE_SECONDS, "hyperparameter_search")
     extra = {"checkpoint": params["checkpoint"]} if params.get("checkpoint") is not None else None
     return [
         _module_task(job_id, spec, f"trial-{i:03d}", module, trial, inputs, lease_seconds, extra)
@@ -185,7 +190,7 @@ def expand_sharded_kmeans(job_id: str, spec: JobSpec) -> list[TaskSpec]:
             "centroid rows (e.g. from kmeans_driver.init_centroids)"
         )
     iteration = _non_negative_int(params, "iteration", "sharded_kmeans")
-    lease_seconds = _lease_seconds(params, 60.0, "sharded_kmeans")
+    lease_seconds = _lease_seconds(params, DEFAULT_LEASE_SECONDS, "sharded_kmeans")
     return [
         _module_task(
             job_id, spec, f"it{iteration:02d}-shard-{i:03d}", f"{_PACKAGE}.kmeans_shard",
@@ -216,7 +221,7 @@ def expand_federated_averaging(job_id: str, spec: JobSpec) -> list[TaskSpec]:
             "or leave it out for round 0"
         )
     fl_round = _non_negative_int(params, "round", "federated_averaging")
-    lease_seconds = _lease_seconds(params, 120.0, "federated_averaging")
+    lease_seconds = _lease_seconds(params, FEDAVG_LEASE_SECONDS, "federated_averaging")
     inputs = {"weights": weights} if weights is not None else {}
     worker = {key: params[key] for key in FEDAVG_WORKER_PARAM_KEYS}
     return [

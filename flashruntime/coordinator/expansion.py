@@ -16,7 +16,7 @@ from flashruntime.coordinator.builtin_expansions import (
     FEDAVG_WORKER_PARAM_KEYS,
 )
 from flashruntime.errors import ExpansionError
-from flashruntime.leases import MAX_LEASE_SECONDS
+from flashruntime.protocol.lease_rules import MAX_LEASE_SECONDS
 from flashruntime.protocol.v1alpha1 import ClaimRequest, CompleteRequest, FailRequest, JobSpec, TaskSpec
 from flashruntime.recipes import recipe_for
 

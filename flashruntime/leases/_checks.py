@@ -7,14 +7,11 @@ import math
 from datetime import datetime
 
 from flashruntime.leases.store import TaskRecord
+from flashruntime.protocol.lease_rules import LONGEST_LEASE_SECONDS, SHORTEST_LEASE_SECONDS
 from flashruntime.protocol.v1alpha1 import TaskSpec, TaskState
 
 _COMPLETED = TaskState.COMPLETED
 
-# The lease lengths a task may ask for: below a microsecond the deadline rounds to ``now``
-# (a lease dead when issued); beyond ten years ``now + lease_seconds`` nears datetime's last date.
-SHORTEST_LEASE_SECONDS = 1e-6
-LONGEST_LEASE_SECONDS = 10 * 365 * 86_400
 _FAILED = TaskState.FAILED
 _CANCELLED = TaskState.CANCELLED
 

@@ -1,5 +1,5 @@
-"""The events of the three hot transitions (claim, renewal, accepted commit), built in
-one place for the manager's general path and the in-memory fast path alike."""
+"""The events of the three hot transitions (claim, renewal, accepted commit), built by
+plain functions so a transition that emits none pays nothing for them."""
 
 from __future__ import annotations
 

@@ -15,13 +15,9 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from heapq import heapify, heappop, heappush
-from typing import TYPE_CHECKING
-
 from flashruntime.leases._models import UTC, coerce_now
+from flashruntime.leases.store import LeaseStore, TaskRecord
 from flashruntime.protocol.v1alpha1 import TaskState
-
-if TYPE_CHECKING:
-    from flashruntime.leases.store import TaskRecord
 
 __all__ = ["InMemoryLeaseStore"]
 
@@ -128,7 +124,7 @@ class _Entry:
         self.deadline: datetime | None = None
 
 
-class InMemoryLeaseStore:
+class InMemoryLeaseStore(LeaseStore):
     """Insertion-ordered records keyed by ``(job_id, task_id)``, with indexes.
 
     ``save`` persists nothing (records are live objects) but brings the indexes
@@ -389,7 +385,7 @@ class InMemoryLeaseStore:
             if entry.lease_id == item[2] and entry.deadline == item[0]:
                 heap.append(item)
         heapify(heap)
-        self._expiry[:] = heap  # in place: the in-memory fast path holds this list
+        self._expiry = heap
         self._compact_at = 2 * len(heap) + _COMPACT_SLACK
 
 

@@ -9,17 +9,14 @@ transaction; events are emitted after it commits, and none are built when
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 from flashruntime.errors import LeaseError
-from flashruntime.leases._adapter import StoreAdapter
 from flashruntime.leases._checks import _check_id, _check_spec, _is_str, _node_of, _why_not_live
 from flashruntime.leases._events import commit_accepted, lease_claimed, lease_renewed
-from flashruntime.leases._memory_fast import fast_state, fused_claim, fused_complete, fused_heartbeat
 from flashruntime.leases._models import (
     _DELTAS,
     UTC,
@@ -33,14 +30,11 @@ from flashruntime.leases._models import (
     seconds,
 )
 from flashruntime.leases._offer import PAGE_SIZE, offer_pending  # noqa: F401  (PAGE_SIZE: re-exported)
-from flashruntime.leases.store import InMemoryLeaseStore, LeaseStore, TaskRecord
+from flashruntime.leases.store import InMemoryLeaseStore, LeaseStore, TaskRecord, with_derived_operations
+from flashruntime.protocol.lease_rules import MAX_LEASE_SECONDS, bounded_lease_seconds
 from flashruntime.protocol.v1alpha1 import Event, EventType, Lease, TaskSpec, TaskState
 
 __all__ = ["MAX_LEASE_SECONDS", "LeaseError", "LeaseManager", "bounded_lease_seconds"]
-
-MAX_LEASE_SECONDS = 3600
-
-_REQUIRED = ("add", "save", "get", "next_pending", "leased", "all")
 
 _PENDING = TaskState.PENDING
 _LEASED = TaskState.LEASED
@@ -49,22 +43,6 @@ _FAILED = TaskState.FAILED
 _CANCELLED = TaskState.CANCELLED
 _TERMINAL = frozenset((_COMPLETED, _FAILED, _CANCELLED))
 _datetime = datetime
-
-
-def bounded_lease_seconds(raw: object, default: float) -> float:
-    """A lease length from untrusted input: ``None`` -> ``default``; otherwise a finite
-    number > 0 (numeric strings accepted), capped at ``MAX_LEASE_SECONDS``."""
-    if raw is None:
-        return default
-    if isinstance(raw, bool):
-        raise ValueError(f"lease_seconds must be a number of seconds, got the bool {raw!r}")
-    try:
-        value = float(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"lease_seconds must be a number of seconds, got {raw!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"lease_seconds must be finite and > 0, got {raw!r}")
-    return float(min(value, MAX_LEASE_SECONDS))
 
 
 class LeaseManager:
@@ -84,35 +62,25 @@ class LeaseManager:
     ) -> None:
         if store is None:
             store = InMemoryLeaseStore()
-        missing = [name for name in _REQUIRED if not callable(getattr(store, name, None))]
-        if missing:
-            raise TypeError(
-                f"store {type(store).__name__} is not a LeaseStore: it lacks "
-                + ", ".join(f"{name}()" for name in missing)
-            )
+        ops = with_derived_operations(store)  # TypeError naming what a non-store lacks
         self._store = store
         self.on_event = on_event
-        self._lock = threading.RLock()
         self._ids = LeaseIds().next
-        self._save = store.save
-        self._get = store.get
-        self._next_pending = store.next_pending
-
-        adapted = StoreAdapter(store)
-        self._tx: Any = adapted.transaction if adapted.transaction is not None else self._lock
-        self._find: Callable[[str], TaskRecord | None] = adapted.find_lease
-        self._has_lease = adapted.has_lease
-        self._expired: Callable[[datetime], list[TaskRecord]] = adapted.expired
-        self._pending_page: Callable[[str | None, int, int], list[TaskRecord]] = adapted.pending_page
-        self._leased_by_node: Callable[[str], list[TaskRecord]] = adapted.leased_by_node
-        self._counts: Callable[[str], dict[str, int]] = adapted.counts
-        self._put_cordon = adapted.put_cordon
-        self._remove_cordon = adapted.remove_cordon
-        self._cordons = adapted.cordons
-        self._cordon_for = adapted.cordon_for
-        # Over a plain InMemoryLeaseStore the three hot transitions run their common case
-        # fused with the store's indexes (see _memory_fast); None: the general path only.
-        self._fast = fast_state(store)
+        # Every store operation bound once: the transitions call them on every cycle.
+        self._save = ops.save
+        self._get = ops.get
+        self._next_pending = ops.next_pending
+        self._tx: Any = _reusable(ops.transaction)
+        self._find: Callable[[str], TaskRecord | None] = ops.find_lease
+        self._has_lease: Callable[[str], bool] = ops.has_lease
+        self._expired: Callable[[datetime], list[TaskRecord]] = ops.expired
+        self._pending_page: Callable[[str | None, int, int], list[TaskRecord]] = ops.pending_page
+        self._leased_by_node: Callable[[str], list[TaskRecord]] = ops.leased_by_node
+        self._counts: Callable[[str], dict[str, int]] = ops.counts
+        self._put_cordon = ops.put_cordon
+        self._remove_cordon = ops.remove_cordon
+        self._cordons = ops.cordons
+        self._cordon_for = ops.cordon_for
 
     @property
     def store(self) -> LeaseStore:
@@ -166,7 +134,6 @@ class LeaseManager:
         if event is not None:
             on_event(event)  # type: ignore[misc]
 
-    @fused_claim
     def claim(
         self,
         node_id: str,
@@ -217,9 +184,8 @@ class LeaseManager:
                 record.attempts_used = attempt
                 lease_id = self._ids()
                 has_lease = self._has_lease
-                if has_lease is not None:
-                    while has_lease(lease_id):  # 48 random bits: practically never
-                        lease_id = self._ids()
+                while has_lease(lease_id):  # 48 random bits: practically never
+                    lease_id = self._ids()
                 lease = make_lease(
                     lease_id, values["task_id"], values["job_id"], node_id, attempt, deadline, payload, lease_seconds
                 )
@@ -238,7 +204,6 @@ class LeaseManager:
             return self.claim(node_id, job_id, now, policy, node)
         return lease
 
-    @fused_heartbeat
     def heartbeat(self, lease_id: str, now: datetime | None = None) -> Lease:
         """Renew a live lease: a copy with ``deadline = now + lease_seconds`` becomes the active lease."""
         if now is None or now.__class__ is not _datetime or now.tzinfo is not UTC:
@@ -286,7 +251,6 @@ class LeaseManager:
             on_event(lease_renewed(spec, renewal.node_id, lease_id, renewal.deadline, now))
         return renewal
 
-    @fused_complete
     def complete(self, lease_id: str, output_sha256: str, now: datetime | None = None) -> bool:
         """Commit the task's output under a live lease; the first valid commit wins.
 
@@ -578,6 +542,32 @@ class LeaseManager:
 def _emit(on_event: Callable[[Event], None], events: Sequence[Event]) -> None:
     for event in events:
         on_event(event)
+
+
+class _PerCall:
+    """A store's transaction whose ``transaction()`` makes a fresh context manager on each
+    call, as one re-entrant context the manager can enter for every transition."""
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self._factory = factory
+        self._local = threading.local()
+
+    def __enter__(self) -> Any:
+        stack = self._local.__dict__.setdefault("stack", [])
+        context = self._factory()
+        value = context.__enter__()
+        stack.append(context)
+        return value
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._local.stack.pop().__exit__(*exc)
+
+
+def _reusable(transaction: Callable[[], Any]) -> Any:
+    """The store's own context manager when ``transaction()`` keeps returning the same
+    (re-entrant) object, as every store here does; else one asking for a fresh one each time."""
+    first = transaction()
+    return first if first is transaction() else _PerCall(transaction)
 
 
 def _past_the_last_date(what: str, now: datetime, lease_seconds: float) -> ValueError:

@@ -28,7 +28,7 @@ from flashruntime.leases._models import (
     spec_to_json,
 )
 from flashruntime.leases._sqlite_migrate import migrate_single_document, single_document_layout
-from flashruntime.leases.store import TaskRecord
+from flashruntime.leases.store import LeaseStore, TaskRecord
 from flashruntime.protocol.v1alpha1 import Lease, TaskState
 
 __all__ = ["SqliteLeaseStore"]
@@ -106,7 +106,7 @@ def _rollback(conn: sqlite3.Connection) -> None:
         pass  # no transaction left to roll back (SQLite rolled it back itself)
 
 
-class SqliteLeaseStore:
+class SqliteLeaseStore(LeaseStore):
     """A ``LeaseStore`` in one SQLite file; implements every optional accelerator.
 
     The constructor creates the parent directory and the schema, or migrates the

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from flashruntime.protocol._base import StrEnum, UtcDatetime, WireModel, utcnow
+from flashruntime.protocol.lease_rules import DEFAULT_LEASE_SECONDS
 
 __all__ = [
     "API_VERSION",
@@ -373,7 +374,7 @@ class TaskSpec(WireModel):
     commit_key: str
     max_attempts: int = Field(default=3, ge=1)
     max_expiries: int = Field(default=9, ge=1)
-    lease_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    lease_seconds: float = Field(default=DEFAULT_LEASE_SECONDS, gt=0, allow_inf_nan=False)
 
 
 class Lease(WireModel):

@@ -15,7 +15,7 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
-from flashruntime.leases.manager import MAX_LEASE_SECONDS, bounded_lease_seconds
+from flashruntime.protocol.lease_rules import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS, bounded_lease_seconds
 from flashruntime.protocol.v1alpha1 import JobSpec, TaskSpec
 from flashruntime.recipes.base import WorkloadRecipe, lease_task, output_prefix, register_recipe
 
@@ -25,7 +25,6 @@ __all__ = ["CommandRecipe"]
 _ALLOW_UNSANDBOXED_ENV = "FLASHML_ALLOW_UNSANDBOXED_ARGV"
 
 _ARTIFACT_SCHEME = "artifact://"
-_DEFAULT_LEASE_SECONDS = 60.0
 _FORMATTER = string.Formatter()
 _PLACEHOLDER_ERRORS = (KeyError, IndexError, ValueError, AttributeError, TypeError)
 # The largest width or precision a placeholder's format spec may ask for: enough for any
@@ -208,7 +207,7 @@ class CommandRecipe(WorkloadRecipe):
         if problems:
             raise ValueError("; ".join(problems))
         try:
-            lease_seconds = bounded_lease_seconds(params.get("lease_seconds"), _DEFAULT_LEASE_SECONDS)
+            lease_seconds = bounded_lease_seconds(params.get("lease_seconds"), DEFAULT_LEASE_SECONDS)
         except ValueError as exc:
             raise ValueError(
                 f"parameters.{exc}; give a number of seconds > 0 (values above {MAX_LEASE_SECONDS} are capped)"
