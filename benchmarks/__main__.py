@@ -1,4 +1,4 @@
-"""``python -m benchmarks run|report|list``."""
+"""``python -m benchmarks run|report|adopt|page|list``."""
 
 from __future__ import annotations
 
@@ -21,12 +21,28 @@ def main(argv: list[str] | None = None) -> int:
     report = sub.add_parser("report", help="render a result file as Markdown")
     report.add_argument("result", type=Path)
     report.add_argument("--document", action="store_true", help="a whole docs page, with title and preamble")
+    adopt = sub.add_parser("adopt", help="make result files the reference of their scenarios; regenerate the docs page")
+    adopt.add_argument("results", type=Path, nargs="+")
+    sub.add_parser("page", help="regenerate docs/benchmarks.md from the reference results")
     sub.add_parser("list", help="list the registered scenarios")
     args = parser.parse_args(argv)
 
     from benchmarks import report as report_module
     from benchmarks.registry import SCENARIOS
 
+    if args.command in ("adopt", "page"):
+        from benchmarks import reference
+
+        if args.command == "adopt":
+            try:
+                adopted = reference.adopt(args.results)
+            except (OSError, ValueError) as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+            print(f"reference results of: {', '.join(adopted)}")
+        reference.DOCS_PAGE.write_text(reference.render_page(reference.load_references()), encoding="utf-8")
+        print(f"wrote {reference.DOCS_PAGE}")
+        return 0
     if args.command == "list":
         for scenario in SCENARIOS.values():
             print(f"{scenario.name:20} {scenario.section:12} {scenario.hypothesis}")

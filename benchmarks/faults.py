@@ -1,4 +1,4 @@
-"""Fault injection for benchmarks and tests, read as scenarios (SPEC §14):
+"""Fault injection for benchmarks and tests, read as scenarios:
 a trainer armed to crash a given way, a killer that acts on the newest running
 attempt of a ``Run``, and a byte flip in the newest checkpoint part.
 """
@@ -76,7 +76,7 @@ def _running_attempt(run: Any) -> dict[str, Any] | None:
 
 
 def _rank_pids(attempt_dir: str) -> list[int]:
-    """Worker processes of an attempt, found as the launcher finds them (SPEC §5.7)."""
+    """Worker processes of an attempt, found as the launcher finds them."""
     from flashruntime.launchers._sweep import attempt_processes
 
     marker = f"FLASHML_OUTPUT_DIR={attempt_dir}".encode()

@@ -1,9 +1,9 @@
-"""Parsing and value checks of FedAvg weight blobs (SPEC §8.1), standard library only.
+"""Parsing and value checks of FedAvg weight blobs, standard library only.
 
 A blob maps parameter names to list entries ``{"shape", "data"}`` or compact entries
 ``{"shape", "encoding": "f64le-b64", "data_b64"}``. ``parse`` validates the structure
 and turns either form into a ``Param`` whose ``data`` is a float sequence; the value
-checks (finite numbers) are separate so callers can order the checks as SPEC requires.
+checks (finite numbers) are separate so callers can run the checks in their documented order.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The numpy fast path of ``reduce_deltas`` (SPEC §8.1), bit-identical to the pure path.
+"""The numpy fast path of ``reduce_deltas``, bit-identical to the pure path.
 
 Same checks in the same order (errors are raised by the pure helpers, so messages match),
 the same sequential sum of squares (``np.add.accumulate`` carries the running total across

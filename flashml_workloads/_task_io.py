@@ -1,4 +1,4 @@
-"""Files and CLI of the task modules (SPEC §12), standard library only: the labelled CSV
+"""Files and CLI of the task modules, standard library only: the labelled CSV
 they read, the JSON they write, and the ``--spec spec.json --out OUTDIR`` entry point.
 
 ``data_rows`` does the part every CSV reader agrees on (blank lines, an optional header,

@@ -1,4 +1,4 @@
-"""FedAvg driver: one lease job per round, quorum, bounded-influence reduce, published weights (SPEC §8.2).
+"""FedAvg driver: one lease job per round, quorum, bounded-influence reduce, published weights.
 
 Each round submits a ``federated_averaging`` job, polls the coordinator until a quorum of
 shards has committed, freezes that set, downloads the deltas, reduces them with
@@ -258,7 +258,7 @@ def run_fedavg(
 
     ``initial_weights`` must be what the first round's workers start from: with ``weights_uri``
     None, ``fedavg_worker`` starts from its seeded init, i.e. ``state_to_blob(build_model(params))``.
-    ``{}`` bootstraps as SPEC §8.2 says (the first reduced blob *becomes* the weights), which suits
+    ``{}`` bootstraps (the first reduced blob *becomes* the weights), which suits
     workers whose first-round "delta" is a full model. ``compact`` publishes weights as
     ``f64le-b64`` entries, and workers then answer in kind. ``clock``/``sleep`` are injectable.
     """

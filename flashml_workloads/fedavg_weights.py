@@ -1,4 +1,4 @@
-"""Weight blobs and the bounded-influence FedAvg reduce (SPEC §8.1).
+"""Weight blobs and the bounded-influence FedAvg reduce.
 
 A blob is JSON-able: ``{"<param>": {"shape": [...], "data": [...]}}`` (row-major), or the
 additive compact entry ``{"shape", "encoding": "f64le-b64", "data_b64"}``. ``reduce_deltas``
@@ -178,7 +178,7 @@ def _check_clip_factor(clip_factor: Any) -> float:
 
 
 def _sample_weights(contributions: Sequence[Any]) -> tuple[list[Any], list[float]]:
-    """Steps 2–4 of SPEC §8.1: non-empty, positive total, every count a positive int."""
+    """Steps 2–4 of non-empty, positive total, every count a positive int."""
     if not contributions:
         raise ValueError("reduce_deltas: no contributions")
     blobs: list[Any] = []
@@ -277,7 +277,7 @@ def reduce_deltas_with_report(
 ) -> tuple[Blob, list[ClipEvent]]:
     """Sample-weighted mean of deltas with median-anchored clipping, and the clip events.
 
-    Checks run in SPEC §8.1's order (clip factor, non-empty, total, each count, then each blob's
+    Checks run in this order (clip factor, non-empty, total, each count, then each blob's
     shapes and values), so malformed input raises before anything is clipped. An honest round is
     bit-identical to an unclipped reduce. The cap bounds magnitude, not direction; a colluding
     majority defeats it, and with two contributions one attacker moves the median directly — it is

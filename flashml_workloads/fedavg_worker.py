@@ -1,4 +1,4 @@
-"""FedAvg task module (SPEC §8.3): one shard's local training, written as a weight delta.
+"""FedAvg task module: one shard's local training, written as a weight delta.
 
 ``python -m flashml_workloads.fedavg_worker --spec spec.json --out OUTDIR`` trains a small MLP
 (``Linear → ReLU → Linear``) on a strided shard of seeded synthetic data, starting from the
@@ -250,7 +250,7 @@ def union_loss(params: Mapping[str, Any], weights: Mapping[str, Any] | None = No
 
 
 def centralized_loss(params: Mapping[str, Any], rounds: int) -> float:
-    """SPEC §8.3's reference: same model and seed, batches of ``batch_size × num_shards`` over the union,
+    """The reference run: same model and seed, batches of ``batch_size × num_shards`` over the union,
     ``rounds × local_steps`` steps; → the union loss of the result."""
     checked = _params(params)
     model = build_model(checked)
@@ -260,7 +260,7 @@ def centralized_loss(params: Mapping[str, Any], rounds: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Task-module CLI (SPEC §12): ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure."""
+    """Task-module CLI: ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure."""
     return task_main("fedavg_worker", argv, run_worker, out_help="output directory (metrics.json, delta.json)")
 
 

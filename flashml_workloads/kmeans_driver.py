@@ -1,4 +1,4 @@
-"""K-means driver (SPEC §12): Lloyd's algorithm with the assignment step fanned out over a coordinator.
+"""K-means driver: Lloyd's algorithm with the assignment step fanned out over a coordinator.
 
 ``shard_and_upload`` splits the rows into CSV shard artifacts; each iteration of ``run_kmeans``
 submits one ``sharded_kmeans`` lease job (one ``kmeans_shard`` task per shard), waits for it to

@@ -1,4 +1,4 @@
-"""K-means task module (SPEC §12): the assignment half of one Lloyd iteration over one shard.
+"""K-means task module: the assignment half of one Lloyd iteration over one shard.
 
 ``python -m flashml_workloads.kmeans_shard --spec spec.json --out OUTDIR`` reads the ``shard``
 input (a CSV of float rows, no header), assigns every row to its nearest centroid from the
@@ -161,7 +161,7 @@ def _fsum(values: list[float], what: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Task-module CLI (SPEC §12): ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure."""
+    """Task-module CLI: ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure."""
     return task_main("kmeans_shard", argv, lambda spec, _out: run_shard(spec), write_metrics=True,
                      summary=lambda metrics: {key: metrics[key] for key in ("task_id", "counts", "inertia", "n")})
 

@@ -1,4 +1,4 @@
-"""SGD task module (SPEC §12): deterministic logistic regression with resumable JSON checkpoints.
+"""SGD task module: deterministic logistic regression with resumable JSON checkpoints.
 
 ``python -m flashml_workloads.sgd_trainer --spec spec.json --out OUTDIR`` trains a binary logistic
 regression on the ``dataset`` input with minibatch SGD, writes ``OUTDIR/ckpt/step-<s:06d>.json``
@@ -285,7 +285,7 @@ def run_trainer(spec: Mapping[str, Any], out: str | Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Task-module CLI (SPEC §12): ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure,
+    """Task-module CLI: ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure,
     3 when ``kill_at_step`` fired."""
     return task_main("sgd_trainer", argv, run_trainer, out_help="output directory (metrics.json, ckpt/)",
                      exit_codes={SimulatedCrash: KILL_EXIT_CODE})

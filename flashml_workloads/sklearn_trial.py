@@ -1,7 +1,7 @@
-"""Hyperparameter-trial task module (SPEC §12): 3-fold cross-validated accuracy of one model.
+"""Hyperparameter-trial task module: 3-fold cross-validated accuracy of one model.
 
 ``python -m flashml_workloads.sklearn_trial --spec spec.json --out OUTDIR`` scores one trial of a
-``hyperparameter_search`` job (SPEC §9.6) — a logistic regression or a random forest — on the
+``hyperparameter_search`` job — a logistic regression or a random forest — on the
 ``dataset`` CSV with stratified 3-fold CV and writes ``OUTDIR/metrics.json``. numpy and
 scikit-learn (extra ``sklearn``) are imported inside functions.
 """
@@ -197,7 +197,7 @@ def run_trial(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Task-module CLI (SPEC §12): ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure."""
+    """Task-module CLI: ``--spec spec.json --out OUTDIR``; 0 on success, 1 on failure."""
     return task_main("sklearn_trial", argv, lambda spec, _out: run_trial(spec), write_metrics=True)
 
 

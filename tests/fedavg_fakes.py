@@ -3,8 +3,8 @@
 ``FakeCoordinator`` expands a ``federated_averaging`` round into ``shard-NNN`` tasks and runs a
 worker function for each when the round is submitted; each task's files appear under
 ``jobs/<job>/<task>/`` after a configurable number of ``artifacts()`` polls. ``FakeHttpServer``
-serves the same backend over SPEC §9.2's routes on 127.0.0.1 — an interim stand-in until the
-real coordinator service exists — and can answer chosen requests with an HTTP error.
+serves the same backend over the coordinator's routes on 127.0.0.1, where a test needs to script
+the coordinator (hold rounds back, answer chosen requests with an HTTP error).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class FakeCoordinatorWithoutTasks(FakeCoordinator):
 
 
 class FakeHttpServer:
-    """SPEC §9.2's driver-facing routes over a ``FakeCoordinator``, on 127.0.0.1 (stdlib only)."""
+    """The driver-facing routes over a ``FakeCoordinator``, on 127.0.0.1 (stdlib only)."""
 
     def __init__(self, backend: FakeCoordinator) -> None:
         self.backend = backend

@@ -1,4 +1,4 @@
-"""A stdlib stand-in for the coordinator's node, lease and artifact routes (SPEC §9.2), for
+"""A stdlib stand-in for the coordinator's node, lease and artifact routes, for
 worker-agent tests: a ``ThreadingHTTPServer`` on 127.0.0.1 that hands out queued leases,
 records every request, and can be told to answer a route with a given status.
 """

@@ -1,7 +1,7 @@
 """Shared by the coordinator scenarios (``coordinator_claims``, ``lease_mttd_mttr``): a
 real ``flashruntime serve`` subprocess on 127.0.0.1 with its data under
 ``benchmarks/.work``, and the small HTTP helpers a client needs (register, the job
-spec, upload-then-complete as SPEC §9.7 requires).
+spec, upload-then-complete as the complete procedure requires).
 
 The underscore keeps the registry from treating this module as a scenario.
 Benchmarks never import from ``tests/``, so what the tests' ``service_server`` does

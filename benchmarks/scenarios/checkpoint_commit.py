@@ -1,4 +1,4 @@
-"""``checkpoint_commit`` (SPEC §14, issue 4): what a verified checkpoint costs over a bare save.
+"""``checkpoint_commit``: what a verified checkpoint costs over a bare save.
 
 Ours: the state is written into a part through ``open_part`` (hashed on a helper thread
 while it is written), then ``write_manifest`` (manifest last: temp, fsync, rename,
@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.registry import Scenario
-from benchmarks.rows import Target, measured_row
+from benchmarks.rows import measured_row
+from benchmarks.targets import CHECKPOINT_COMMIT_OVER_BARE_SAVE
 
 NAME = "checkpoint_commit"
 SECTION = "performance"
 MIN_SAMPLES = 5
 RETAINED = 3
-TARGET = Target("<=", 1.15, "x", "issue 4")
+TARGET = CHECKPOINT_COMMIT_OVER_BARE_SAVE
 WORK_DIR = Path(__file__).resolve().parents[1] / ".work"
 
 # (label, total bytes, tensors): the state is split like a model's parameters.
@@ -165,7 +166,7 @@ def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
                 "ours = open_part (hashed on a helper thread while written, one pass) + write_manifest"
                 f" + verify_manifest of the new step + latest_valid_manifest over {RETAINED} retained steps",
                 "open_part starts kernel writeback every 8 MiB (posix_fadvise DONTNEED) and fsyncs at the end;"
-                " the comparator is the bare save + flush + fsync SPEC §14 names",
+                " the comparator is the bare save + flush + fsync",
                 f"state: {count} {'float32 tensors' if use_torch else 'bytes objects'} totalling {total >> 20} MiB;"
                 f" files on {fs} under benchmarks/.work",
                 "phase medians (ms): " + ", ".join(f"{name} {value:.2f}" for name, value in phases.items()),

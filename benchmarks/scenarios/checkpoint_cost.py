@@ -1,4 +1,4 @@
-"""``checkpoint_cost`` (SPEC §14): what one ``ft.checkpoint`` call costs in a training script.
+"""``checkpoint_cost``: what one ``ft.checkpoint`` call costs in a training script.
 
 Ours: ``flashruntime.torch.checkpoint(model, optimizer, step=s)`` in this process (world
 size 1, ``FLASHML_CKPT_DIR`` and ``FLASHML_OUTPUT_DIR`` pointed under the work directory):

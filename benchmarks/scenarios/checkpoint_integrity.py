@@ -1,4 +1,4 @@
-"""``checkpoint_integrity`` (SPEC §14): ``kill -9`` inside the checkpoint write window.
+"""``checkpoint_integrity``: ``kill -9`` inside the checkpoint write window.
 
 A child process writes checkpoints in a loop and reports each write window on stdout
 ("open <step>" right before the write starts, "done <step> <seconds>" once it is
@@ -8,7 +8,7 @@ SIGKILLs the child. A kill counts as in-window only when the child's last report
 it was "open" (the window it opened had not been reported closed). After every kill the
 checkpoint root is inspected and the child is restarted; it continues with new steps.
 
-Ours: two parts of raw bytes through ``open_part`` + ``write_manifest`` (SPEC §3.2, the
+Ours: two parts of raw bytes through ``open_part`` + ``write_manifest`` (the
 path ``ft.checkpoint`` uses). After a kill every ``step-*`` directory must verify
 (``verify_manifest``) or have no ``manifest.json`` (recovery ignores it), and
 ``latest_valid_manifest`` must not raise and must return the newest verifying step (or

@@ -1,4 +1,4 @@
-"""``coordinator_claims`` (SPEC §14): HTTP claim+complete cycles/s against a real
+"""``coordinator_claims``: HTTP claim+complete cycles/s against a real
 ``flashruntime serve`` on loopback with concurrent clients, against the in-process
 ``LeaseManager`` doing the same cycle with the same concurrency.
 

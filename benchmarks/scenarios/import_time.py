@@ -1,9 +1,9 @@
-"""import_time: cold ``import flashruntime`` against ``import pydantic`` (SPEC §14).
+"""import_time: cold ``import flashruntime`` against ``import pydantic``.
 
 Each sample is a fresh ``python -I -c`` process with bytecode already compiled; the
 figure is perf_counter around the import statement inside that process. The two
 imports alternate so drift hits both alike. The same processes report which
-forbidden modules (SPEC §0.3) the import loaded.
+forbidden modules the import loaded.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from benchmarks.registry import Scenario
-from benchmarks.rows import Target, measured_row
+from benchmarks.rows import measured_row
+from benchmarks.targets import FORBIDDEN_MODULES, IMPORT_OVER_PYDANTIC
 
 NAME = "import_time"
 SECTION = "performance"
@@ -67,18 +68,18 @@ def run(repeats: int, smoke: bool) -> list[dict]:
         measured_row(
             NAME, SECTION, "import_ms", "ms", ours,
             comparator=("import pydantic", theirs),
-            target=Target("<=", 1.5, "x", "issue 2"),
+            target=IMPORT_OVER_PYDANTIC,
             notes=["cold = fresh interpreter with compiled bytecode, not a cold page cache"],
         ),
         measured_row(
             NAME, SECTION, "forbidden_modules_loaded", "modules", [float(len(forbidden_seen))] * samples,
-            target=Target("==", 0, "modules", "SPEC §0.3"),
+            target=FORBIDDEN_MODULES,
             notes=[f"loaded: {sorted(forbidden_seen)}" if forbidden_seen else f"none of {', '.join(FORBIDDEN)}"],
         ),
         measured_row(
             NAME, SECTION, "protocol_import_ms", "ms", protocol,
             comparator=("import pydantic", theirs),
-            notes=["informational: every wire model of SPEC §1 (schemas deferred), paid on first use"],
+            notes=["informational: every wire model (schemas deferred), paid on first use"],
         ),
         measured_row(
             NAME, SECTION, "process_wall_ms", "ms", wall_ours,

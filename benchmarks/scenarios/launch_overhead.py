@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from benchmarks.registry import Scenario
-from benchmarks.rows import Target, measured_row, skipped_row
+from benchmarks.rows import measured_row, skipped_row
+from benchmarks.targets import LAUNCH_OVER_TORCHRUN
 
 NAME, SECTION = "launch_overhead", "performance"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +43,7 @@ def _time(argv: list[str], env: dict[str, str]) -> float:
 def run(repeats: int, smoke: bool) -> list[dict]:
     if importlib.util.find_spec("torch") is None or shutil.which("torchrun") is None:
         reason = "torch is not installed (pip install torch==2.13.0)"
-        return [skipped_row(NAME, SECTION, "submit_vs_torchrun", "s", reason, target=Target("<=", 1.02, "x", "issue 5"))]
+        return [skipped_row(NAME, SECTION, "submit_vs_torchrun", "s", reason, target=LAUNCH_OVER_TORCHRUN)]
     pairs = 1 if smoke else max(MIN_PAIRS, repeats)
     script_args = SMOKE_ARGS if smoke else FULL_ARGS
     base = Path(__file__).resolve().parents[1] / ".work"
@@ -66,7 +67,7 @@ def run(repeats: int, smoke: bool) -> list[dict]:
              f"script args {' '.join(script_args)}; sampler at its default period, viewer off"]
     return [
         measured_row(NAME, SECTION, "submit_vs_torchrun", "s", ours_s, comparator=("bare torchrun", bare_s),
-                     ratio=statistics.median(ratios), target=Target("<=", 1.02, "x", "issue 5"), notes=notes),
+                     ratio=statistics.median(ratios), target=LAUNCH_OVER_TORCHRUN, notes=notes),
         measured_row(NAME, SECTION, "overhead_s", "s", [o - b for o, b in zip(ours_s, bare_s)],
                      notes=["median per-pair difference, informational"]),
     ]

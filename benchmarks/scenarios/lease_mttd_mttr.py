@@ -1,4 +1,4 @@
-"""``lease_mttd_mttr`` (SPEC §14): a worker SIGKILLed while holding a lease on a real
+"""``lease_mttd_mttr``: a worker SIGKILLed while holding a lease on a real
 coordinator on loopback; how long until the coordinator notices, and until the task's
 output is committed by someone else.
 
@@ -20,7 +20,7 @@ lease, then claims the requeued task, uploads its ``metrics.json`` and completes
 - Round trips from the clients (perf_counter): claims (victim and rescuer), lease
   heartbeats (victim), pooled over the kills.
 
-No comparator (SPEC: "—"), no target.
+No comparator, no target.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.registry import Scenario
-from benchmarks.rows import Target, measured_row
+from benchmarks.rows import measured_row
+from benchmarks.targets import MANUAL_INTERVENTIONS, trials_completed
 
 NAME, SECTION = "trial_storm", "resilience"
 TRIALS, STEPS, EVERY = 16, 20, 5
@@ -56,11 +57,11 @@ def run(repeats: int, smoke: bool) -> list[dict]:
             f"checkpoint every {EVERY}"]
     return [
         measured_row(NAME, SECTION, "trials_completed", f"of {TRIALS}", [r["completed"] for r in results],
-                     target=Target(">=", TRIALS, f"of {TRIALS}", "issue 5"), notes=note),
+                     target=trials_completed(TRIALS), notes=note),
         measured_row(NAME, SECTION, "trials_auto_resumed", f"of {TRIALS // 2} crashed",
                      [r["resumed"] for r in results], notes=note),
         measured_row(NAME, SECTION, "manual_interventions", "trials", [r["manual"] for r in results],
-                     target=Target("<=", 0, "trials", "issue 5"), notes=note),
+                     target=MANUAL_INTERVENTIONS, notes=note),
         measured_row(NAME, SECTION, "recompute_fraction", "fraction of steps", [r["recompute"] for r in results],
                      notes=note),
     ]

@@ -1,4 +1,4 @@
-"""A lease's work directory and its inputs (SPEC §9.11 step 3).
+"""A lease's work directory and its inputs.
 
 ``<work_dir>/<job>/<task>/<lease_id>/`` holds ``inputs/``, ``out/`` (uploaded), and beside
 ``out/`` the files that are not results: ``spec.json``, ``inputs.json``, ``launcher.log``,
@@ -146,7 +146,7 @@ def prepare_inputs(
 
 
 def write_spec(dirs: LeaseDirs, task_id: str, params: dict[str, Any], inputs: dict[str, str]) -> None:
-    """``spec.json`` (SPEC §12) and ``inputs.json`` (``FLASHML_INPUTS_FILE``) beside ``out/``."""
+    """``spec.json`` and ``inputs.json`` (``FLASHML_INPUTS_FILE``) beside ``out/``."""
     dirs.spec_file.write_text(json.dumps({"task_id": task_id, "params": params, "inputs": inputs}, indent=2),
                               encoding="utf-8")
     dirs.inputs_file.write_text(json.dumps(inputs, indent=2), encoding="utf-8")

@@ -1,4 +1,4 @@
-"""Running one lease (SPEC §9.11 steps 3–4): command, child process tree, lease heartbeats, finish.
+"""Running one lease: command, child process tree, lease heartbeats, finish.
 
 The child starts as §5.7's launcher starts one (its own process group, the attempt's unique
 ``FLASHML_OUTPUT_DIR=<out dir>`` in its environment) and is watched and stopped by the
@@ -50,7 +50,7 @@ _REASON_LIMIT = 500
 
 @dataclass(frozen=True)
 class WorkerTiming:
-    """Periods and clocks of the agent; SPEC's values by default, shortened by tests."""
+    """Periods and clocks of the agent; the documented values by default, shortened by tests."""
 
     node_heartbeat_s: float = 5.0
     term_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long

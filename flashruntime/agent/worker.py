@@ -1,4 +1,4 @@
-"""The built-in worker agent (SPEC §9.11): register, heartbeat, claim, run, report — HTTP only.
+"""The built-in worker agent: register, heartbeat, claim, run, report — HTTP only.
 
 ``WorkerAgent(...).run()`` returns the exit code of ``flashruntime worker``: 0 after
 ``max_tasks`` tasks or a stop signal, 1 when registration is refused (401/403), 2 when the

@@ -1,4 +1,4 @@
-"""Checkpoints you can trust (SPEC §3): local step directories whose manifest is
+"""Checkpoints you can trust: local step directories whose manifest is
 written last and verified by sha256, and the coordinator's catalog of committed
 manifests over a memory or SQLite store.
 """

@@ -1,4 +1,4 @@
-"""Coordinator-side checkpoint metadata (SPEC §3.3): parts are registered as they are
+"""Coordinator-side checkpoint metadata: parts are registered as they are
 uploaded, a manifest is committed only when every expected part is registered with
 the same sha256, and selection walks the validation ladder
 ``hash_verified -> restore_verified -> invalid`` with topology compatibility.

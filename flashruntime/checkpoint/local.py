@@ -1,4 +1,4 @@
-"""Local checkpoints on disk: parts first, ``manifest.json`` last (SPEC §3.1, §3.2).
+"""Local checkpoints on disk: parts first, ``manifest.json`` last.
 
 A step directory is a checkpoint only once its manifest exists and every part it
 lists hashes to the recorded sha256. Parts are hashed while they are written

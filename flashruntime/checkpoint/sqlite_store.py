@@ -1,5 +1,5 @@
 """A SQLite file holding committed manifests and the registry of uploaded parts
-(SPEC §3.4), so a coordinator restart keeps both.
+, so a coordinator restart keeps both.
 
 WAL, ``synchronous=FULL``, a busy timeout, ``BEGIN IMMEDIATE`` around every write and
 bound parameters only; several processes may share one file. State lives in SQLite:

@@ -1,4 +1,4 @@
-"""Where the coordinator keeps committed checkpoint manifests (SPEC §3.4).
+"""Where the coordinator keeps committed checkpoint manifests.
 
 ``ManifestStore`` is the contract; ``InMemoryManifestStore`` is the default and
 ``SqliteManifestStore`` (``flashruntime.checkpoint.sqlite_store``) survives a

@@ -1,4 +1,4 @@
-"""Keys of a request file that its model does not have, for a warning (SPEC §0.1 item 3:
+"""Keys of a request file that its model does not have, for a warning (wire models ignore unknown fields:
 wire models ignore unknown fields, so a misspelt key would otherwise change the result
 without a word). Walks nested models, lists and dicts of models, honours aliases, and
 never looks inside free-form dicts (``parameters``, ``labels``, ``env``). Pure.

@@ -1,5 +1,5 @@
 """``flashruntime plan REQUEST [--json]``: read a PlanRequest (JSON, or YAML via pyyaml),
-plan it, print the rendered report or the report as JSON (SPEC §10). A key the
+plan it, print the rendered report or the report as JSON. A key the
 request model would ignore (a misspelling, say) gets a warning on stderr first.
 
 Exit codes: 0 a plan was selected; 3 no valid strategy; 1 invalid or unreadable

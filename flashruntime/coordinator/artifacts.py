@@ -1,4 +1,4 @@
-"""Artifacts on the coordinator's disk (SPEC §9.2, §9.7): key checks, bounded atomic
+"""Artifacts on the coordinator's disk: key checks, bounded atomic
 writes with a streaming sha256, reads and listings. Standard library only.
 
 A write goes to a temporary file beside its target and is renamed into place after

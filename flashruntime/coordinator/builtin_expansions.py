@@ -1,4 +1,4 @@
-"""The coordinator's built-in expansions (SPEC §9.6): hyperparameter search, one
+"""The coordinator's built-in expansions: hyperparameter search, one
 sharded K-means iteration, one federated-averaging round.
 
 Each maps a job's ``workload.parameters`` to module tasks for allowlisted task

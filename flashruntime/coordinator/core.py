@@ -1,4 +1,4 @@
-"""The coordinator's state and operations, without HTTP (SPEC §9.1, §9.7, §9.8).
+"""The coordinator's state and operations, without HTTP.
 
 ``Coordinator`` wires the ledger, the SQLite lease store and manager, the checkpoint
 catalog, the node registry, the artifact store and the metrics from ``RuntimeSettings``;
@@ -283,7 +283,9 @@ class Coordinator:
         return self.manager.lease_info(lease_id)
 
     def complete(self, lease: Lease, request: CompleteRequest) -> dict[str, Any]:
-        """SPEC §9.7 steps 2–5 for a lease the caller may act on."""
+        """Commit ``request`` under ``lease`` (the caller may act on it): a repeat of the accepted
+        commit is accepted again; a lease no longer live is rejected; the output must be uploaded with
+        the claimed sha256, else the attempt fails; then the first valid commit wins."""
         now = self.now()
         record = self.manager.store.get(lease.job_id, lease.task_id)
         if record is not None and record.state is TaskState.COMPLETED and record.accepted_attempt_id == lease.lease_id:
@@ -378,7 +380,7 @@ def _non_finite(value: Any, path: str) -> tuple[str, float] | None:
 
 
 def _accepted_evidence(record: Any, row: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The accepted attempt's evidence (SPEC §9.2), or None: the ledger keeps the latest
+    """The accepted attempt's evidence, or None: the ledger keeps the latest
     row per task, which counts only when it is the accepted lease's."""
     if record.state is not TaskState.COMPLETED or row is None or row.get("lease_id") != record.accepted_attempt_id:
         return None

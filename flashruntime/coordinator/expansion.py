@@ -1,4 +1,4 @@
-"""Mode A task expansion: a submitted lease job becomes independent tasks (SPEC §9.6).
+"""Mode A task expansion: a submitted lease job becomes independent tasks.
 
 A recipe registered for ``workload.type`` wins; otherwise the built-in expansions
 (hyperparameter search, sharded K-means, federated averaging) apply. Every refusal
@@ -61,7 +61,7 @@ _SEPARATORS = frozenset("/\\\x00")  # what may not appear in a task id: it is on
 def _queueable(kind: str, job_id: str, tasks: object) -> list[TaskSpec]:
     """``tasks`` if they can all be queued for ``job_id``, else ``ExpansionError``: checked
     before the coordinator stores anything, so a refused job leaves no trace. A task id is
-    one path segment because ``jobs/<job>/<task>/`` is its write scope (SPEC §9.4), which
+    one path segment because ``jobs/<job>/<task>/`` is its write scope, which
     must not contain another task's."""
     source = f"the expansion of workload.type {kind!r}"
     if not isinstance(tasks, (list, tuple)):

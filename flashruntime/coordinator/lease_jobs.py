@@ -1,4 +1,4 @@
-"""Lease jobs' state, derived from their tasks' counts (SPEC §9.8): a pure rule and
+"""Lease jobs' state, derived from their tasks' counts: a pure rule and
 the refresh that freezes a job once it is terminal."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``Ledger``: the coordinator's durable record of jobs, their events and the
-evidence of accepted attempts, in one SQLite file (SPEC §9.5).
+evidence of accepted attempts, in one SQLite file.
 
 Every row stores the pydantic model's JSON, so what comes back is what went in.
 Each call opens its own connection (WAL, ``synchronous=FULL``) behind a lock, so
@@ -225,7 +225,7 @@ class Ledger:
         elif not isinstance(recorded_at, datetime):
             raise TypeError(f"recorded_at must be a datetime or None, got {type(recorded_at).__name__}")
         elif recorded_at.tzinfo is None:
-            recorded_at = recorded_at.replace(tzinfo=timezone.utc)  # naive means UTC (SPEC §0.1)
+            recorded_at = recorded_at.replace(tzinfo=timezone.utc)  # naive means UTC
         with self._connect(write=True) as conn:
             # REPLACE deletes and re-inserts, so a re-recorded lease also becomes the newest row.
             conn.execute(

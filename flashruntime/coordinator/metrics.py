@@ -1,4 +1,4 @@
-"""``GET /metrics`` (SPEC §9.9): Prometheus text exposition 0.0.4, standard library only.
+"""``GET /metrics``: Prometheus text exposition 0.0.4, standard library only.
 
 Counters live for the process; gauges are computed per scrape by the caller and
 passed to ``render``. The request histogram is keyed by the route *template*, so a

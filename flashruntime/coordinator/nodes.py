@@ -88,7 +88,7 @@ class NodeRegistry:
                 node.accepted += 1
 
     def claim_view(self, node_id: str) -> dict[str, Any] | None:
-        """What the placement gates see of a node (SPEC §9.2 "claim node view")."""
+        """What the placement gates see of a node (the "claim node view")."""
         registration = self.get(node_id)
         if registration is None:
             return None

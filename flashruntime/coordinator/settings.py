@@ -1,4 +1,4 @@
-"""``RuntimeSettings``: the coordinator's configuration (SPEC §9.1), standard library only.
+"""``RuntimeSettings``: the coordinator's configuration, standard library only.
 
 Each field's default is read from its environment variable when an instance is built,
 so ``RuntimeSettings()`` reflects the environment of that moment and tests can set the
@@ -90,7 +90,7 @@ def _sweep_interval_s(env: Mapping[str, str] | None = None) -> float:
 
 @dataclass
 class RuntimeSettings:
-    """What ``create_app`` wires; every default comes from the environment (SPEC §9.1 table)."""
+    """What ``create_app`` wires; every default comes from the environment."""
 
     profile: str = field(default_factory=lambda: _env("FLASHML_PROFILE", "local"))
     namespace: str = field(default_factory=lambda: _env("FLASHML_NAMESPACE", "flashml"))
@@ -103,8 +103,7 @@ class RuntimeSettings:
     sandbox_node_selector: dict[str, str] = field(default_factory=dict)
     sandbox_runtime_class: str | None = field(default_factory=lambda: _optional_env("FLASHML_RUNTIME_CLASS"))
     # How often the sweeper expires silent leases: a killed worker's lease is released within
-    # lease_seconds + this. FLASHML_SWEEP_INTERVAL_S sets it, an addition to SPEC §9.1's table
-    # (which gives the field no variable).
+    # lease_seconds + this. FLASHML_SWEEP_INTERVAL_S sets it.
     sweep_interval_s: float = field(default_factory=_sweep_interval_s)
     # Largest request body the JSON routes read, in KiB (artifact uploads have their own
     # limit, max_artifact_mb): a bigger one is refused with 413 before it is read whole.

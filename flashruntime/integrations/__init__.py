@@ -1,4 +1,4 @@
-"""Builders that turn a framework script into a ``CommandWorkload`` (SPEC §5.9).
+"""Builders that turn a framework script into a ``CommandWorkload``.
 
 ``integrations.pytorch.ddp``, ``integrations.sklearn.sweep``/``hpo`` and
 ``integrations.huggingface.trainer`` only build argv; the frameworks themselves are

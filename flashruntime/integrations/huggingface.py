@@ -1,4 +1,4 @@
-"""Hugging Face Trainer support: launch, resume lookup and a manifest-writing callback (SPEC §5.9).
+"""Hugging Face Trainer support: launch, resume lookup and a manifest-writing callback.
 
 The Trainer keeps its own ``checkpoint-<step>/`` directories; the callback adds a
 verifying ``manifest.json`` to each, so ``latest_checkpoint`` returns only complete

@@ -1,4 +1,4 @@
-"""``ddp``: a PyTorch script under torchrun, on one node or several (SPEC §5.9).
+"""``ddp``: a PyTorch script under torchrun, on one node or several.
 
 Single node uses torchrun's standalone rendezvous bound to loopback; several nodes
 join one c10d rendezvous at ``rdzv_endpoint``, every participant submitting the same

@@ -1,4 +1,4 @@
-"""``sweep`` and ``hpo``: one script, many parameter sets, one trial each (SPEC §5.9).
+"""``sweep`` and ``hpo``: one script, many parameter sets, one trial each.
 
 The script receives every parameter as ``--<key> <value>`` and writes ``metrics.json``;
 ``Run.best_trial`` then picks the best by ``metric``. scikit-learn is never imported here.

@@ -1,4 +1,4 @@
-"""Leases: how machines outside any cluster take work safely (SPEC §2).
+"""Leases: how machines outside any cluster take work safely.
 
 Pull a task, prove liveness, lose it when silent, commit exactly once.
 ``LeaseManager`` is the state machine; a ``LeaseStore`` keeps it durable

@@ -1,4 +1,4 @@
-"""How ``claim`` offers the pending queue to a placement policy (SPEC §2.8).
+"""How ``claim`` offers the pending queue to a placement policy.
 
 A first-eligible policy sees the queue page by page and the walk stops at the first
 page that yields a choice (O(log n + skipped)); a policy that overrides ``score``

@@ -1,4 +1,4 @@
-"""Migration of the single-document ``lease_tasks`` layout to schema 2 (SPEC §2.6).
+"""Migration of the single-document ``lease_tasks`` layout to schema 2.
 
 The old layout kept each record as a few JSON documents (``spec_json``,
 ``active_lease_json``, ``lease_history_json``) keyed by ``(job_id, task_id)`` or

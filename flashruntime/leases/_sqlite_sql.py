@@ -1,4 +1,4 @@
-"""Schema and statements of ``SqliteLeaseStore`` (SPEC §2.6).
+"""Schema and statements of ``SqliteLeaseStore``.
 
 Every statement on a hot path names its index (``INDEXED BY``), so a missing or
 renamed index fails loudly instead of silently turning into a full scan; the

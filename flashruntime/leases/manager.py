@@ -1,4 +1,4 @@
-"""``LeaseManager``: the lease state machine of SPEC §2.1-§2.2.
+"""``LeaseManager``: the lease state machine.
 
 Pull a task (``claim``), prove liveness (``heartbeat``), lose it when silent
 (``sweep``), commit exactly once (``complete``). Pure: no threads, no I/O of its
@@ -519,7 +519,7 @@ class LeaseManager:
         return count
 
     def _select(self, policy: Any, node_id: str, node: dict[str, Any] | None, job_id: str | None) -> TaskRecord | None:
-        """SPEC §2.8: offer pending specs to the policy, then re-locate its choice."""
+        """offer pending specs to the policy, then re-locate its choice."""
         view = node if node is not None else {"node_id": node_id}
         chosen = offer_pending(policy, view, lambda after, limit: self._pending_page(job_id, after, limit))
         if chosen is None:

@@ -1,5 +1,5 @@
 """``SqliteLeaseStore``: lease state in one SQLite file that survives ``kill -9``
-(SPEC §2.6).
+.
 
 State lives in SQLite, not in a Python cache: each call reads the rows it
 touches through an index and returns fresh ``TaskRecord`` objects. WAL with

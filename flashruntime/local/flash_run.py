@@ -1,4 +1,4 @@
-"""``flash.run``: carry out a planner ``StrategyPlan`` for the user's command (SPEC §5.10).
+"""``flash.run``: carry out a planner ``StrategyPlan`` for the user's command.
 
 The plan says how, the workload says what. ``local`` and ``coordinated_training`` plans
 launch here through ``flash.submit`` (the latter under single-node torchrun with one rank

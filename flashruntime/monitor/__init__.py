@@ -1,4 +1,4 @@
-"""Resource telemetry of a launched command and the evidence derived from it (SPEC §13).
+"""Resource telemetry of a launched command and the evidence derived from it.
 
 ``ResourceSampler`` appends one JSON line per tick to ``telemetry.jsonl`` (psutil
 optional, imported lazily; ``nvidia-smi`` for GPUs); ``evidence_from_telemetry``

@@ -1,7 +1,7 @@
-"""``evidence_from_telemetry``: ``telemetry.jsonl`` → ``ExecutionEvidence`` (SPEC §13).
+"""``evidence_from_telemetry``: ``telemetry.jsonl`` → ``ExecutionEvidence``.
 
 Only what was measured becomes a number; anything not measured stays None, never 0
-(SPEC §1.7). Malformed lines are skipped and the function never raises.
+. Malformed lines are skipped and the function never raises.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Strategy planner: model + hardware + budget + deadline -> a ranked, explained plan
-(SPEC §7). Pure, deterministic, no ML framework imported; every constant is cited in
+. Pure, deterministic, no ML framework imported; every constant is cited in
 ``constants`` and the ``catalog_*`` modules.
 """
 

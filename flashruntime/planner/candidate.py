@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Order of statuses in the rendered candidate list (SPEC §7.6).
+# Order of statuses in the rendered candidate list.
 STATUS_ORDER = ("selected", "feasible", "rejected_policy", "rejected_dominated", "infeasible")
 
 
@@ -51,7 +51,7 @@ class Memory:
 
 @dataclass(slots=True)
 class Knobs:
-    """Training knobs a plan carries (SPEC §7.5)."""
+    """Training knobs a plan carries."""
 
     precision: str | None = None
     quantization: str | None = None

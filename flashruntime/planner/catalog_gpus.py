@@ -1,7 +1,7 @@
-"""Built-in GPU catalog and GPU resolution (SPEC §7.1 step 2).
+"""Built-in GPU catalog and GPU resolution (step 2 of the pipeline).
 
 Keyed by the lower-cased ``gpu_type``; ``Resources.vram_gb`` overrides the catalog's
-memory. VRAM is stored in GiB as the vendor's "GB" figure (SPEC §7.2); throughput is
+memory. VRAM is stored in GiB as the vendor's "GB" figure; throughput is
 the dense (non-sparse) tensor rate from each vendor datasheet, in TFLOP/s.
 """
 

@@ -1,5 +1,5 @@
 """Interconnect catalog: one effective bandwidth and latency per ``Interconnect`` value
-(SPEC §7.1), used by the communication model.
+, used by the communication model.
 
 Bandwidth is bytes/s per direction per GPU at the link's line rate; latency is the
 per-hop cost of one collective step, in seconds.

@@ -1,4 +1,4 @@
-"""Built-in model catalog and model-shape resolution (SPEC §7.1 step 2).
+"""Built-in model catalog and model-shape resolution (step 2 of the pipeline).
 
 A name matches case-insensitively on its last ``/`` segment after stripping a trailing
 ``-instruct``, ``-chat``, ``-base`` or ``-hf``; explicit request fields override the

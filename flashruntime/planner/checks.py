@@ -1,5 +1,5 @@
 """Verdict rules shared by every menu: the memory safety bands, the communication-bound
-threshold, host-RAM limits and the objective's cost and deadline (SPEC §7.2, §7.3).
+threshold, host-RAM limits and the objective's cost and deadline.
 
 Each rule appends its arithmetic to the candidate's reasons and, when it rejects,
 records how far off the candidate is and what would make it fit (for the hint).

@@ -1,4 +1,4 @@
-"""Communication model (SPEC §7.2): bytes each distribution family moves per optimizer
+"""Communication model: bytes each distribution family moves per optimizer
 step, the time that takes on the interconnect, and the resulting scaling efficiency.
 
 DDP all-reduces trainable gradients once per step; FSDP2 all-gathers parameters in

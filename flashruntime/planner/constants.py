@@ -1,13 +1,13 @@
 """Every numeric constant of the planner's memory, time and communication models,
-each beside the published source it comes from (SPEC §7.1).
+each beside the published source it comes from.
 
-Units: bytes, seconds, FLOP/s. GiB = 2**30 bytes, the "GB" of SPEC §7.2.
+Units: bytes, seconds, FLOP/s. GiB = 2**30 bytes: every "GB" the planner reports.
 Catalogs of models, GPUs and interconnects live in their own ``catalog_*`` modules.
 """
 
 from __future__ import annotations
 
-GIB = float(2**30)  # SPEC §7.2: every GB in the planner is a GiB.
+GIB = float(2**30)  # every GB in the planner is a GiB (design choice, docs/planner.md).
 
 # --- bytes per parameter -------------------------------------------------------------------------------------
 # Stored weights at the training precision: binary16 and bfloat16 are 2 bytes, binary32 is 4 bytes
@@ -132,7 +132,7 @@ CPU_ADAM_BYTES_PER_PARAM = 30
 HOST_MEMORY_BYTES_PER_S = 204.8e9
 
 # Scaling efficiency below this makes a candidate infeasible ("communication-bound"), below WARN a warning
-# (SPEC §7.2 thresholds).
+# (design choice, docs/planner.md).
 EFFICIENCY_INFEASIBLE_BELOW = 0.5
 EFFICIENCY_WARN_BELOW = 0.7
 
@@ -145,35 +145,38 @@ CUDA_CONTEXT_BYTES = 1343 * 2**20
 # estimator guide repeats it: "expect to add up to an additional 20 %", as found by EleutherAI).
 FRAGMENTATION_FRACTION = 0.20
 
-# --- safety bands on per-GPU total vs VRAM (SPEC §7.2) --------------------------------------------------------
+# --- safety bands on per-GPU total vs VRAM --------------------------------------------------------
+# Above 95 % of VRAM a plan is infeasible, above 80 % it needs profiling (design choice, docs/planner.md).
 BAND_INFEASIBLE_ABOVE = 0.95
 BAND_PROFILE_ABOVE = 0.80
 
 # --- host RAM -------------------------------------------------------------------------------------------------
-# Offloaded states and in-RAM datasets may use 80 % of host RAM (SPEC §7.2, §7.3).
+# Offloaded states and in-RAM datasets may use 80 % of host RAM (design choice, docs/planner.md).
 HOST_RAM_USABLE_FRACTION = 0.80
 
 # --- generic PyTorch training ---------------------------------------------------------------------------------
-# Activations per GPU when the request gives none: 2.0 GB (SPEC §7.3).
+# Activations per GPU when the request gives none: 2.0 GB.
 DEFAULT_PYTORCH_ACTIVATION_GB = 2.0
 
 # --- classical ML ---------------------------------------------------------------------------------------------
-# Working set of an in-memory fit: 3 x the dataset (SPEC §7.3): the raw data, the float64 copy made by
-# scikit-learn's check_array (dtype="numeric" converts to float64), and one fold/split copy.
+# Working set of an in-memory fit: 3 x the dataset: the raw data, the float64 copy made by
+# scikit-learn's check_array (dtype="numeric" converts to float64), and one fold/split copy (docs/planner.md).
 CLASSICAL_RAM_FACTOR = 3.0
-# Dataset megabytes per shard worker for sharded partial_fit, and the worker bounds (SPEC §7.3).
+# Dataset megabytes per shard worker for sharded partial_fit, and the worker bounds (design choice,
+# docs/planner.md).
 SHARD_MB_PER_WORKER = 500
 SHARD_MIN_WORKERS = 2
 SHARD_MAX_WORKERS = 16
 
 # --- independent tasks ----------------------------------------------------------------------------------------
-# CPU cores per CPU task slot (SPEC §7.3: hosts x max(1, cpu_cores // 4)).
+# CPU cores per CPU task slot (hosts x max(1, cpu_cores // 4); design choice, docs/planner.md).
 CORES_PER_CPU_TASK = 4
 
 # --- ranking --------------------------------------------------------------------------------------------------
-# "balanced": candidates within 10 % of the cheapest estimated cost rank by time first (SPEC §7.4).
+# "balanced": candidates within 10 % of the cheapest estimated cost rank by time first (design choice,
+# docs/planner.md).
 BALANCED_COST_SLACK = 1.10
 
 # --- plan minting ---------------------------------------------------------------------------------------------
-# Checkpoint every 300 s with PyTorch Distributed Checkpoint (SPEC §7.5 / §1.11 CheckpointPolicy defaults).
+# Checkpoint every 300 s with PyTorch Distributed Checkpoint (the CheckpointPolicy defaults).
 CHECKPOINT_INTERVAL_S = 300

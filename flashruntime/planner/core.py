@@ -1,4 +1,4 @@
-"""The planning pipeline (SPEC §7.1): digest the request, resolve model and GPU, run the
+"""The planning pipeline: digest the request, resolve model and GPU, run the
 workload's candidate menu, rank, mint. Pure and deterministic; a request the planner
 cannot resolve, or whose figures no float can carry, becomes a report with a hint, never an
 exception.

@@ -1,4 +1,4 @@
-"""Text rendering of a ``PlanReport`` (SPEC §7.6): the selected plan (or NO VALID
+"""Text rendering of a ``PlanReport``: the selected plan (or NO VALID
 STRATEGY with the hint), every candidate with its verdict and arithmetic, the notes,
 and a footer with planner version and request digest.
 """

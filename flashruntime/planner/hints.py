@@ -1,4 +1,4 @@
-"""The "no valid strategy" hint (SPEC §7.4): name the nearest miss among the rejected
+"""The "no valid strategy" hint: name the nearest miss among the rejected
 candidates and say what would make it fit.
 
 Nearest = the smallest miss ratio (how many times over its limit a candidate is).

@@ -1,4 +1,4 @@
-"""The libraries a plan names, each with its role (SPEC §7.5): launcher, distribution,
+"""The libraries a plan names, each with its role: launcher, distribution,
 peft, quantization, optimizer, checkpointing, activation checkpointing, coordination.
 
 Entries are (name, role, purpose) tuples; minting turns them into ``LibraryRef``.

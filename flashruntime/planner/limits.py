@@ -1,5 +1,5 @@
-"""Numbers the planner's float arithmetic can carry (SPEC §7.1). The request models accept
-any positive number, and SPEC §0.1 forbids tightening them, so the planner itself refuses
+"""Numbers the planner's float arithmetic can carry. The request models accept
+any positive number, and wire models never tighten an accepted input, so the planner itself refuses
 what it cannot model: ``unmodelable_input`` names a workload figure that is infinite, too
 large for a float, or that overflows once scaled to its unit (``plan`` reports it as the
 hint); ``apply_finite`` rejects a candidate whose estimates still overflow from finite inputs.

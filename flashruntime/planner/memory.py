@@ -1,4 +1,4 @@
-"""Per-GPU memory model (SPEC §7.2): weights, gradients, optimizer states, activations,
+"""Per-GPU memory model: weights, gradients, optimizer states, activations,
 transient buffers and framework overhead, for transformer fine-tunes and generic
 PyTorch training, under each distribution family.
 
@@ -169,7 +169,7 @@ def finetune_memory(
 
 @dataclass(frozen=True)
 class GenericTraining:
-    """A PyTorch training job described by its parameter count (SPEC §1.11 PyTorchTraining)."""
+    """A PyTorch training job described by its parameter count (``PyTorchTraining``)."""
 
     params: float
     trainable_fraction: float

@@ -1,4 +1,4 @@
-"""Candidate menu for ``classical_ml`` (SPEC §7.3): one in-memory ``local_process`` fit,
+"""Candidate menu for ``classical_ml``: one in-memory ``local_process`` fit,
 and, for estimators with ``partial_fit``, a ``sharded_partial_fit`` over leased workers.
 
 Both are judged on host RAM: the working set is 3 x the data (decimal GB, dataset_mb/1000).
@@ -18,7 +18,7 @@ _NO_TIME = "no time estimate: classical ML has no runtime model; measure one fit
 
 
 def shard_workers(dataset_mb: float) -> int:
-    """max(2, min(16, dataset_mb // 500 or 2)) workers (SPEC §7.3)."""
+    """max(2, min(16, dataset_mb // 500 or 2)) workers."""
     by_size = int(dataset_mb // K.SHARD_MB_PER_WORKER) or K.SHARD_MIN_WORKERS
     return max(K.SHARD_MIN_WORKERS, min(K.SHARD_MAX_WORKERS, by_size))
 

@@ -1,4 +1,4 @@
-"""Candidate menu for ``transformer_finetune`` (SPEC §7.3): single GPU, then DDP, FSDP2
+"""Candidate menu for ``transformer_finetune``: single GPU, then DDP, FSDP2
 and ZeRO-3 CPU offload at each world size, plus ``qlora_`` variants of a LoRA request,
 with activation checkpointing switched on only where it is what makes a candidate fit.
 """

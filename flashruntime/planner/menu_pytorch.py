@@ -1,4 +1,4 @@
-"""Candidate menu for ``pytorch_training`` (SPEC §7.3): ``single_gpu``, ``ddp_x<W>`` and
+"""Candidate menu for ``pytorch_training``: ``single_gpu``, ``ddp_x<W>`` and
 ``fsdp2_x<W>`` for a model known only by its parameter count. Activations default to
 2.0 GB/GPU; time comes only from ``est_train_gpu_hours``.
 """

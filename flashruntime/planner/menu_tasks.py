@@ -1,4 +1,4 @@
-"""Candidate menu for ``independent_tasks`` (SPEC §7.3): ``lease_tasks`` runs the tasks
+"""Candidate menu for ``independent_tasks``: ``lease_tasks`` runs the tasks
 on parallel slots through the lease coordinator; ``local_sequential`` runs them one by
 one and is dominated whenever more than one slot exists.
 """

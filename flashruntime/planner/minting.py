@@ -1,8 +1,8 @@
-"""Plan minting (SPEC §7.5): the winning candidate becomes a ``StrategyPlan``, every
+"""Plan minting: the winning candidate becomes a ``StrategyPlan``, every
 candidate a ``CandidateVerdict``; the working dataclasses become wire models here.
 
 Candidates and the plan are built as plain dicts and validated once, as part of the
-whole ``PlanReport``, which keeps ``plan`` well inside its latency budget (SPEC §14).
+whole ``PlanReport``, which keeps ``plan`` well inside its latency budget.
 """
 
 from __future__ import annotations

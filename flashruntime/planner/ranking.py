@@ -1,4 +1,4 @@
-"""Ranking of feasible candidates per objective mode (SPEC §7.4) and the sentences
+"""Ranking of feasible candidates per objective mode and the sentences
 that explain the choice.
 
 Missing numbers sort as +∞; ties fall to the simpler launch (a local process before

@@ -1,4 +1,4 @@
-"""Time and cost model (SPEC §7.2): training FLOPs = 6·N·tokens over (world size x dense
+"""Time and cost model: training FLOPs = 6·N·tokens over (world size x dense
 throughput x MFU), divided by scaling efficiency, times the documented slowdowns;
 cost = hours x GPUs x hourly price.
 

@@ -1,4 +1,4 @@
-"""World sizes a menu considers and how a world of GPUs spreads over hosts (SPEC §7.3).
+"""World sizes a menu considers and how a world of GPUs spreads over hosts.
 
 W ∈ {1} ∪ {powers of two below ``gpus``} ∪ {``gpus``}; GPUs are spread evenly over
 ``hosts``, so the busiest host carries ⌈gpus / hosts⌉ of them at most.

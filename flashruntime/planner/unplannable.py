@@ -1,6 +1,6 @@
 """The one error the planner raises internally: a request it cannot resolve (unknown
 model or GPU without the missing figure, no GPUs for a GPU workload). ``plan`` turns it
-into a report whose ``no_valid_strategy_hint`` is the message (SPEC §7.1 step 2).
+into a report whose ``no_valid_strategy_hint`` is the message (step 2 of the pipeline).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Workload recipes: how a job's ``workload.type`` expands into lease tasks (SPEC §9.6).
+"""Workload recipes: how a job's ``workload.type`` expands into lease tasks.
 
 ``WorkloadRecipe`` is the contract; ``register_recipe``/``recipe_for`` the registry.
 The command recipe lives in ``flashruntime.recipes.command`` and registers itself

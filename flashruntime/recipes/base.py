@@ -1,4 +1,4 @@
-"""The workload-recipe contract and its registry (SPEC §9.6).
+"""The workload-recipe contract and its registry.
 
 A recipe turns one job's ``workload.parameters`` into deterministic ``TaskSpec``s
 for the lease coordinator. Recipes register by ``kind`` (= ``workload.type``);
@@ -52,7 +52,7 @@ class WorkloadRecipe(ABC):
         return False
 
     def plan_hints(self) -> dict[str, Any]:
-        """Hints for the planner (SPEC §7); ``{}`` = none."""
+        """Hints for the planner; ``{}`` = none."""
         return {}
 
 
@@ -92,16 +92,16 @@ def recipe_for(kind: str) -> WorkloadRecipe:
     return recipe
 
 
-MAX_EXPIRIES = 9  # SPEC §9.6: lost workers a task survives, whatever the job's retry policy
+MAX_EXPIRIES = 9  # lost workers a task survives, whatever the job's retry policy
 
 
 def output_prefix(job_id: str, task_id: str) -> str:
-    """Where a task's outputs live: ``jobs/<job>/<task>/`` (its write scope, SPEC §9.4)."""
+    """Where a task's outputs live: ``jobs/<job>/<task>/`` (its write scope)."""
     return f"jobs/{job_id}/{task_id}/"
 
 
 def lease_task(job_id: str, task_id: str, spec: JobSpec, payload: dict[str, Any], lease_seconds: float) -> TaskSpec:
-    """A ``TaskSpec`` with the rules every expansion shares (SPEC §9.6): commit key
+    """A ``TaskSpec`` with the rules every expansion shares: commit key
     ``<output_prefix>metrics.json``, ``max_attempts`` from the job's retry policy and
     ``max_expiries`` = ``MAX_EXPIRIES``."""
     return TaskSpec(

@@ -1,4 +1,4 @@
-"""The ``command`` recipe: the user's own argv, fanned out over ``task_params`` (SPEC §9.6).
+"""The ``command`` recipe: the user's own argv, fanned out over ``task_params``.
 
 Argv tasks run without a container on volunteer machines only in narrow cases, so
 expansion refuses, in this order: the sandbox waiver outside a team pool, a

@@ -1,4 +1,4 @@
-"""Deterministic failure classification and recovery (SPEC §4): signals → class →
+"""Deterministic failure classification and recovery: signals → class →
 decision, with a one-line ``explain`` and a byte-stable ``replay``.
 """
 

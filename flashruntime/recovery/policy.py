@@ -1,5 +1,5 @@
 """What to do about a failure: the recovery table keyed by ``(FailureClass, mode)``
-(SPEC §4.3), its one-line rendering ``explain`` (§4.4) and ``replay`` (§4.5).
+, its one-line rendering ``explain`` (§4.4) and ``replay`` (§4.5).
 
 Pure lookups: no learned or remote component, no clock except through ``at``.
 Same failure, mode and ``POLICY_VERSION`` ⇒ same decision.
@@ -107,7 +107,7 @@ def decide(
     *,
     at: datetime | None = None,
 ) -> RecoveryDecision:
-    """The recovery decision for ``failure`` in ``mode`` (SPEC §4.3 table).
+    """The recovery decision for ``failure`` in ``mode`` (the decision table).
 
     ``failure`` may be a ``FailureClass`` or its value; an unknown class or mode →
     ``ValueError``. ``at`` becomes ``decided_at`` (``None`` → now).

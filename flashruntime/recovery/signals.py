@@ -1,4 +1,4 @@
-"""Signals from a finished local process (SPEC §4.6): its exit code and the tail of
+"""Signals from a finished local process: its exit code and the tail of
 its log decide only whether the failure would recur on retry.
 
 Pure. Only ``exit_code`` and ``exit_deterministic`` are ever set; the log text is

@@ -1,5 +1,5 @@
 """What went wrong: ``FailureSignals`` observed around a failure and the
-deterministic classifier that maps them to a ``FailureClass`` (SPEC §4.1, §4.2).
+deterministic classifier that maps them to a ``FailureClass``.
 
 Pure: no I/O, no clock. The first matching rule wins; same signals ⇒ same class.
 """

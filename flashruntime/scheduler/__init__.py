@@ -1,4 +1,4 @@
-"""Placement: which pending task a node may take (SPEC §2.7).
+"""Placement: which pending task a node may take.
 
 ``PlacementPolicy`` decides eligibility and rank; ``FifoPlacement`` takes the
 queue as it is; ``IsolationAwarePlacement`` applies the seven gates. Policies

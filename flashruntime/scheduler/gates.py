@@ -1,4 +1,4 @@
-"""The seven placement gates of SPEC §2.7 and ``IsolationAwarePlacement``.
+"""The seven placement gates and ``IsolationAwarePlacement``.
 
 Each gate is a pure function ``(payload, node) -> bool`` that passes when its
 trigger is absent. Booleans are identity checks (``is True`` / ``is False``);
@@ -158,7 +158,7 @@ GATES: tuple[tuple[str, Callable[[Mapping[str, Any], Mapping[str, Any]], bool]],
 
 
 class IsolationAwarePlacement(PlacementPolicy):
-    """A task is eligible on a node when all seven gates pass (SPEC §2.7)."""
+    """A task is eligible on a node when all seven gates pass."""
 
     def eligible(self, task: TaskSpec, node: NodeView) -> bool:
         return self.first_failing_gate(task, node) is None

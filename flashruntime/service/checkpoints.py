@@ -1,4 +1,4 @@
-"""The coordinator's checkpoint request bodies (SPEC §9.2), for agents that register
+"""The coordinator's checkpoint request bodies, for agents that register
 parts and commit manifests over HTTP. Defined in ``flashruntime.protocol.v1alpha1``
 (pydantic only) and re-exported here, so this imports without the ``service`` extra."""
 

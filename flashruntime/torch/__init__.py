@@ -1,4 +1,4 @@
-"""In-script torch helper, used as ``import flashruntime.torch as ft`` (SPEC §6).
+"""In-script torch helper, used as ``import flashruntime.torch as ft``.
 
 Optional sugar over the launch contract: ``ft.prepare`` places, wraps and restores,
 ``ft.checkpoint`` writes verified checkpoints, ``ft.log_metrics`` streams metrics, and

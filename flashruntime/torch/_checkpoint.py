@@ -1,4 +1,4 @@
-"""``checkpoint`` and ``log_metrics``: the two calls inside a training loop (SPEC §6).
+"""``checkpoint`` and ``log_metrics``: the two calls inside a training loop.
 
 Rank 0 writes ``step-<step:06d>/`` parts through ``open_part`` (hashed while written)
 and commits them with a manifest written last; every rank then meets at a barrier so

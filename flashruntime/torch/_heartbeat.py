@@ -1,4 +1,4 @@
-"""Per-rank heartbeat files ``<output dir>/ranks/rank-<rank>.json`` (SPEC §6).
+"""Per-rank heartbeat files ``<output dir>/ranks/rank-<rank>.json``.
 
 Each rank says who it is and the last step it reached, so a viewer or an operator can
 tell a slow rank from a dead one. Writes are atomic (temp file + replace), throttled

@@ -1,4 +1,4 @@
-"""``prepare``: device placement, process group, DDP wrapping and restore (SPEC §6).
+"""``prepare``: device placement, process group, DDP wrapping and restore.
 
 One call at the top of a training script turns a plain model/optimizer/loader into
 their distributed versions when torchrun started several ranks, and restores the

@@ -1,4 +1,4 @@
-"""Per-process state of the in-script torch helper and its plain accessors (SPEC §6).
+"""Per-process state of the in-script torch helper and its plain accessors.
 
 Rank and world size come from the environment torchrun sets; device, backend and
 the restored step are what the last ``prepare`` chose. Nothing here imports torch.
@@ -82,7 +82,7 @@ def output_dir() -> Path:
 
 
 def checkpoint_root() -> Path:
-    """``FLASHML_CKPT_DIR``, else the job-scoped ``<output dir>/../ckpt`` (SPEC §3.1)."""
+    """``FLASHML_CKPT_DIR``, else the job-scoped ``<output dir>/../ckpt``."""
     explicit = os.environ.get("FLASHML_CKPT_DIR")
     if explicit:
         return Path(explicit)

@@ -1,4 +1,4 @@
-"""The live run page (SPEC §11): ``RunViewerServer`` (``.server``), ``collect``
+"""The live run page: ``RunViewerServer`` (``.server``), ``collect``
 (``.state``), ``render`` and ``TOKENS`` (``.page``). ``page.TOKENS`` is the colour
 palette it shares with the coordinator dashboard.
 

@@ -1,4 +1,4 @@
-"""Builds the offline documentation site the run viewer serves at ``/docs`` (SPEC §11).
+"""Builds the offline documentation site the run viewer serves at ``/docs``.
 
 ``python -m flashruntime.viewer.docs_site [--source DOCS] [--readme README.md] [--out DIR]``
 turns ``README.md`` (the get-started page) and every ``docs/*.md`` into self-contained HTML
@@ -47,7 +47,7 @@ _CSS = (
 
 
 def recovery_markdown() -> str:
-    """The recovery tables (SPEC §4.3) as Markdown, read from the policy itself."""
+    """The recovery tables as Markdown, read from the policy itself."""
     from flashruntime.protocol.v1alpha1 import FailureClass
     from flashruntime.recovery import POLICY_VERSION, decide
     from flashruntime.recovery.policy import MODES, REPLAY_EPOCH
@@ -102,7 +102,7 @@ def _link_map(names: set[str]) -> LinkMap:
         if path.endswith(".md") and (stem in names or Path(path).name == "README.md"):
             page = GET_STARTED if Path(path).name == "README.md" else stem
             return f"{page}.html" + (f"#{anchor}" if anchor else "")
-        return None  # a file outside the site (SPEC.md, source files): text only, no dead link
+        return None  # a file outside the site (source files): text only, no dead link
 
     return link
 

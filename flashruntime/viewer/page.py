@@ -1,4 +1,4 @@
-"""The live run page (SPEC §11) and the design tokens of flashruntime's pages: one palette
+"""The live run page and the design tokens of flashruntime's pages: one palette
 for the run viewer and the coordinator dashboard, so a state reads the same colour everywhere.
 
 ``render()`` returns one self-contained HTML document; it must work with the network cut,

@@ -1,4 +1,4 @@
-"""``RunViewerServer``: the run page, its state and the offline docs on 127.0.0.1 (SPEC §11).
+"""``RunViewerServer``: the run page, its state and the offline docs on 127.0.0.1.
 
 A stdlib ``ThreadingHTTPServer`` on a daemon thread, loopback only: the page shows a
 run's logs and paths, so it is never reachable from another machine. Request logging

@@ -1,4 +1,4 @@
-"""``collect(run_dir)``: everything the run page shows, read from the run directory (SPEC §11).
+"""``collect(run_dir)``: everything the run page shows, read from the run directory.
 
 Total: it never raises. A missing, torn or foreign ``run.json`` gives ``{"error": why}``;
 any other unreadable file just contributes nothing. The run is live while this reads

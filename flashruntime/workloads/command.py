@@ -41,7 +41,7 @@ class Source(BaseModel):
 def collect_pattern_problem(pattern: str) -> str | None:
     """Why ``pattern`` cannot be an ``outputs.collect`` glob (relative to the source
     directory and inside it), or None when it can (pure). ``submit()`` refuses such a
-    pattern before launching; building an ``OutputSpec`` with one stays allowed (SPEC §0.1),
+    pattern before launching; building an ``OutputSpec`` with one stays allowed,
     as ``to_jobspec`` never reads it."""
     parts = PurePath(pattern).parts
     if not parts:

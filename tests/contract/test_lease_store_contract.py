@@ -1,4 +1,4 @@
-"""One contract for every lease store (SPEC §2): each test runs against
+"""One contract for every lease store: each test runs against
 ``InMemoryLeaseStore``, ``SqliteLeaseStore`` on a temp file, and ``SqliteLeaseStore``
 reopened from disk before every step. Manager-level tests also run against a user
 store that implements only the required methods (the manager's fallbacks).

@@ -1,4 +1,4 @@
-"""One contract for every ``ManifestStore`` (SPEC §3.4), run against the in-memory
+"""One contract for every ``ManifestStore``, run against the in-memory
 store, SQLite in memory and a SQLite file; the part registry and reopening from disk
 for the stores that offer them."""
 

@@ -1,5 +1,5 @@
 """The main job end to end with real torchrun and gloo on CPU: kill-and-resume,
-multi-node through c10d, no orphans on cancel, fail-fast on bugs (SPEC §5, §6)."""
+multi-node through c10d, no orphans on cancel, fail-fast on bugs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``flashruntime demo`` end to end with only the core importable (SPEC §10).
+"""``flashruntime demo`` end to end with only the core importable.
 
 Timing is the ``demo_wall`` benchmark's business; this test carries only a hang guard.
 """

@@ -1,6 +1,6 @@
-"""Issue 6's convergence run over real HTTP: a real ``flashruntime serve``, two real
+"""The FedAvg convergence run over real HTTP: a real ``flashruntime serve``, two real
 ``flashruntime worker`` processes running ``fedavg_worker`` tasks, and ``run_fedavg``
-through ``HttpCoordinator`` (SPEC §8.2, §9). Three rounds over four shards must reach
+through ``HttpCoordinator``. Three rounds over four shards must reach
 a union loss within 10 % of centralized training on the union, as the in-process run
 of ``tests/integration/test_fedavg_convergence.py`` does."""
 

@@ -1,4 +1,4 @@
-"""``flash.run`` of an ``independent_tasks`` plan carried out by the bundled worker (SPEC §5.10,
+"""``flash.run`` of an ``independent_tasks`` plan carried out by the bundled worker (
 §2.7 gate 2, §9.11): a real coordinator, the job POSTed by ``flash.run(..., pool=...)``, and one
 real ``flashruntime worker --runner trusted --pools`` process running every task. Without a pool
 the job's argv tasks are never claimed by the bundled worker, which is not ``argv_capable``."""
@@ -55,7 +55,7 @@ def test_a_plan_run_with_a_pool_is_carried_out_by_a_trusted_worker_of_that_pool(
 
 
 def test_without_a_pool_the_sandbox_waiver_is_refused_by_the_coordinator(tmp_path: Path) -> None:
-    """What ``pool`` is for: the waiver alone, outside a team pool, is a 422 (SPEC §9.6 rule 1)."""
+    """What ``pool`` is for: the waiver alone, outside a team pool, is a 422 (the first admission rule)."""
     refused = pytest.raises(RuntimeError, match=r"-> 422: .*allowFallback is true but placement.pool is 'any'")
     with serve_in_thread(settings_for(tmp_path / "data")) as url, refused:
         flash.run(_plan(), url, workload=_workload(), image="local/trial:1")

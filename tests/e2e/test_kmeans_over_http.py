@@ -1,4 +1,4 @@
-"""Sharded K-means over real HTTP (SPEC §12, §9.6): a real coordinator, two real
+"""Sharded K-means over real HTTP: a real coordinator, two real
 ``flashruntime worker`` processes running ``kmeans_shard`` tasks, and ``run_kmeans``
 driving three Lloyd iterations over four CSV shards. The result must match an
 in-process Lloyd run from the same initial centroids."""

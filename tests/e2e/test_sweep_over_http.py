@@ -1,4 +1,4 @@
-"""A hyperparameter sweep end to end (SPEC §9.6, §9.11, §12): a real coordinator, the iris CSV
+"""A hyperparameter sweep end to end: a real coordinator, the iris CSV
 uploaded as an artifact, a ``hyperparameter_search`` grid over ``C``, and one real ``flashruntime
 worker`` process running three ``sklearn_trial`` tasks whose metrics come back as artifacts."""
 

@@ -87,7 +87,7 @@ def test_lease_mttd_mttr_smoke_rows() -> None:
     assert set(by_metric) == {"mttd_s", "mttr_s", "sweep_lag_after_deadline_s", "leases_recovered",
                               "claim_rtt_ms", "heartbeat_rtt_ms"}
     _common_checks(rows, "lease_mttd_mttr", "resilience")
-    assert all(row["comparator"] is None and row["ratio"] is None for row in rows)  # SPEC: "—"
+    assert all(row["comparator"] is None and row["ratio"] is None for row in rows)  # no comparator
 
     recovered = by_metric["leases_recovered"]
     assert recovered["repeats"] == 1 and recovered["min"] == 1.0  # every expired lease re-claimed and committed

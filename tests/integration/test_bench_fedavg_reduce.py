@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks import targets
 from benchmarks.registry import SCENARIOS
 
 pytestmark = pytest.mark.bench_smoke
@@ -14,13 +15,13 @@ def test_fedavg_reduce_smoke_rows():
     assert scenario.section == "performance"
     rows = {row["metric"]: row for row in scenario.run(1, True)}
     assert set(rows) == {"pure_ms_1e4", "fast_ms_1e4", "compact_roundtrip_ms_1e4", "compact_roundtrip_ms_1e4_from_buffers",
-                         "stdlib_b64_floor_ms_1e4", "stdlib_hex_floor_ms_1e4", "json_lists_roundtrip_ms_1e4"}
+                         "stdlib_hex_floor_ms_1e4", "json_lists_roundtrip_ms_1e4"}
     for row in rows.values():
         assert row["scenario"] == "fedavg_reduce" and row["unit"] == "ms"
         if row["status"] == "measured":
             assert row["repeats"] == 1 and row["median"] > 0
     fast = rows["fast_ms_1e4"]
-    assert fast["target"] == {"op": "<=", "value": 1.5, "unit": "x", "source": "issue 6"}
+    assert fast["target"] == targets.FEDAVG_FAST_OVER_NUMPY.as_dict()
     if fast["status"] == "measured":
         assert fast["comparator"]["name"] == "numpy weighted mean"
         assert fast["ratio"] == pytest.approx(fast["median"] / fast["comparator"]["median"])
@@ -28,11 +29,13 @@ def test_fedavg_reduce_smoke_rows():
     else:
         assert "numpy" in fast["skip_reason"]
     assert "clip events: 0 (honest round)" in rows["pure_ms_1e4"]["notes"]
-    # the 50 ms target is for 1e6 floats; the smoke size carries none rather than a misleading one
-    for metric in ("compact_roundtrip_ms_1e4", "compact_roundtrip_ms_1e4_from_buffers"):
-        assert rows[metric]["target"] is None and rows[metric]["ratio"] is None
-    for metric in ("stdlib_b64_floor_ms_1e4", "stdlib_hex_floor_ms_1e4"):
-        assert rows[metric]["target"] is None and rows[metric]["notes"][0].startswith("informational")
+    # the target is for 1e6 floats; the smoke size carries none rather than a misleading one
+    compact = rows["compact_roundtrip_ms_1e4"]
+    assert compact["target"] is None and compact["comparator"]["name"].startswith("stdlib base64 floor")
+    assert compact["ratio"] == pytest.approx(compact["median"] / compact["comparator"]["median"])
+    assert rows["compact_roundtrip_ms_1e4_from_buffers"]["target"] is None
+    assert rows["stdlib_hex_floor_ms_1e4"]["target"] is None
+    assert rows["stdlib_hex_floor_ms_1e4"]["notes"][0].startswith("informational")
 
 
 def test_stdlib_floor_round_trips_the_exact_bytes():
@@ -47,11 +50,12 @@ def test_stdlib_floor_round_trips_the_exact_bytes():
     assert _stdlib_round_trip(state, memoryview.hex, bytes.fromhex) == [expected]
 
 
-def test_full_size_compact_row_carries_the_absolute_target():
+def test_full_size_compact_row_is_judged_against_the_base64_floor_of_the_same_run():
     from benchmarks.scenarios import fedavg_reduce as scenario
 
     lists, buffers = scenario._compact_rows(1_000_000, 1, smoke=True)[:2]
     assert (lists["metric"], buffers["metric"]) == ("compact_roundtrip_ms_1e6", "compact_roundtrip_ms_1e6_from_buffers")
     assert lists["status"] == buffers["status"] == "measured"
-    assert lists["target"] == {"op": "<=", "value": 50, "unit": "ms", "source": "issue 6"}
+    assert lists["target"] == targets.FEDAVG_COMPACT_OVER_BASE64_FLOOR.as_dict()
+    assert lists["comparator"]["name"].startswith("stdlib base64 floor")
     assert buffers["target"] is None and buffers["notes"][0].startswith("informational")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import targets
 from tests._support import REPO_ROOT
 
 pytestmark = pytest.mark.bench_smoke
@@ -30,7 +31,7 @@ def test_import_time_smoke_writes_a_result_file(tmp_path: Path) -> None:
     rows = {row["metric"]: row for row in result["rows"]}
     import_row = rows["import_ms"]
     assert import_row["status"] == "measured" and import_row["comparator"]["name"] == "import pydantic"
-    assert import_row["target"] == {"op": "<=", "value": 1.5, "unit": "x", "source": "issue 2"}
+    assert import_row["target"] == targets.IMPORT_OVER_PYDANTIC.as_dict()
     assert import_row["ratio"] == pytest.approx(import_row["median"] / import_row["comparator"]["median"])
     assert rows["forbidden_modules_loaded"]["median"] == 0
     pace = import_row["host_pace_ms"]  # the host's pace around the scenario, on each of its rows

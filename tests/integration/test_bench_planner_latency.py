@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks import targets
 from benchmarks.registry import SCENARIOS
 
 pytestmark = pytest.mark.bench_smoke
@@ -22,6 +23,6 @@ def test_planner_latency_smoke_rows() -> None:
         assert 0 < row["min"] <= row["median"] <= row["max"]
         assert row["comparator"] is None and row["ratio"] is None and row["met"] is None
     main = by_metric["plan_render_ms"]
-    assert main["target"] == {"op": "<=", "value": 1.0, "unit": "ms", "source": "issue 7"}
+    assert main["target"] == targets.PLAN_RENDER_MS.as_dict()
     assert "selected ddp x4" in main["notes"][0]
     assert by_metric["plan_ms"]["target"] is None

@@ -1,5 +1,5 @@
 """A coordinator killed with SIGKILL keeps both committed manifests and registered
-parts in its SQLite file (SPEC §3.4): the restarted catalog finishes the commit."""
+parts in its SQLite file: the restarted catalog finishes the commit."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""kill -9 integrity (issue 4): a child process writes checkpoints of a few MB in a
+"""kill -9 integrity: a child process writes checkpoints of a few MB in a
 loop and is SIGKILLed at random points inside its write window, over and over.
 
 After every kill ``latest_valid_manifest`` returns the previous valid step or the new

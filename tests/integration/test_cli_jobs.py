@@ -1,5 +1,5 @@
 """``flashruntime submit-spec / status / events / logs / cancel`` against a stdlib fake
-coordinator on 127.0.0.1 (SPEC §10, §9.2): method, path, body, printed JSON and exit codes
+coordinator on 127.0.0.1: method, path, body, printed JSON and exit codes
 (0 success, 1 HTTP status >= 400 or a bad spec file, 2 unreachable or pyyaml missing), and
 where the URL comes from (``--api`` > FLASHML_RUNTIME_API > http://localhost:8100)."""
 

@@ -1,4 +1,4 @@
-"""``flashruntime plan`` through the real console entry in a subprocess (SPEC §10):
+"""``flashruntime plan`` through the real console entry in a subprocess:
 exit 0 with a plan, 3 with no valid strategy, 1 for an invalid or unreadable request,
 2 for YAML without pyyaml (simulated by a meta-path finder that refuses ``yaml``)."""
 
@@ -116,7 +116,7 @@ def test_yaml_without_pyyaml_exits_2_with_the_install_hint() -> None:
 
 def test_a_misspelt_key_is_warned_about_and_the_plan_is_made_as_before(tmp_path: Path) -> None:
     request = json.loads(EXAMPLE_JSON.read_text())
-    request["workload"]["methd"] = "full"  # ignored by PlanRequest (SPEC §0.1): said on stderr, not refused
+    request["workload"]["methd"] = "full"  # ignored by PlanRequest: said on stderr, not refused
     request["resorces"] = {"gpus": 64}
     misspelt = tmp_path / "misspelt.json"
     misspelt.write_text(json.dumps(request))

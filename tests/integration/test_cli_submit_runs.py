@@ -78,7 +78,7 @@ def test_submit_launch_error_exit_1(tmp_path: Path) -> None:
 
 
 def test_submit_placeholder_missing_from_task_params_exits_1_before_launching(tmp_path: Path) -> None:
-    """Refused before anything runs; exit 1 as for any launch error (SPEC §10 keeps 2 for JSON
+    """Refused before anything runs; exit 1 as for any launch error (2 is kept for JSON
     that does not parse), with the reason on stderr instead of a FAILED run."""
     result = _cli("submit", "python t.py --c {C}", "--task-params", '[{"D": 1}]', "--output-dir",
                   str(tmp_path / "out"), "--no-watch")

@@ -1,4 +1,4 @@
-"""The coordinator dashboard (``GET /``, SPEC §9.10) in real headless Chromium, against a
+"""The coordinator dashboard (``GET /``) in real headless Chromium, against a
 real uvicorn on 127.0.0.1: nodes and jobs appear as they are registered and submitted,
 and clicking a job shows its tasks, events and artifacts."""
 

@@ -1,4 +1,4 @@
-"""FedAvg converges like centralized training (SPEC §8.3's reference comparison), and the worker CLI.
+"""FedAvg converges like centralized training (the reference comparison), and the worker CLI.
 
 Three rounds over four shards of the worker's model and synthetic data, driven through the
 in-process FakeCoordinator that runs the real ``run_worker`` per shard, must reach a union loss

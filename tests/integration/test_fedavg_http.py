@@ -1,4 +1,4 @@
-"""HttpCoordinator over real HTTP on 127.0.0.1 (SPEC §8.2, routes of §9.2).
+"""HttpCoordinator over real HTTP on 127.0.0.1.
 
 The server here is the stdlib fake in ``tests/fedavg_fakes.py`` serving the same routes, so
 error paths (5xx, retries, missing artifacts) can be injected; the driver against the real

@@ -1,7 +1,7 @@
-"""Resume (SPEC §8.2): a driver process SIGKILLed after round 2 is picked up by ``resume_state`` at round 3.
+"""Resume: a driver process SIGKILLed after round 2 is picked up by ``resume_state`` at round 3.
 
-The driver runs as a real subprocess speaking HTTP to the stdlib coordinator fake on 127.0.0.1
-(interim until ``flashruntime serve`` exists). The fake holds rounds >= 3 uncommitted, so the kill
+The driver runs as a real subprocess speaking HTTP to the stdlib coordinator fake on 127.0.0.1,
+which can hold rounds back as a real coordinator cannot be told to. The fake holds rounds >= 3 uncommitted, so the kill
 lands after round 2 was published and before round 3 could finish. The resumed run must end with
 weights bit-identical to an uninterrupted run.
 """

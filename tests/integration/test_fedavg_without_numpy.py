@@ -1,4 +1,4 @@
-"""numpy is optional (SPEC §8.1): with numpy refused by an import hook, the pure path does all the work.
+"""numpy is optional: with numpy refused by an import hook, the pure path does all the work.
 
 Each case runs in a fresh interpreter whose ``sys.meta_path`` refuses ``numpy``, so the
 library under test sees exactly what a machine without numpy would show.

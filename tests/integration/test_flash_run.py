@@ -1,4 +1,4 @@
-"""``flash.run`` through real processes and a real coordinator (SPEC §5.10): a ``local``
+"""``flash.run`` through real processes and a real coordinator: a ``local``
 plan runs a script through flash.submit, an ``independent_tasks`` plan becomes a lease
 job on a coordinator served by uvicorn, a ``coordinated_training`` plan runs gloo ranks
 under torchrun."""

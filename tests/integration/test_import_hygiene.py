@@ -1,4 +1,4 @@
-"""SPEC §0.3: ``import flashruntime`` loads only pydantic and the stdlib, writes nothing,
+"""``import flashruntime`` loads only pydantic and the stdlib, writes nothing,
 and the core works with nothing else installed."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_core_only_import_with_every_optional_dependency_refused() -> None:
 
 
 def test_the_service_modules_agents_use_import_with_only_the_core() -> None:
-    """SPEC §0.3: the service package and .cli, .worker, .auth, .modea, .ledger, .checkpoints
+    """the service package and .cli, .worker, .auth, .modea, .ledger, .checkpoints
     import without the service extra (fastapi, uvicorn, httpx refused); only .app needs it."""
     result = run_core_only(
         "import flashruntime.service, flashruntime.service.cli, flashruntime.service.worker\n"

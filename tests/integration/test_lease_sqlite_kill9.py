@@ -1,4 +1,4 @@
-"""kill -9 durability of ``SqliteLeaseStore`` (SPEC §2.6).
+"""kill -9 durability of ``SqliteLeaseStore``.
 
 A forked child process drives adds, claims, heartbeats, failures, commits and sweeps on
 one SQLite file and writes an acknowledgement line after each call returns. The

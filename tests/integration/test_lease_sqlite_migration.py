@@ -1,4 +1,4 @@
-"""Migration of the single-document ``lease_tasks`` layout (SPEC §2.6): converted in
+"""Migration of the single-document ``lease_tasks`` layout: converted in
 one transaction on open, queue order and in-flight leases kept, both new counters
 at 0; a newer schema is refused."""
 

@@ -1,6 +1,6 @@
 """``EXPLAIN QUERY PLAN`` of every statement ``SqliteLeaseStore`` issues for claim,
 heartbeat, complete, fail, sweep and the other hot paths: each goes through an
-index, never a full scan of ``lease_tasks`` (SPEC §2.6). The statements are
+index, never a full scan of ``lease_tasks``. The statements are
 recorded as the store issues them, bound parameters included, then explained.
 """
 

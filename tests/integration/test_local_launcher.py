@@ -1,5 +1,5 @@
 """LocalProcessLauncher with real processes: environment contract, process groups,
-and no survivor after cancel or after the leader dies (SPEC §5.7)."""
+and no survivor after cancel or after the leader dies."""
 
 from __future__ import annotations
 
@@ -266,7 +266,7 @@ def test_aside_names_are_utc_stamped_and_unique(tmp_path: Path) -> None:
     assert aside_path(attempt_dir, now) == tmp_path / "task-000-r1.prev-20261130T033507-2"
 
 
-# Outside Linux (SPEC §5.7): no /proc, so the sweep's only view of processes that left the
+# Outside Linux: no /proc, so the sweep's only view of processes that left the
 # leader's group is the resource sampler's last-seen set; on Windows there is also no
 # os.killpg / getpgrp / getpgid / getuid and no SIGKILL. These tests take those away from
 # the real code and drive it with real processes.

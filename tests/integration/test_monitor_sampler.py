@@ -1,4 +1,4 @@
-"""SPEC §13 on real processes: the sampler follows a live process tree, primes CPU
+"""The resource sampler on real processes: the sampler follows a live process tree, primes CPU
 readings (null on first sighting), and degrades to ``limited`` when psutil is missing."""
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def test_without_psutil_the_sampler_is_limited(tmp_path: Path) -> None:
 def test_last_seen_pids_outlive_the_root_for_the_non_linux_sweep(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Outside Linux the launcher's sweep finds orphans only through ``last_seen_pids()``
-    (SPEC §5.7), and reads it after the root exited: ticks that can no longer see the tree
+   , and reads it after the root exited: ticks that can no longer see the tree
     (root a zombie, then gone) must leave the last set as it was."""
     pytest.importorskip("psutil")
     from flashruntime.launchers import _sweep

@@ -1,4 +1,4 @@
-"""No attempt outlives the process driving it (SPEC §5.3–§5.5): a SIGTERM or SIGHUP to
+"""No attempt outlives the process driving it: a SIGTERM or SIGHUP to
 a process inside ``flash.submit`` or the ``flashruntime submit`` CLI, or the end of a
 script that left a ``wait=False`` run going, cancels and settles the run first; the
 process then ends as the signal (or the script) would have ended it. Real processes."""

@@ -1,5 +1,5 @@
 """flash.submit through real processes: collection, run.json, recovery decisions,
-fan-out sweeps, cancel and launch errors (SPEC §5.3–§5.6)."""
+fan-out sweeps, cancel and launch errors."""
 
 from __future__ import annotations
 
@@ -376,7 +376,7 @@ def test_a_cancel_after_the_last_attempt_ended_names_no_stopped_attempt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """cancel() lands while the drive loop collects the finished attempt's outputs: the
-    attempt stopped by itself, so RUN_CANCELLED is the plain "run cancelled" (SPEC §5.4)."""
+    attempt stopped by itself, so RUN_CANCELLED is the plain "run cancelled"."""
     import threading
 
     from flashruntime.local import submit as sdk

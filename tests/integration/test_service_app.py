@@ -1,4 +1,4 @@
-"""The coordinator over real HTTP (SPEC §9): uvicorn on 127.0.0.1, SQLite files on disk.
+"""The coordinator over real HTTP: uvicorn on 127.0.0.1, SQLite files on disk.
 
 Lifecycle of a lease job (submit → register → claim → heartbeat → upload → complete →
 SUCCEEDED), output validation, expiry, the status codes of §9.3, checkpoints, metrics,
@@ -263,7 +263,7 @@ def test_job_artifact_listings_need_a_known_job(api: Any) -> None:
 
 
 def test_a_refused_submit_stores_no_job_no_event_and_no_task(api: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """SPEC §9.2/§9.6: a refused expansion is a 422 and leaves no trace, even when the
+    """a refused expansion is a 422 and leaves no trace, even when the
     refusal comes from the lease store part-way through queueing the tasks."""
     from flashruntime.protocol.v1alpha1 import TaskSpec
     from flashruntime.recipes import WorkloadRecipe, base, register_recipe
@@ -368,7 +368,7 @@ def test_auth_when_enforcing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 def test_an_upload_refused_after_its_body_arrived_changes_nothing(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """SPEC §9.2/§9.4: the write scope is checked again once the body is in, before the
+    """the write scope is checked again once the body is in, before the
     rename, so a node whose lease ends mid-upload gets a 403 and the old content stays."""
     for name, value in TOKENS.items():
         monkeypatch.setenv(name, value)
@@ -420,7 +420,7 @@ def test_required_auth_without_tokens_refuses_to_start(tmp_path: Path, monkeypat
 
 
 def test_a_lease_survives_a_kill9_of_the_coordinator(tmp_path: Path) -> None:
-    """SPEC §2.6: a lease issued before a coordinator restart can still be renewed and
+    """a lease issued before a coordinator restart can still be renewed and
     committed afterwards; the job, its events and the artifact are all still there."""
     data = tmp_path / "data"
     first = CoordinatorProcess(data).start()
@@ -453,7 +453,7 @@ def test_a_lease_survives_a_kill9_of_the_coordinator(tmp_path: Path) -> None:
 
 
 def test_importing_the_app_module_has_no_side_effects_and_app_is_built_on_access(tmp_path: Path) -> None:
-    """SPEC §9.1: ``flashruntime.coordinator.app.app`` is built lazily (once), or is None with
+    """``flashruntime.coordinator.app.app`` is built lazily (once), or is None with
     ``FLASHML_SERVICE_AUTOINIT=0``; the import alone creates nothing."""
     import subprocess
     import sys

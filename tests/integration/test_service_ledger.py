@@ -1,4 +1,4 @@
-"""SPEC §9.5: the coordinator ledger on a real SQLite file."""
+"""the coordinator ledger on a real SQLite file."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def test_upsert_replaces_the_record_and_its_state_column(ledger: Ledger) -> None
 
 def test_upsert_with_events_stores_the_record_and_its_events_together_or_not_at_all(ledger: Ledger) -> None:
     """What the coordinator's refresh relies on: a terminal record is never stored without
-    its JOB_SUCCEEDED / JOB_FAILED (SPEC §9.8)."""
+    its JOB_SUCCEEDED / JOB_FAILED."""
     ledger.upsert_job(_job("j1", state=JobState.RUNNING), events=[_event("j1", EventType.JOB_ACCEPTED)])
     conn = sqlite3.connect(ledger.path)
     try:

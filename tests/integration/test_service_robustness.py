@@ -1,8 +1,8 @@
-"""The coordinator over real HTTP with requests that used to answer 500, grow without bound
+"""The coordinator over real HTTP with requests that could answer 500, grow without bound
 or lose a write: command placeholders beyond plain ``{name}`` fields, artifact keys the
 file system cannot take, cordons past year 9999, NaN in workload parameters, a request
 histogram fed by any method token and blind to 500s, a terminal job whose event could be
-lost, and duplicate completes racing one another (SPEC §9.2, §9.6-§9.9)."""
+lost, and duplicate completes racing one another."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def test_non_finite_workload_parameters_are_422_naming_the_field(api: Any, raw: 
 
 def _refuse_job_events(ledger_path: Path, refuse: bool) -> None:
     """Fault injection in the ledger file itself: while the trigger exists, SQLite refuses to
-    store a JOB_SUCCEEDED event (the write that used to follow the record's on its own)."""
+    store a JOB_SUCCEEDED event (written in the same transaction as the terminal record)."""
     with contextlib.closing(sqlite3.connect(ledger_path, timeout=30)) as conn, conn:
         if refuse:
             conn.execute("CREATE TRIGGER refuse_job_succeeded BEFORE INSERT ON events "

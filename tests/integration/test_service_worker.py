@@ -1,4 +1,4 @@
-"""The built-in worker agent (SPEC §9.11) against a stdlib fake coordinator, with real child
+"""The built-in worker agent against a stdlib fake coordinator, with real child
 processes: registration, heartbeats, claim loop, module and argv payloads, inputs, the
 finish (uploads, sha256, evidence), lease loss and shutdown, and the CLI's exit codes."""
 
@@ -98,7 +98,7 @@ def test_module_task_runs_as_subprocess_uploads_outputs_and_completes(coordinato
                                                             "inputs": {}}
     assert (root / "telemetry.jsonl").is_file() and not (root / "out" / "telemetry.jsonl").exists()
     assert sorted(p.name for p in (root / "out").iterdir()) == ["delta.json", "metrics.json"]
-    # registration: SPEC's capability flags, and the credentials on every call
+    # registration: the documented capability flags, and the credentials on every call
     reg = coordinator.registrations[0]
     assert reg["node_id"] == "node-a" and reg["kubernetes_node"] == "" and reg["hostname"] == socket.gethostname()
     assert (reg["module_capable"], reg["argv_capable"], reg["sandbox_capable"], reg["unsandboxed_argv_capable"]) \
@@ -209,7 +209,7 @@ def test_lease_lost_410_stops_every_process_and_abandons_the_lease(coordinator, 
             coordinator.lost.add(lease_id)
         lost_at = time.monotonic()
         assert coordinator.wait_for(lambda: not any(pid_alive(pid) for pid in pids), timeout=15)
-        # both ignore SIGTERM: SIGKILL after the (shortened) grace, well inside SPEC's 10 s
+        # both ignore SIGTERM: SIGKILL after the (shortened) grace, well inside the default 10 s
         assert time.monotonic() - lost_at < FAST.term_grace_s + 5
         time.sleep(0.3)
     finally:

@@ -1,5 +1,5 @@
 """``examples/sklearn_sweep.py`` runs the exact argv ``integrations.sklearn.hpo`` builds and
-writes the metric the sweep ranks by (SPEC §5.9); a real subprocess per trial."""
+writes the metric the sweep ranks by; a real subprocess per trial."""
 
 from __future__ import annotations
 

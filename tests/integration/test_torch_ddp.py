@@ -1,4 +1,4 @@
-"""SPEC §6 end to end under real torchrun (CPU, gloo): ``examples/ddp_train.py`` writes
+"""The torch helper end to end under real torchrun (CPU, gloo): ``examples/ddp_train.py`` writes
 verified checkpoints, a SIGKILLed run resumes without recomputing checkpointed steps and
 ends at the uninterrupted loss, and multi-node ranks restore the step rank 0 selected."""
 

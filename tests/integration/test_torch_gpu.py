@@ -1,7 +1,7 @@
-"""SPEC §6 on CUDA (nccl): per-rank device placement and kill-and-resume of
+"""The torch helper on CUDA (nccl): per-rank device placement and kill-and-resume of
 ``examples/ddp_train.py`` under torchrun with ``nproc_per_node = min(2, device_count)``.
 Skips cleanly without CUDA. With one GPU the run is a single process (``backend()`` is
-None by SPEC), so multi-GPU placement is exercised only where two GPUs are visible."""
+None by design), so multi-GPU placement is exercised only where two GPUs are visible."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def test_submit_of_a_cuda_job_collects_metrics_and_gpu_telemetry(gpus: int, tmp_
 
 
 def test_worker_registration_reports_every_visible_gpu(gpus: int) -> None:
-    """The agent's registration lists the GPUs nvidia-smi sees (SPEC §9.11 step 1), so the
+    """The agent's registration lists the GPUs nvidia-smi sees, so the
     coordinator's GPU gate can place ``gpus`` tasks on this machine."""
     import torch
 

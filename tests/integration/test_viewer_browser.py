@@ -1,4 +1,4 @@
-"""The run page in real headless Chromium (SPEC §11), driven through chromedriver.
+"""The run page in real headless Chromium, driven through chromedriver.
 
 A real ``flash.submit`` run writes metrics, a checkpoint and log lines while the page
 polls; the browser must show them as they land, escape what the run printed, fetch

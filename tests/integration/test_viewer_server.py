@@ -1,4 +1,4 @@
-"""``RunViewerServer`` over real HTTP on 127.0.0.1 (SPEC §11), and ``flash.submit`` starting it."""
+"""``RunViewerServer`` over real HTTP on 127.0.0.1, and ``flash.submit`` starting it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Planner requests shared by the planner tests: the SPEC §7.7 request and one request
+"""Planner requests shared by the planner tests: the reference request and one request
 per workload kind x objective mode for the golden files."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 MODES = ("balanced", "cheapest", "fastest", "reliable")
 
-# SPEC §7.7.
+# The reference request (examples/plan-qwen7b-lora.yaml).
 SANITY_REQUEST: dict[str, Any] = {
     "workload": {"kind": "transformer_finetune", "model": "Qwen/Qwen2.5-7B", "method": "lora", "train_tokens_m": 25},
     "resources": {"gpus": 4, "gpu_type": "RTX4090", "hourly_cost_usd_per_gpu": 0.44},

@@ -1,4 +1,4 @@
-"""The benchmark row arithmetic and report honesty rules (SPEC §14)."""
+"""The benchmark row arithmetic and report honesty rules."""
 
 from __future__ import annotations
 
@@ -34,14 +34,14 @@ def test_ratio_is_median_over_comparator_median_unless_given() -> None:
 ])
 def test_judge_applies_targets_on_the_reference_host(op: str, value: float, unit: str, met: bool) -> None:
     row = measured_row("s", "performance", "m", "ms", [3.0, 4.0, 5.0], comparator=("c", [2.0]),
-                       target=Target(op, value, unit, "issue 2"))  # type: ignore[arg-type]
+                       target=Target(op, value, unit, "why"))  # type: ignore[arg-type]
     assert judge(dict(row), on_reference_host=True)["met"] is met
     assert judge(dict(row), on_reference_host=False)["met"] is None
 
 
 def test_skipped_rows_carry_a_reason_and_no_figures() -> None:
     row = judge(skipped_row("s", "performance", "m", "ms", "torch not installed",
-                            target=Target("<=", 1.0, "x", "issue 5")), on_reference_host=True)
+                            target=Target("<=", 1.0, "x", "why")), on_reference_host=True)
     assert row["status"] == "skipped" and row["skip_reason"] == "torch not installed"
     assert row["median"] is None and row["met"] is None and row["ratio"] is None
 
@@ -117,3 +117,11 @@ def test_pinned_to_quietest_cpu_pins_the_fastest_and_restores_the_affinity(monke
     with pytest.raises(RuntimeError), pace.pinned_to_quietest_cpu():
         raise RuntimeError("a failing measurement still gives the CPUs back")
     assert os.sched_getaffinity(0) == allowed
+
+
+def test_the_benchmarks_page_is_the_reference_results_rendered() -> None:
+    from benchmarks import reference
+
+    page = reference.DOCS_PAGE.read_text(encoding="utf-8")
+    assert page == reference.render_page(reference.load_references()), (
+        "docs/benchmarks.md is stale: run python -m benchmarks page")

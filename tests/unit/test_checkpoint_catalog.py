@@ -1,4 +1,4 @@
-"""``CheckpointCatalog`` (SPEC §3.3): two-phase commit, the validation ladder,
+"""``CheckpointCatalog``: two-phase commit, the validation ladder,
 topology-compatible selection, ``lost_work`` and its events."""
 
 from __future__ import annotations

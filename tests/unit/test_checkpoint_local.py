@@ -1,4 +1,4 @@
-"""Local manifests (SPEC §3.1, §3.2): parts first, manifest last; verification;
+"""Local manifests: parts first, manifest last; verification;
 newest-first selection that skips bad manifests instead of raising."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``open_part`` (SPEC §3.2): one pass, hashed on a helper thread while written, even
+"""``open_part``: one pass, hashed on a helper thread while written, even
 when the writer reuses its buffer right after each ``write`` returns."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Public names of ``flashruntime.checkpoint`` and ``flashruntime.recovery`` (SPEC §0.4)
+"""Public names of ``flashruntime.checkpoint`` and ``flashruntime.recovery``
 and their import hygiene: core logic, stdlib + pydantic only."""
 
 from __future__ import annotations

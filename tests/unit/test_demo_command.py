@@ -1,4 +1,4 @@
-"""``flashruntime demo``'s workload (SPEC §10): the DDP demo runs on CPU ranks even
+"""``flashruntime demo``'s workload: the DDP demo runs on CPU ranks even
 where GPUs are visible; the parent's environment is left alone."""
 
 from __future__ import annotations

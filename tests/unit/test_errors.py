@@ -84,7 +84,7 @@ _OUTSIDE_THE_FAMILY = {
 
 
 def test_every_exception_the_project_defines_is_rooted() -> None:
-    """SPEC §15: ``FlashRuntimeError`` roots every exception this project defines."""
+    """``FlashRuntimeError`` roots every exception this project defines."""
     import importlib
     import inspect
     import pkgutil

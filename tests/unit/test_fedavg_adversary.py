@@ -1,4 +1,4 @@
-"""A hostile, well-formed delta against the bounded-influence reduce (SPEC §8.1), and its documented limit.
+"""A hostile, well-formed delta against the bounded-influence reduce, and its documented limit.
 
 Five shards, one of which sends its honest delta scaled 1e6x: the capped reduce stays within 3x
 the honest median norm and names the task; a plain weighted mean is moved by more than 1e5x.

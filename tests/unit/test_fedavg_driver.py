@@ -1,4 +1,4 @@
-"""fedavg_driver (SPEC §8.2) against the in-process FakeCoordinator, with a fake clock."""
+"""fedavg_driver against the in-process FakeCoordinator, with a fake clock."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""fedavg_weights (SPEC §8.1): blob format, compact entries, checks in order, and the reduce's invariants."""
+"""fedavg_weights: blob format, compact entries, checks in order, and the reduce's invariants."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def bits(b: dict) -> dict:
 
 
 def unclipped_reference(contributions: list[tuple[dict, int]]) -> dict:
-    """SPEC's formula with no clipping at all: Σ (n_i/total)·v_i, from the first term, in order."""
+    """The documented formula with no clipping at all: Σ (n_i/total)·v_i, from the first term, in order."""
     total = sum(n for _, n in contributions)
     out = {}
     for name, entry in contributions[0][0].items():

@@ -1,4 +1,4 @@
-"""Property: the numpy fast path and the pure path of ``reduce_deltas`` agree (SPEC §8.1).
+"""Property: the numpy fast path and the pure path of ``reduce_deltas`` agree.
 
 Bit-identical results whenever nothing is clipped; identical clip decisions, and clip scales
 within 1e-12 relative, when something is. Blobs mix list and compact entries.

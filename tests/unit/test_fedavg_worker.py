@@ -1,4 +1,4 @@
-"""fedavg_worker (SPEC §8.3): model, data, local steps, delta and metrics files."""
+"""fedavg_worker: model, data, local steps, delta and metrics files."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_run_worker_writes_delta_and_sorted_metrics(tmp_path):
     delta = json.loads((tmp_path / "delta.json").read_text())
     start = fw.state_to_blob(fw.build_model(PARAMS))
     assert any(x != 0.0 for entry in delta.values() for x in entry["data"])
-    # the delta is exactly new − start for SPEC's training: strided shard, SGD, wrapping batches
+    # the delta is exactly new − start for the documented training: strided shard, SGD, wrapping batches
     model = fw.build_model(PARAMS)
     x, y = fw._dataset(PARAMS)
     losses = fw._sgd(model, x[2::4], y[2::4], 0.1, 5, 8)

@@ -1,4 +1,4 @@
-"""``flash.run`` argument handling and its pure builders (SPEC §5.10): one of workload /
+"""``flash.run`` argument handling and its pure builders: one of workload /
 command, the plan's checkpoint, the torchrun wrapping of coordinated plans, the
 coordinator URL and the JobSpec of independent_tasks plans."""
 

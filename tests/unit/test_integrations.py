@@ -1,4 +1,4 @@
-"""SPEC §5.9: integration builders produce exact argv and workloads, import no framework,
+"""integration builders produce exact argv and workloads, import no framework,
 and the Hugging Face callback commits manifests (tested against a fake ``transformers``)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""K-means (SPEC §12): ``kmeans_shard`` partials, ``kmeans_driver`` reduce/init/sharding, and
+"""K-means: ``kmeans_shard`` partials, ``kmeans_driver`` reduce/init/sharding, and
 ``run_kmeans`` against a stdlib stand-in coordinator that computes partials with ``run_shard``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SPEC §13: telemetry → evidence rules (None = not measured, never 0), nvidia-smi parsing,
+"""telemetry → evidence rules (None = not measured, never 0), nvidia-smi parsing,
 and the sampler's record shape with and without psutil (no real child processes here)."""
 
 from __future__ import annotations

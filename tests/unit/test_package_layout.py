@@ -1,4 +1,4 @@
-"""SPEC §0.4: the module path of every public name, pinned (the table users import from).
+"""the module path of every public name, pinned (the table users import from).
 
 A name missing here is a broken ``from X import Y`` for someone. Modules that need an
 optional dependency skip without it (which under ``CI=true`` fails the run)."""

@@ -1,6 +1,6 @@
 """Pins docs/planner-accuracy.md: each row's planner estimate is re-computed from the
 documented inputs, must equal the documented figure, and must lie within ±15 % of the
-published measurement (SPEC §7.2: every figure in GiB)."""
+published measurement (every figure in GiB)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Every numeric constant of the planner sits under (or beside) a comment naming its
-published source (SPEC §7.1), and the planner imports no ML framework."""
+published source, and the planner imports no ML framework."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import flashruntime.planner
 
 PLANNER_DIR = Path(flashruntime.planner.__file__).parent
 SOURCE = re.compile(
-    r"(19|20)\d\d|datasheet|whitepaper|SPEC §|IEEE|JEDEC|PCI-SIG|config\.json|model card|guide|docs|"
+    r"(19|20)\d\d|datasheet|whitepaper|IEEE|JEDEC|PCI-SIG|config\.json|model card|guide|docs|"
     r"PyTorch|DeepSpeed|tuning\.cc|ITU-T"
 )
 CITED_MODULES = ("constants.py", "catalog_models.py", "catalog_gpus.py", "catalog_links.py")

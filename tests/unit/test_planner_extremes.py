@@ -1,4 +1,4 @@
-"""Extreme but valid requests (SPEC §7.1, §7.3, §0.1): the request models accept any positive
+"""Extreme but valid requests: the request models accept any positive
 number, so the planner itself must turn figures no float can carry into a report — a hint
 naming the input, or candidates rejected as out of range — never an exception, and never an
 estimate JSON cannot hold (a report with inf serialises as null and no longer validates)."""
@@ -66,7 +66,7 @@ def _plan(request: dict[str, Any]) -> PlanReport:
     return report
 
 
-# --- the audit's crashes ----------------------------------------------------------------------------------------
+# --- inputs that once crashed the planner ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("request_", "hint"), [
@@ -119,7 +119,7 @@ def test_an_infinite_price_rejects_rather_than_selects_an_infinite_cost() -> Non
 
 
 def test_unlimited_resources_and_limits_still_plan() -> None:
-    # infinite capacities and limits mean "no limit" and stay accepted (SPEC §0.1)
+    # infinite capacities and limits mean "no limit" and stay accepted
     report = _plan(_request("transformer_finetune", resources__cpu_ram_gb=math.inf,
                             objective__deadline_minutes=math.inf, objective__max_cost_usd=math.inf))
     assert report.selected is not None

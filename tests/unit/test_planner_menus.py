@@ -1,4 +1,4 @@
-"""Candidate menus (SPEC §7.3): world sizes, families and variants per workload kind,
+"""Candidate menus: world sizes, families and variants per workload kind,
 the activation-checkpointing rule, the communication-bound threshold, host-RAM limits,
 task slots and the objective's cost and deadline constraints."""
 

@@ -1,4 +1,4 @@
-"""Ranking per objective mode (SPEC §7.4) on hand-built candidates: sort keys, the
+"""Ranking per objective mode on hand-built candidates: sort keys, the
 balanced mode's 10 % cost band, missing numbers as +∞, and the reliable mode's order."""
 
 from __future__ import annotations

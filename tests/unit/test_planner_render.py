@@ -1,4 +1,4 @@
-"""The render layout (SPEC §7.6): selected block or NO VALID STRATEGY, candidates by
+"""The render layout: selected block or NO VALID STRATEGY, candidates by
 status order with their labels and reasons, notes, footer; ``render`` is
 ``explain.render_report``."""
 

@@ -1,4 +1,4 @@
-"""Model and GPU resolution (SPEC §7.1 step 2) and bad input: an unknown model without
+"""Model and GPU resolution and bad input: an unknown model without
 parameters_b, an unknown GPU without vram_gb and zero GPUs for a fine-tune each give a
 report with a precise hint - never an exception."""
 

@@ -1,4 +1,4 @@
-"""SPEC §7.7: the Qwen2.5-7B LoRA request on four RTX 4090s selects DDP + LoRA r=16 via
+"""the Qwen2.5-7B LoRA request on four RTX 4090s selects DDP + LoRA r=16 via
 torchrun at ~21-22 GB/GPU (profiling required), ~1.5 h, ~$3; single GPU misses the
 deadline, 2-way DDP is feasible but slower; every rejection shows its arithmetic."""
 

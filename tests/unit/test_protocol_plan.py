@@ -1,4 +1,4 @@
-"""Planner wire models (SPEC §1.11): constraints, discriminated workload, round trips."""
+"""Planner wire models: constraints, discriminated workload, round trips."""
 
 from __future__ import annotations
 

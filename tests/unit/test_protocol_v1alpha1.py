@@ -1,4 +1,4 @@
-"""Every model of SPEC §1.1–§1.10: defaults, validators, round trips, unknown fields."""
+"""Every model of defaults, validators, round trips, unknown fields."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The top-level ``flashruntime`` namespace (SPEC §0.4, §5.1): pinned names, lazy resolution."""
+"""The top-level ``flashruntime`` namespace: pinned names, lazy resolution."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Workload recipes (SPEC §9.6): the ``WorkloadRecipe`` defaults, the registry, and
+"""Workload recipes: the ``WorkloadRecipe`` defaults, the registry, and
 ``CommandRecipe``'s four expansion steps in order, placeholder formatting, and the
-payload keys it stamps (present or absent exactly as SPEC says)."""
+payload keys it stamps (present or absent exactly as documented)."""
 
 from __future__ import annotations
 

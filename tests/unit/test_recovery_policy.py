@@ -1,4 +1,4 @@
-"""The recovery table (SPEC §4.3) cell by cell from golden data, pinned ``explain``
+"""The recovery table cell by cell from golden data, pinned ``explain``
 strings (§4.4) and ``replay`` (§4.5)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``replay`` is byte-identical across processes (SPEC §4.5): two fresh interpreters
+"""``replay`` is byte-identical across processes: two fresh interpreters
 with different hash seeds print the same JSON and ``explain`` lines as this one."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``from_local_launch`` and ``describe_launch`` (SPEC §4.6) against golden cases."""
+"""``from_local_launch`` and ``describe_launch`` against golden cases."""
 
 from __future__ import annotations
 

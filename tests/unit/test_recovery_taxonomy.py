@@ -1,4 +1,4 @@
-"""Classifier precedence (SPEC §4.1, §4.2) against golden data: every rule, every
+"""Classifier precedence against golden data: every rule, every
 pair of rules, and the edge cases worth pinning."""
 
 from __future__ import annotations

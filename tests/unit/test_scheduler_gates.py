@@ -1,4 +1,4 @@
-"""The seven placement gates (SPEC §2.7): accept, reject and type-confused input for
+"""The seven placement gates: accept, reject and type-confused input for
 each, their order (isolation last) and polarity, and that the ``allowFallback``
 waiver never short-circuits another gate."""
 

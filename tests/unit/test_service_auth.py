@@ -1,4 +1,4 @@
-"""SPEC §9.4: authenticators, env parsing, and the identity/scope rules the app maps to HTTP codes."""
+"""authenticators, env parsing, and the identity/scope rules the app maps to HTTP codes."""
 
 from __future__ import annotations
 

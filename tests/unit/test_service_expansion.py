@@ -1,4 +1,4 @@
-"""``expand_tasks`` (SPEC §9.6): the built-in expansions, recipe precedence, refusals
+"""``expand_tasks``: the built-in expansions, recipe precedence, refusals
 as ``ExpansionError``, the FedAvg key contract with the worker, and that the payload
 keys expansion stamps are the ones the placement gates (§2.7) read."""
 
@@ -358,7 +358,7 @@ def test_unknown_type_lists_what_is_supported() -> None:
 
 def node_view(*, pools: list[str], datasets: list[str], gpus: int, unsandboxed: bool = True,
               module_capable: bool = True) -> dict[str, Any]:
-    """The claim node view of SPEC §9.2, built from the wire models."""
+    """The claim node view, built from the wire models."""
     return {
         "node_id": "n1",
         "sandbox_capable": False,

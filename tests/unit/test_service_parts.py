@@ -1,4 +1,4 @@
-"""The coordinator's pure parts (SPEC §9): settings, node registry, derived job state,
+"""The coordinator's pure parts: settings, node registry, derived job state,
 artifact keys and atomic writes, Prometheus rendering. No HTTP here."""
 
 from __future__ import annotations

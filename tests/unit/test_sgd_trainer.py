@@ -1,4 +1,4 @@
-"""sgd_trainer (SPEC §12): deterministic batches, checkpoint cadence and atomic files, bit-identical
+"""sgd_trainer: deterministic batches, checkpoint cadence and atomic files, bit-identical
 resume, kill_at_step through the real CLI, and the errors users read."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def cli(spec_doc: dict, tmp_path: Path, out: Path, name: str) -> subprocess.Comp
 
 
 def reference_weights(x, y, steps, lr):
-    """An independent reading of SPEC §12: zero init, batch s = rows (s·4 + j) mod n, mean gradient."""
+    """An independent reading of zero init, batch s = rows (s·4 + j) mod n, mean gradient."""
     w, b = [0.0] * len(x[0]), 0.0
     for s in range(steps):
         rows = [(s * 4 + j) % len(x) for j in range(4)]

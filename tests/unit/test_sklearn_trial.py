@@ -1,4 +1,4 @@
-"""sklearn_trial (SPEC §12): stratified 3-fold CV of logreg and rf on a small synthetic CSV,
+"""sklearn_trial: stratified 3-fold CV of logreg and rf on a small synthetic CSV,
 determinism, the params echo, the errors users read, and the hint when scikit-learn is missing."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SPEC §6: the in-script torch helper — device choice, env accessors, heartbeats,
+"""the in-script torch helper — device choice, env accessors, heartbeats,
 metrics, the checkpoint gate, and (with torch) a single-process save/restore round trip."""
 
 from __future__ import annotations

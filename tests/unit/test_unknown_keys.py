@@ -1,6 +1,6 @@
 """The key walker behind the CLI's "is not a field ... and is ignored" warnings: nested
 models, lists and dicts of models, aliases, discriminated unions, and free-form dicts
-whose keys are never warned about (SPEC §0.1 item 3: unknown fields are ignored, so the
+whose keys are never warned about (unknown fields are ignored, so the
 CLI says so instead of refusing)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The offline docs site (SPEC §11): its Markdown converter, the packaged pages kept in
+"""The offline docs site: its Markdown converter, the packaged pages kept in
 step with ``docs/``, self-containment, and links that all land somewhere."""
 
 from __future__ import annotations

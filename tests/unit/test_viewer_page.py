@@ -1,4 +1,4 @@
-"""SPEC §11: the live run page is one self-contained document (no external assets), its
+"""the live run page is one self-contained document (no external assets), its
 inline script is valid JS, and the script's logic behaves on real and odd state documents.
 The JS checks run in node: pure helpers via require(), the live wiring in a vm context with a
 stub DOM and fetch (no browser)."""

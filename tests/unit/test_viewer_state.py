@@ -1,4 +1,4 @@
-"""``viewer.state.collect``: the run page's document, read from a real run directory (SPEC §11)."""
+"""``viewer.state.collect``: the run page's document, read from a real run directory."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CommandWorkload, to_jobspec and compile_workload (SPEC §5.2, §5.8)."""
+"""CommandWorkload, to_jobspec and compile_workload."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_inputs_must_be_artifact_uris() -> None:
 ])
 def test_collect_patterns_that_cannot_be_collected_are_named_but_still_build(pattern: str, message: str) -> None:
     """``submit()`` refuses them before launching (tests/integration/test_sdk_submit.py); an
-    ``OutputSpec`` with one still builds, as it always did (SPEC §0.1: no tightened input)."""
+    ``OutputSpec`` with one still builds, as it always did (no tightened input)."""
     problem = collect_pattern_problem(pattern)
     assert problem is not None and re.search(message, problem)
     assert OutputSpec(collect=["metrics.json", pattern]).collect == ["metrics.json", pattern]

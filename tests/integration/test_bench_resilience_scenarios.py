@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks import targets
 from benchmarks.registry import SCENARIOS
 
 pytestmark = pytest.mark.bench_smoke
@@ -19,7 +20,7 @@ def _rows(name: str) -> dict[str, dict]:
 def test_fault_routing_routes_every_fault() -> None:
     row = _rows("fault_routing")["typed_outcomes_correct"]
     assert row["status"] == "measured" and row["median"] == 5, row["notes"]
-    assert row["target"] == {"op": ">=", "value": 5, "unit": "of 5", "source": "issue 5"}
+    assert row["target"] == targets.faults_routed(5).as_dict()
 
 
 def test_auto_resume_does_not_recompute_checkpointed_steps() -> None:

@@ -1,0 +1,52 @@
+"""The product speaks of itself only: no pointer to a design document outside it, no
+development history (work items, sessions, reviews) in code, docs, examples, tests,
+benchmarks or the CLI's help texts. Rules are stated where they are enforced."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests._support import REPO_ROOT
+
+# A pointer to the design document the project was built from (its section sign, its file
+# name, "as SPEC says"), and development history: work items, sessions, reviews.
+POINTER = re.compile(r"SPEC\s?§|SPEC\.md|\bSPEC'?s\b|\b(as|by|in|of) SPEC\b")
+HISTORY = re.compile(r"\bissues? \d+\b|\bsessions? \d+\b|\b(a|the) review(er)? (found|said)\b|\bwork[- ]items?\b",
+                     re.IGNORECASE)
+NO_HISTORY_CHECK = {"CHANGELOG.md"}  # history is what a changelog is for
+ROOTS = ("flashruntime", "flashml_workloads", "docs", "examples", "benchmarks", "tests", "scripts")
+SUFFIXES = {".py", ".md", ".html", ".json", ".yaml", ".yml", ".txt", ".toml"}
+THIS_FILE = Path(__file__).resolve()
+
+
+def _files() -> list[Path]:
+    found = [REPO_ROOT / "README.md", REPO_ROOT / "CHANGELOG.md", REPO_ROOT / "pyproject.toml"]
+    for root in ROOTS:
+        for path in (REPO_ROOT / root).rglob("*"):
+            if path.is_file() and path.suffix in SUFFIXES and "__pycache__" not in path.parts \
+                    and path.resolve() != THIS_FILE and "results" not in path.parts:
+                found.append(path)
+    return found
+
+
+def test_no_pointer_to_an_outside_document_and_no_development_history() -> None:
+    hits = []
+    for path in _files():
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+            if POINTER.search(line) or (path.name not in NO_HISTORY_CHECK and HISTORY.search(line)):
+                hits.append(f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()[:120]}")
+    assert not hits, "\n".join(hits[:40])
+
+
+@pytest.mark.parametrize("command", ["", "submit", "runs", "view", "demo", "plan", "submit-spec", "status", "events",
+                                     "logs", "cancel", "serve", "worker"])
+def test_help_texts_speak_of_the_product(command: str) -> None:
+    argv = [sys.executable, "-m", "flashruntime.cli", *([command] if command else []), "--help"]
+    shown = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT, check=False)
+    assert shown.returncode == 0, shown.stderr
+    assert not POINTER.search(shown.stdout) and not HISTORY.search(shown.stdout), shown.stdout
