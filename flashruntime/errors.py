@@ -18,7 +18,24 @@ that built-in as a second base::
     │   └── ArtifactNotFound(LookupError)     artifact GET returned 404
     ├── ExpansionError(ValueError)       job cannot be expanded into tasks
     ├── AuthConfigError(ValueError)      invalid token configuration
-    └── CodeExecutionNotPermitted(PermissionError)  a job would run commands its submitter may not run
+    ├── CodeExecutionNotPermitted(PermissionError)  a job would run commands its submitter may not run
+    ├── UnplannableRequest(ValueError)   a plan request lacks a figure the planner needs
+    ├── BadArtifactKey(ValueError)       an artifact key that is not a safe relative path
+    ├── ArtifactTooLarge(ValueError)     an artifact over the coordinator's limit
+    ├── ArtifactConflict(ValueError)     an artifact key that clashes with stored ones
+    ├── NoBackend(RuntimeError)          a job for a backend the coordinator does not run
+    ├── BodyProblem(ValueError)          a JSON request body the coordinator will not store
+    ├── AuthFailure                      a request the coordinator's access rules refuse
+    │   └── RateLimited                  too many requests from one credential
+    ├── TaskRefused                      a lease the worker agent will not run
+    ├── TaskInterrupted                  a lease's preparation stopped by a shutdown or a lost lease
+    └── CommandError                     a ``flashruntime`` command that cannot succeed (its exit code)
+
+The coordinator, the agent and the CLI raise the last ten inside their own flows and
+answer them (an HTTP status, a failed lease, an exit code); they are defined here so that
+one ``except FlashRuntimeError`` catches everything this project raises. One member lives
+elsewhere: ``flashruntime.coordinator.body_limit.BodyTooLarge`` (413) must also be
+FastAPI's ``HTTPException``, and this module imports the standard library only.
 
 Standard library only: agents and task modules import it without extras.
 """
@@ -26,10 +43,16 @@ Standard library only: agents and task modules import it without extras.
 from __future__ import annotations
 
 __all__ = [
+    "ArtifactConflict",
     "ArtifactNotFound",
+    "ArtifactTooLarge",
     "AuthConfigError",
+    "AuthFailure",
+    "BadArtifactKey",
+    "BodyProblem",
     "CheckpointError",
     "CodeExecutionNotPermitted",
+    "CommandError",
     "CompileError",
     "CoordinatorHTTPError",
     "CoordinatorUnavailable",
@@ -37,8 +60,13 @@ __all__ = [
     "FlashRuntimeError",
     "LaunchError",
     "LeaseError",
+    "NoBackend",
     "NonFiniteWeights",
     "QuorumNotMet",
+    "RateLimited",
+    "TaskInterrupted",
+    "TaskRefused",
+    "UnplannableRequest",
     "WeightShapeMismatch",
 ]
 
@@ -117,3 +145,80 @@ class AuthConfigError(FlashRuntimeError, ValueError):
 class CodeExecutionNotPermitted(FlashRuntimeError, PermissionError):
     """A job would run commands on the fleet, and its submitter's token lacks the
     code-execution permission (``FLASHML_ARGV_SUBMITTERS``)."""
+
+
+class UnplannableRequest(FlashRuntimeError, ValueError):
+    """The request lacks a figure the planner needs; the message says which and how to supply it."""
+
+
+class BadArtifactKey(FlashRuntimeError, ValueError):
+    """A key that is not a safe relative path (the coordinator answers 400)."""
+
+
+class ArtifactTooLarge(FlashRuntimeError, ValueError):
+    """A body over the coordinator's artifact limit (413)."""
+
+
+class ArtifactConflict(FlashRuntimeError, ValueError):
+    """A key whose path clashes with existing artifacts: it would be both a file and a
+    directory of other keys (409)."""
+
+
+class NoBackend(FlashRuntimeError, RuntimeError):
+    """The job asks for a backend this coordinator does not run (503)."""
+
+
+class BodyProblem(FlashRuntimeError, ValueError):
+    """A JSON body that parsed but cannot be accepted; ``loc`` is the path to the value,
+    ``kind`` a short name of the problem (the 422's ``type``)."""
+
+    def __init__(self, loc: list[str | int], message: str, kind: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.kind = kind
+
+    def as_issue(self) -> dict[str, object]:
+        return {"loc": ["body", *self.loc], "msg": str(self), "type": self.kind}
+
+
+class AuthFailure(FlashRuntimeError):
+    """A request refused by the coordinator's access rules; it answers ``status_code``
+    (400, 401, 403 or 429) with ``detail``."""
+
+    def __init__(self, status_code: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status_code = status_code
+        self.detail = detail
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Response headers: a 401 names the expected scheme (RFC 6750)."""
+        return {"WWW-Authenticate": "Bearer"} if self.status_code == 401 else {}
+
+
+class RateLimited(AuthFailure):
+    """Too many requests from one credential: 429 with ``Retry-After``."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.retry_after_s = max(1, int(wait_s + 0.999))
+        super().__init__(429, f"too many requests from this credential; retry in {self.retry_after_s} s")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class TaskRefused(FlashRuntimeError):
+    """The worker agent will not run a lease; the message is the reason it sends with ``fail``."""
+
+
+class TaskInterrupted(FlashRuntimeError):
+    """A lease's preparation stopped because the agent is shutting down or the lease was lost."""
+
+
+class CommandError(FlashRuntimeError):
+    """A ``flashruntime`` command cannot succeed; ``code`` is its exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code

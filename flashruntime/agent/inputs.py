@@ -18,17 +18,15 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from flashruntime.client import CoordinatorClient
-from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable, FlashRuntimeError
+from flashruntime.errors import (  # noqa: F401  (defined there, re-exported here)
+    CoordinatorHTTPError,
+    CoordinatorUnavailable,
+    FlashRuntimeError,
+    TaskInterrupted,
+    TaskRefused,
+)
 
 ARTIFACT_SCHEME = "artifact://"
-
-
-class TaskRefused(FlashRuntimeError):
-    """This agent will not run the lease; the message is the reason sent with ``fail``."""
-
-
-class TaskInterrupted(FlashRuntimeError):
-    """Preparation stopped because the agent is shutting down or the lease was lost."""
 
 
 @dataclass(frozen=True)

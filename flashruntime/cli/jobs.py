@@ -23,7 +23,11 @@ from typing import Any
 
 from flashruntime.cli._api import TOKEN_HELP, auth_hint, resolve_api, resolve_token
 from flashruntime.client import CoordinatorClient, RetryPolicy
-from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable, FlashRuntimeError
+from flashruntime.errors import (
+    CommandError,
+    CoordinatorHTTPError,
+    CoordinatorUnavailable,
+)
 
 EXIT_OK, EXIT_HTTP_ERROR, EXIT_UNREACHABLE = 0, 1, 2
 EXIT_BAD_SPEC, EXIT_NO_YAML = 1, 2
@@ -43,14 +47,6 @@ _JOB_COMMANDS: tuple[tuple[str, str, str, str], ...] = (
     ("logs", "GET", "/logs", "show a job's logs"),
     ("cancel", "POST", "/cancel", "cancel a job (every task of a lease job)"),
 )
-
-
-class CommandError(FlashRuntimeError):
-    """The command cannot succeed; carries the exit code."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def register(subparsers: Any) -> None:

@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
-from flashruntime.errors import FlashRuntimeError
+from flashruntime.errors import ArtifactConflict, ArtifactTooLarge, BadArtifactKey, FlashRuntimeError  # noqa: F401  (defined there, re-exported here)
 
 __all__ = ["ArtifactConflict", "ArtifactStore", "ArtifactTooLarge", "BadArtifactKey", "check_key", "sha256_of"]
 
@@ -29,19 +29,6 @@ MAX_SEGMENT_BYTES = 255  # NAME_MAX of Linux file systems: one file or directory
 # What the file system answers for a path it cannot take as a name (too long as a whole, bytes it
 # will not store): the key's fault, so a 400 like any other bad key, not a 500.
 _KEY_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EILSEQ})
-
-
-class BadArtifactKey(FlashRuntimeError, ValueError):
-    """A key that is not a safe relative path (→ 400)."""
-
-
-class ArtifactTooLarge(FlashRuntimeError, ValueError):
-    """A body over ``max_bytes`` (→ 413)."""
-
-
-class ArtifactConflict(FlashRuntimeError, ValueError):
-    """A key whose path clashes with existing artifacts: it would be both a file and a
-    directory of other keys (→ 409)."""
 
 
 def check_key(key: str) -> str:

@@ -23,7 +23,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from flashruntime.errors import AuthConfigError, FlashRuntimeError
+from flashruntime.errors import (
+    AuthConfigError,
+    AuthFailure,
+    )
 from flashruntime.protocol._base import StrEnum
 
 __all__ = [
@@ -284,20 +287,6 @@ def authenticator_from_env(env: Mapping[str, str] | None = None) -> NodeAuthenti
         if "code execution is granted" in str(exc):
             raise AuthConfigError(f"{ARGV_SUBMITTERS_ENV}: {exc}") from None
         raise
-
-
-class AuthFailure(FlashRuntimeError):
-    """A request refused by the auth policy; the app answers ``status_code`` with ``detail``."""
-
-    def __init__(self, status_code: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status_code = status_code
-        self.detail = detail
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """Response headers: a 401 names the expected scheme (RFC 6750)."""
-        return {"WWW-Authenticate": "Bearer"} if self.status_code == 401 else {}
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,12 @@ from flashruntime.coordinator.ledger import Ledger
 from flashruntime.coordinator.metrics import Metrics
 from flashruntime.coordinator.nodes import NodeRegistry
 from flashruntime.coordinator.settings import RuntimeSettings
-from flashruntime.errors import CodeExecutionNotPermitted, ExpansionError, FlashRuntimeError, LeaseError
+from flashruntime.errors import (
+    CodeExecutionNotPermitted,
+    ExpansionError,
+    LeaseError,
+    NoBackend,
+)
 from flashruntime.leases import LeaseManager, SqliteLeaseStore
 from flashruntime.protocol.v1alpha1 import (
     CompleteRequest,
@@ -52,10 +57,6 @@ SERVICE_SOURCE = "flashruntime.service"
 SUBMITTED_BY_KEY = "submitted_by"
 _OPEN_MODE_SUBMITTER = {"role": "anonymous", "name": None, "may_run_code": True}
 EVENTS_LOGGER = logging.getLogger("flashruntime.events")
-
-
-class NoBackend(FlashRuntimeError, RuntimeError):
-    """The job asks for a backend this coordinator does not run (``ray`` in 0.5.0 → 503)."""
 
 
 def _utc_now() -> datetime:

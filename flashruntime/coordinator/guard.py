@@ -21,7 +21,7 @@ from fastapi.routing import APIRoute
 
 from flashruntime.coordinator.access import ROUTE_ACCESS, RouteAccess
 from flashruntime.coordinator.auth import ON_BEHALF_OF_HEADER, AuthFailure, Identity, require_role, resolve_identity
-from flashruntime.errors import FlashRuntimeError
+from flashruntime.errors import BodyProblem, FlashRuntimeError, RateLimited  # noqa: F401  (defined there, re-exported here)
 
 __all__ = ["BodyProblem", "Guard", "RateLimited", "StrictJSONRoute", "parse_strict_json", "route_key"]
 
@@ -33,18 +33,6 @@ def route_key(method: str, path: str) -> tuple[str, str]:
     """``(METHOD, template)`` as ``ROUTE_ACCESS`` and the OpenAPI schema write it
     (``{key:path}`` → ``{key}``)."""
     return method.upper(), _CONVERTER.sub(r"{\1}", path)
-
-
-class BodyProblem(FlashRuntimeError, ValueError):
-    """A JSON body that parsed but cannot be accepted; ``loc`` is the path to the value."""
-
-    def __init__(self, loc: list[str | int], message: str, kind: str) -> None:
-        super().__init__(message)
-        self.loc = loc
-        self.kind = kind
-
-    def as_issue(self) -> dict[str, Any]:
-        return {"loc": ["body", *self.loc], "msg": str(self), "type": self.kind}
 
 
 def _walk_problem(value: Any) -> BodyProblem | None:
@@ -187,15 +175,3 @@ def _limit_key(identity: Identity, request: Request) -> tuple[str, str]:
         return (identity.role.value, identity.name or "")
     client = request.client
     return ("address", client.host if client is not None else "")
-
-
-class RateLimited(AuthFailure):
-    """Too many requests from one credential: 429 with ``Retry-After``."""
-
-    def __init__(self, wait_s: float) -> None:
-        self.retry_after_s = max(1, int(wait_s + 0.999))
-        super().__init__(429, f"too many requests from this credential; retry in {self.retry_after_s} s")
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after_s)}

@@ -5,8 +5,6 @@ into a report whose ``no_valid_strategy_hint`` is the message (step 2 of the pip
 
 from __future__ import annotations
 
-from flashruntime.errors import FlashRuntimeError
-
-
-class UnplannableRequest(FlashRuntimeError, ValueError):
-    """The request lacks a figure the planner needs; the message says which and how to supply it."""
+from flashruntime.errors import (
+    UnplannableRequest,  # noqa: F401  (defined there, re-exported here)
+)

@@ -20,6 +20,17 @@ EXPECTED_BASES = {
     "ExpansionError": (ValueError,),
     "AuthConfigError": (ValueError,),
     "CodeExecutionNotPermitted": (PermissionError,),
+    "UnplannableRequest": (ValueError,),
+    "BadArtifactKey": (ValueError,),
+    "ArtifactTooLarge": (ValueError,),
+    "ArtifactConflict": (ValueError,),
+    "NoBackend": (RuntimeError,),
+    "BodyProblem": (ValueError,),
+    "AuthFailure": (),
+    "RateLimited": (),
+    "TaskRefused": (),
+    "TaskInterrupted": (),
+    "CommandError": (),
 }
 
 
@@ -28,12 +39,22 @@ def test_root() -> None:
     assert errors.FlashRuntimeError.__bases__ == (Exception,)
 
 
-PARENTS = {"ArtifactNotFound": "CoordinatorHTTPError"}  # within the family; FlashRuntimeError otherwise
+PARENTS = {"ArtifactNotFound": "CoordinatorHTTPError", "RateLimited": "AuthFailure"}  # else FlashRuntimeError
 
 
 def _raise(cls: type[Exception], message: str) -> None:
     if cls is errors.CoordinatorHTTPError:
         raise cls("GET", "/v1alpha1/jobs/j", 500, message)
+    if cls is errors.BodyProblem:
+        raise cls(["field"], message, "kind")
+    if cls is errors.AuthFailure:
+        raise cls(403, message)
+    if cls is errors.CommandError:
+        raise cls(message, 1)
+    if cls is errors.RateLimited:
+        error = cls(2.5)
+        assert error.status_code == 429 and error.headers == {"Retry-After": "3"}
+        raise errors.AuthFailure(429, message)
     raise cls(message)
 
 
@@ -109,5 +130,10 @@ def test_every_exception_the_project_defines_is_rooted() -> None:
                 found.append(qualified)
                 if not issubclass(value, errors.FlashRuntimeError) and qualified not in _OUTSIDE_THE_FAMILY:
                     unrooted.append(qualified)
-    assert "flashruntime.coordinator.artifacts.BadArtifactKey" in found  # the walk reaches the service
+    assert "flashruntime.coordinator.body_limit.BodyTooLarge" in found  # the walk reaches the service
     assert unrooted == [], f"exceptions outside FlashRuntimeError: {unrooted}"
+    # Every member of the family is defined in errors.py, but for the one that must also be
+    # FastAPI's HTTPException (errors.py imports nothing but the standard library).
+    elsewhere = [name for name in found if not name.startswith("flashruntime.errors.")
+                 and name not in _OUTSIDE_THE_FAMILY]
+    assert elsewhere == ["flashruntime.coordinator.body_limit.BodyTooLarge"]
