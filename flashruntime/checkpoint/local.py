@@ -32,6 +32,7 @@ __all__ = [
     "clear_verification_cache",
     "latest_valid_manifest",
     "open_part",
+    "read_manifest",
     "verification_cache_stats",
     "verify_manifest",
     "write_manifest",
@@ -438,7 +439,7 @@ class _ManifestCache:
 _MANIFESTS = _ManifestCache()
 
 
-def _read_manifest(path: str) -> CheckpointManifest | None:
+def read_manifest(path: str) -> CheckpointManifest | None:
     """The manifest at ``path`` (shared, do not modify), or None when it is unreadable,
     not a regular file, implausibly large or schema-invalid."""
     try:
@@ -482,7 +483,7 @@ def latest_valid_manifest(ckpt_root: PathLike, pattern: str = "step-*") -> Check
         return None
     candidates: list[tuple[int, int, CheckpointManifest, str]] = []
     for index, path in enumerate(paths):
-        manifest = _read_manifest(path)
+        manifest = read_manifest(path)
         if manifest is None or manifest.validation == CheckpointValidation.INVALID:
             continue
         candidates.append((-manifest.step, index, manifest, os.path.dirname(path)))

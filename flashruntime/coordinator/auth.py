@@ -27,7 +27,7 @@ from flashruntime.errors import (
     AuthConfigError,
     AuthFailure,
     )
-from flashruntime.protocol._base import StrEnum
+from flashruntime.protocol.base import StrEnum
 
 __all__ = [
     "ARGV_SUBMITTERS_ENV",

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 from flashruntime.errors import LaunchError
-from flashruntime.protocol._base import StrEnum
+from flashruntime.protocol.base import StrEnum
 
 if TYPE_CHECKING:
     from flashruntime.strategies import LaunchSpec

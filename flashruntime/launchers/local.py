@@ -15,7 +15,7 @@ from flashruntime.launchers import Launcher, LaunchError, LaunchHandle, LaunchSt
 from flashruntime.launchers._sweep import attempt_processes, proc_available, sweep
 from flashruntime.strategies import LaunchSpec
 
-__all__ = ["LocalLaunchHandle", "LocalProcessLauncher"]
+__all__ = ["LocalLaunchHandle", "LocalProcessLauncher", "proc_available"]
 
 LOG_NAME = "launcher.log"
 

@@ -229,4 +229,12 @@ def with_derived_operations(store: object) -> LeaseStore:
     return _WithDerived(store)
 
 
-from flashruntime.leases._memory import InMemoryLeaseStore  # noqa: E402  (defined beside, subclassing LeaseStore)
+def __getattr__(name: str) -> object:
+    # InMemoryLeaseStore subclasses LeaseStore, so it is defined beside this module and found
+    # here on first use: importing it at the top would make the two modules import each other.
+    if name == "InMemoryLeaseStore":
+        from flashruntime.leases._memory import InMemoryLeaseStore
+
+        globals()[name] = InMemoryLeaseStore
+        return InMemoryLeaseStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from flashruntime.protocol._base import WireModel
+from flashruntime.protocol.base import WireModel
 from flashruntime.protocol.v1alpha1 import ExecutionEvidence, NodeCapabilities
 
 __all__ = [

@@ -10,7 +10,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field
 
-from flashruntime.protocol._base import WireModel
+from flashruntime.protocol.base import WireModel
 
 __all__ = [
     "PLAN_API_VERSION",

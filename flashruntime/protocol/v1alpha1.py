@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from flashruntime.protocol._base import StrEnum, UtcDatetime, WireModel, utcnow
+from flashruntime.protocol.base import StrEnum, UtcDatetime, WireModel, utcnow
 from flashruntime.protocol.lease_rules import DEFAULT_LEASE_SECONDS
 
 __all__ = [

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flashruntime.checkpoint.local import MANIFEST_NAME, _read_manifest, latest_valid_manifest, verify_manifest
+from flashruntime.checkpoint.local import MANIFEST_NAME, latest_valid_manifest, read_manifest, verify_manifest
 from flashruntime.protocol.v1alpha1 import CheckpointValidation
 
 __all__ = ["collect"]
@@ -170,7 +170,7 @@ def _checkpoints(root: Path, now: float) -> list[dict[str, Any]]:
     pick = latest_valid_manifest(root) if paths else None  # re-verifies from the hash cache
     entries: list[dict[str, Any]] = []
     for path in paths:
-        manifest = _read_manifest(path)
+        manifest = read_manifest(path)
         if manifest is None:
             continue
         verified = manifest.validation != CheckpointValidation.INVALID and verify_manifest(

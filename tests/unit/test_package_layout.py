@@ -74,3 +74,39 @@ def test_re_exports_are_the_defining_objects() -> None:
     assert checkpoints.CommitRequest is v1alpha1.CommitRequest
     assert checkpoints.RegisterPartRequest is v1alpha1.RegisterPartRequest
     assert modea.ClaimRequest is v1alpha1.ClaimRequest
+
+
+# Earlier releases' import paths -> where the code lives now; each name must be the same object.
+COMPAT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "flashruntime.sdk": ("flashruntime.local.submit", ("submit",)),
+    "flashruntime.service.app": ("flashruntime.coordinator.app", ("create_app",)),
+    "flashruntime.service.auth": ("flashruntime.coordinator.auth", (
+        "NodeAuthenticator", "OpenAuthenticator", "StaticTokenAuthenticator", "authenticator_from_env",
+        "AuthConfigError", "resolve_identity", "Identity")),
+    "flashruntime.service.modea": ("flashruntime.coordinator.expansion", (
+        "expand_tasks", "ExpansionError", "ALLOWED_TASK_MODULES", "MAX_LEASE_SECONDS", "FEDAVG_WORKER_PARAM_KEYS",
+        "FEDAVG_DRIVER_SUPPLIED_KEYS", "ClaimRequest", "CompleteRequest", "FailRequest")),
+    "flashruntime.service.ledger": ("flashruntime.coordinator.ledger", ("Ledger",)),
+    "flashruntime.service.settings": ("flashruntime.coordinator.settings", ("RuntimeSettings", "parse_selector")),
+    "flashruntime.service.worker": ("flashruntime.agent", ("WorkerAgent", "main")),
+    "flashruntime.service.cli": ("flashruntime.cli", ("main",)),
+}
+
+
+@pytest.mark.parametrize("old_path", sorted(COMPAT))
+def test_compatibility_paths_import_the_same_objects(old_path: str) -> None:
+    new_path, names = COMPAT[old_path]
+    if old_path.endswith(".app"):
+        pytest.importorskip("fastapi")
+    old, new = importlib.import_module(old_path), importlib.import_module(new_path)
+    different = [name for name in names if getattr(old, name) is not getattr(new, name)]
+    assert not different, f"{old_path} re-exports other objects than {new_path}: {different}"
+
+
+def test_the_service_app_compatibility_path_forwards_the_lazy_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("fastapi")
+    import flashruntime.coordinator.app as app_module
+    import flashruntime.service.app as compat
+
+    monkeypatch.setitem(app_module._cached, "app", sentinel := object())
+    assert compat.app is sentinel
