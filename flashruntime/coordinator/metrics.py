@@ -1,15 +1,20 @@
-"""``GET /metrics``: Prometheus text exposition 0.0.4, standard library only.
+"""``GET /metrics``: the coordinator's counters and request histogram, written in the
+Prometheus text format by ``prometheus_client``.
 
-Counters live for the process; gauges are computed per scrape by the caller and
-passed to ``render``. The request histogram is keyed by the route *template*, so a
-path parameter never explodes the label set.
+Counters live for the process; gauges are computed per scrape by the caller and passed
+to ``render``. The request histogram is keyed by the route *template*, so a path
+parameter never explodes the label set. The families are built per scrape from plain
+counts (a registry of our own, never the process-wide default one).
 """
 
 from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 __all__ = ["BUCKETS", "CONTENT_TYPE", "Metrics"]
 
@@ -21,18 +26,6 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # is counted as "other", so no request can add a series of its own.
 _KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"})
 OTHER_METHOD = "other"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(**labels: str) -> str:
-    return "{" + ",".join(f'{key}="{_escape(str(value))}"' for key, value in labels.items()) + "}"
-
-
-def _number(value: float) -> str:
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
 
 
 class Metrics:
@@ -73,37 +66,57 @@ class Metrics:
         self, tasks: Mapping[str, int], live_leases: int, nodes: Mapping[str, int]
     ) -> str:
         """The exposition text: per-scrape gauges (given) and this process's counters."""
-        out: list[str] = []
-
-        def family(name: str, kind: str, help_text: str) -> None:
-            out.append(f"# HELP {name} {help_text}")
-            out.append(f"# TYPE {name} {kind}")
-
-        def labelled(name: str, kind: str, help_text: str, label: str, values: Mapping[str, int]) -> None:
-            family(name, kind, help_text)
-            out.extend(f"{name}{_labels(**{label: key})} {n}" for key, n in values.items())
-
-        labelled("flashruntime_tasks", "gauge", "Lease tasks by state.", "state", tasks)
-        family("flashruntime_live_leases", "gauge", "Leases currently held by a node.")
-        out.append(f"flashruntime_live_leases {live_leases}")
-        labelled("flashruntime_nodes", "gauge", "Registered nodes by status (cordoned counted besides online/offline).",
-                 "status", nodes)
         with self._lock:
             claims, commits, expiries = dict(self.claims), dict(self.commits), self.lease_expiries
             requests = {key: list(row) for key, row in self._requests.items()}
-        labelled("flashruntime_claims_total", "counter", "Claim requests by result.", "result", claims)
-        labelled("flashruntime_commits_total", "counter", "Complete requests by result.", "result", commits)
-        family("flashruntime_lease_expiries_total", "counter", "Leases lost to a missed deadline.")
-        out.append(f"flashruntime_lease_expiries_total {expiries}")
-        family("flashruntime_http_request_duration_seconds", "histogram", "HTTP request latency by route template.")
-        for (method, route, status), row in sorted(requests.items()):
-            cumulative = 0.0
-            for bound, n in zip((*BUCKETS, float("inf")), row[:-1]):
-                cumulative += n
-                le = "+Inf" if bound == float("inf") else _number(bound)
-                labels = _labels(method=method, route=route, status=status, le=le)
-                out.append(f"flashruntime_http_request_duration_seconds_bucket{labels} {_number(cumulative)}")
-            labels = _labels(method=method, route=route, status=status)
-            out.append(f"flashruntime_http_request_duration_seconds_sum{labels} {row[-1]!r}")
-            out.append(f"flashruntime_http_request_duration_seconds_count{labels} {_number(cumulative)}")
-        return "\n".join(out) + "\n"
+
+        def families() -> Iterator[Metric]:
+            gauge = GaugeMetricFamily("flashruntime_tasks", "Lease tasks by state.", labels=["state"])
+            for state, n in tasks.items():
+                gauge.add_metric([state], n)
+            yield gauge
+            yield GaugeMetricFamily("flashruntime_live_leases", "Leases currently held by a node.", value=live_leases)
+            gauge = GaugeMetricFamily("flashruntime_nodes",
+                                      "Registered nodes by status (cordoned counted besides online/offline).",
+                                      labels=["status"])
+            for status, n in nodes.items():
+                gauge.add_metric([status], n)
+            yield gauge
+            for name, help_text, label, values in (
+                ("flashruntime_claims", "Claim requests by result.", "result", claims),
+                ("flashruntime_commits", "Complete requests by result.", "result", commits),
+            ):
+                counter = CounterMetricFamily(name, help_text, labels=[label])
+                for key, n in values.items():
+                    counter.add_metric([key], n)
+                yield counter
+            yield CounterMetricFamily("flashruntime_lease_expiries", "Leases lost to a missed deadline.",
+                                      value=expiries)
+            histogram = HistogramMetricFamily("flashruntime_http_request_duration_seconds",
+                                              "HTTP request latency by route template.",
+                                              labels=["method", "route", "status"])
+            for (method, route, status), row in sorted(requests.items()):
+                cumulative, buckets = 0.0, []
+                for bound, n in zip((*BUCKETS, float("inf")), row[:-1]):
+                    cumulative += n
+                    buckets.append(("+Inf" if bound == float("inf") else _bound(bound), cumulative))
+                histogram.add_metric([method, route, status], buckets, row[-1])
+            yield histogram
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Families(families))
+        return generate_latest(registry).decode("utf-8")
+
+
+def _bound(value: float) -> str:
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+class _Families:
+    """A collector of the families one scrape built."""
+
+    def __init__(self, families: Callable[[], Iterator[Metric]]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families()
