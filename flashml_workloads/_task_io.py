@@ -64,8 +64,10 @@ def data_rows(path: str | Path, prog: str, label_hint: str) -> list[tuple[int, l
 
 
 def write_json_atomic(path: Path, document: Mapping[str, Any]) -> None:
-    """Write ``document`` to a temporary file beside ``path``, fsync it, then rename it over ``path``:
-    a crash leaves either the old file or the complete new one, never a torn one. NaN is refused."""
+    """Write ``document`` to a temporary file beside ``path``, fsync it, rename it over ``path``
+    and fsync the directory: a crash leaves either the old file or the complete new one, never a
+    torn one. NaN is refused. (``flashruntime.files.write_atomic``'s rule, here again because task
+    modules import nothing but the standard library.)"""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -77,6 +79,16 @@ def write_json_atomic(path: Path, document: Mapping[str, Any]) -> None:
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+    try:
+        directory = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(directory)
+    except OSError:
+        pass
+    finally:
+        os.close(directory)
 
 
 def task_main(

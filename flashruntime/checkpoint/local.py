@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from flashruntime.checkpoint._hashing import CACHE, POOL, BackgroundHasher, CacheKey, cache_key, hash_fd, open_regular
+from flashruntime.files import write_atomic
 from flashruntime.protocol.v1alpha1 import (
     CheckpointManifest,
     CheckpointPart,
@@ -86,14 +87,6 @@ def _sync_data(fd: int) -> None:
     part ``open_part`` already synced costs no extra journal commit; the directory
     fsync after the manifest rename makes the renames durable."""
     (getattr(os, "fdatasync", None) or os.fsync)(fd)
-
-
-def _fsync_dir(path: PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --- open_part ----------------------------------------------------------------
@@ -359,23 +352,8 @@ def write_manifest(
         parts=parts,
         validation=CheckpointValidation.HASH_VERIFIED,
     )
-    payload = (manifest.model_dump_json(indent=2) + "\n").encode("utf-8")
-    tmp_path = os.path.join(step_dir, f".{MANIFEST_NAME}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp_path, _WRITE_FLAGS, 0o644)
-        try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp_path, os.path.join(step_dir, MANIFEST_NAME))
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_path)
-        raise
-    _fsync_dir(step_dir)
+    # Written last, atomically and durably: it is what makes the step a checkpoint.
+    write_atomic(os.path.join(step_dir, MANIFEST_NAME), manifest.model_dump_json(indent=2) + "\n")
     return manifest
 
 

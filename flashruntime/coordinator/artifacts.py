@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 from flashruntime.errors import ArtifactConflict, ArtifactTooLarge, BadArtifactKey, FlashRuntimeError  # noqa: F401  (defined there, re-exported here)
+from flashruntime.files import fsync_directory
 
 __all__ = ["ArtifactConflict", "ArtifactStore", "ArtifactTooLarge", "BadArtifactKey", "check_key", "sha256_of"]
 
@@ -143,6 +144,7 @@ class ArtifactStore:
                 try:
                     with _key_os_errors(key):
                         os.replace(tmp_name, target)
+                    fsync_directory(target.parent)  # the rename, durable like every document's
                 except IsADirectoryError:  # another upload made the key a directory meanwhile
                     self._refuse_clash(key, target)
                     raise

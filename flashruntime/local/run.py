@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flashruntime.files import write_atomic
 from flashruntime.launchers import LaunchState
 
 if TYPE_CHECKING:
@@ -211,7 +212,5 @@ class Run:
         }
 
     def _write(self) -> None:
-        # Caller holds the lock (or is the constructor). Temp file + replace: readers never see half a file.
-        tmp = self.output_dir / f".{RUN_JSON}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(self._document(), indent=1, default=str))
-        os.replace(tmp, self.run_json_path)
+        # Caller holds the lock (or is the constructor). Readers never see half a file.
+        write_atomic(self.run_json_path, json.dumps(self._document(), indent=1, default=str))

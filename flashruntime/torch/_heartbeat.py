@@ -7,11 +7,11 @@ to one per second unless forced, and never raise into the training loop.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
 
+from flashruntime.files import write_atomic
 from flashruntime.torch import _state
 
 THROTTLE_SECONDS = 1.0
@@ -52,15 +52,7 @@ def beat(step: int | None = None, *, force: bool = False, now: float | None = No
         record = heartbeat_record(state.last_step, ts=time.time())
         directory = _state.output_dir() / "ranks"
         directory.mkdir(parents=True, exist_ok=True)
-        target = directory / f"rank-{record['rank']}.json"
-        tmp = directory / f".rank-{record['rank']}.json.{os.getpid()}.tmp"
-        try:
-            tmp.write_text(json.dumps(record) + "\n", encoding="utf-8")
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+        write_atomic(directory / f"rank-{record['rank']}.json", json.dumps(record) + "\n")
         state.last_beat = moment
         return True
     except Exception:

@@ -212,16 +212,22 @@ def test_metrics_render_prometheus_text() -> None:
     metrics.observe_request("GET", "/v1alpha1/jobs/{job_id}", 200, 0.2)
     metrics.observe_request("GET", "/v1alpha1/jobs/{job_id}", 200, 60.0)
     text = metrics.render({"PENDING": 1, "LEASED": 0}, 0, {"online": 1, "offline": 0, "cordoned": 0})
-    lines = text.splitlines()
-    assert "# TYPE flashruntime_tasks gauge" in lines and 'flashruntime_tasks{state="PENDING"} 1' in lines
-    assert 'flashruntime_claims_total{result="leased"} 1' in lines
-    assert 'flashruntime_commits_total{result="invalid_output"} 1' in lines
-    assert "flashruntime_lease_expiries_total 2" in lines
-    bucket = 'flashruntime_http_request_duration_seconds_bucket{method="GET",route="/v1alpha1/jobs/{job_id}",status="200",'
-    assert f'{bucket}le="0.005"}} 1' in lines and f'{bucket}le="0.25"}} 2' in lines and f'{bucket}le="10"}} 2' in lines
-    assert f'{bucket}le="+Inf"}} 3' in lines
-    count = 'flashruntime_http_request_duration_seconds_count{method="GET",route="/v1alpha1/jobs/{job_id}",status="200"} 3'
-    assert count in lines and text.endswith("\n")
+    parser = pytest.importorskip("prometheus_client.parser")
+    samples = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+               for family in parser.text_string_to_metric_families(text) for sample in family.samples}
+    types = {family.name: family.type for family in parser.text_string_to_metric_families(text)}
+    assert types["flashruntime_tasks"] == "gauge" and samples[("flashruntime_tasks", (("state", "PENDING"),))] == 1
+    assert samples[("flashruntime_claims_total", (("result", "leased"),))] == 1
+    assert samples[("flashruntime_commits_total", (("result", "invalid_output"),))] == 1
+    assert samples[("flashruntime_lease_expiries_total", ())] == 2
+    route = (("method", "GET"), ("route", "/v1alpha1/jobs/{job_id}"), ("status", "200"))
+
+    def bucket(le: str) -> float:
+        return samples[("flashruntime_http_request_duration_seconds_bucket", tuple(sorted((*route, ("le", le)))))]
+
+    assert (bucket("0.005"), bucket("0.25"), bucket("10"), bucket("+Inf")) == (1, 2, 2, 3)
+    assert samples[("flashruntime_http_request_duration_seconds_count", route)] == 3
+    assert text.endswith("\n")
 
 
 def test_dashboard_is_self_contained_and_polls_the_documented_routes() -> None:
