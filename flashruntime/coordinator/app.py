@@ -51,7 +51,7 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
     # reports once per route as "has no effect": noise in every coordinator log, not ours to fix.
     warnings.filterwarnings("ignore", message=r"The 'alias' attribute with value '\w+' was provided to the `Field\(\)`")
     coordinator = Coordinator(settings)
-    if os.environ.get("FLASHML_REQUIRE_NODE_AUTH") == "1" and not coordinator.authenticator.enforcing:
+    if settings.require_node_auth and not coordinator.authenticator.enforcing:
         coordinator.close()
         raise RuntimeError(
             "FLASHML_REQUIRE_NODE_AUTH=1 but no tokens are configured: set FLASHML_NODE_TOKENS "

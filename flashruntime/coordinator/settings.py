@@ -1,143 +1,116 @@
-"""``RuntimeSettings``: the coordinator's configuration, standard library only.
+"""``RuntimeSettings``: the coordinator's configuration, one typed model read from the
+environment (``pydantic-settings``, in the ``service`` extra).
 
-Each field's default is read from its environment variable when an instance is built,
-so ``RuntimeSettings()`` reflects the environment of that moment and tests can set the
-environment first. ``from_env`` is the same plus the two node-selector strings parsed.
+Every field is read from its ``FLASHML_*`` variable when an instance is built, so
+``RuntimeSettings()`` reflects the environment of that moment; keyword arguments win
+over the environment. ``from_env(env)`` reads a given mapping instead. A value that does
+not parse raises ``ValueError`` naming the variable, what it must be, and what it was.
+Token variables are read by ``flashruntime.coordinator.auth``, not here: they are
+secrets, and parsing them is that module's job.
 """
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from contextvars import ContextVar
 from pathlib import Path
+from typing import Any
 
-__all__ = ["DEFAULT_RATE_LIMIT", "RuntimeSettings", "parse_selector"]
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+__all__ = ["DEFAULT_RATE_LIMIT", "RuntimeSettings"]
 
 DEFAULT_RATE_LIMIT = 100.0  # requests per second per credential when tokens are configured
 
-
-def _env(name: str, default: str, env: Mapping[str, str] | None = None) -> str:
-    return (os.environ if env is None else env).get(name, default)
-
-
-def _optional_env(name: str, env: Mapping[str, str] | None = None) -> str | None:
-    value = (os.environ if env is None else env).get(name)
-    return value if value else None
+# The mapping ``from_env`` reads instead of the process environment, while it builds an instance.
+_GIVEN_ENV: ContextVar[Mapping[str, str] | None] = ContextVar("flashruntime_settings_env", default=None)
 
 
-def parse_selector(text: str | None, *, name: str = "selector") -> dict[str, str]:
-    """``"k=v,k=v"`` → ``{k: v}``; blanks and a trailing comma are tolerated. A pair
-    without ``=`` or with an empty key raises ``ValueError`` naming ``name``."""
-    selector: dict[str, str] = {}
-    for raw in (text or "").split(","):
-        pair = raw.strip()
-        if not pair:
-            continue
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"{name}: {pair!r} is not a key=value pair (expected 'k=v,k=v')")
-        selector[key.strip()] = value.strip()
-    return selector
+def _setting(default: Any, env: str, expected: str, description: str, **constraints: Any) -> Any:
+    """A field read from ``env``, or set by its own name; ``expected`` goes into the error
+    message of a value that does not parse, ``description`` into the reference docs."""
+    return Field(default, validation_alias=AliasChoices(env), description=description,
+                 json_schema_extra={"env": env, "expected": expected}, **constraints)
 
 
-def _max_artifact_mb(env: Mapping[str, str] | None = None) -> int:
-    raw = _env("FLASHML_MAX_ARTIFACT_MB", "256", env)
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"FLASHML_MAX_ARTIFACT_MB must be a whole number of MiB, got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"FLASHML_MAX_ARTIFACT_MB must be > 0, got {value}")
-    return value
+class RuntimeSettings(BaseSettings):
+    """What ``create_app`` wires. Paths default to the container convention (``/data``);
+    ``flashruntime serve`` resolves its own (``--data-dir``)."""
 
+    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", populate_by_name=True,
+                                      validate_default=False)
 
-def _max_json_kb(env: Mapping[str, str] | None = None) -> int:
-    raw = _env("FLASHML_MAX_JSON_KB", "1024", env)
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"FLASHML_MAX_JSON_KB must be a whole number of KiB, got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"FLASHML_MAX_JSON_KB must be > 0, got {value}")
-    return value
+    profile: str = _setting("local", "FLASHML_PROFILE", "a name", "a label for this deployment, shown by /healthz")
+    ledger_path: str = _setting(
+        "/data/flashruntime.db", "FLASHML_LEDGER_PATH", "a file path",
+        "the ledger (jobs, events); leases.db and checkpoints.db sit beside it")
+    artifacts_dir: str = _setting("/data/artifacts", "FLASHML_LOCAL_ARTIFACTS_DIR", "a directory path",
+                                  "where artifacts are stored (a shared file system path for several replicas)")
+    join_code: str | None = _setting(None, "FLASHML_JOIN_CODE", "a string",
+                                     "a code a node must send to register (X-FlashML-Join-Code); unset: none")
+    max_artifact_mb: int = _setting(256, "FLASHML_MAX_ARTIFACT_MB", "a whole number of MiB > 0",
+                                    "the largest artifact upload, in MiB (413 above)", gt=0)
+    sweep_interval_s: float = _setting(
+        2.0, "FLASHML_SWEEP_INTERVAL_S", "a number of seconds, finite and > 0",
+        "how often silent leases are expired: a lost worker's task is requeued within its lease_seconds plus this",
+        gt=0, allow_inf_nan=False)
+    max_json_kb: int = _setting(1024, "FLASHML_MAX_JSON_KB", "a whole number of KiB > 0",
+                                "the largest JSON request body, in KiB (413 above, before it is read)", gt=0)
+    rate_limit_per_s: float | None = _setting(
+        None, "FLASHML_RATE_LIMIT", "a number of requests per second, finite and >= 0 (0: off)",
+        f"requests per second each credential may make, in bursts of twice that (429 beyond); unset: "
+        f"{DEFAULT_RATE_LIMIT:g} when tokens are configured, off in open mode; 0: off",
+        ge=0, allow_inf_nan=False)
+    metrics_public: bool = _setting(False, "FLASHML_METRICS_PUBLIC", "1 or 0",
+                                    "1: GET /metrics without a token even when tokens are configured")
+    require_node_auth: bool = _setting(False, "FLASHML_REQUIRE_NODE_AUTH", "1 or 0",
+                                       "1: refuse to start without tokens (fail closed)")
 
+    @field_validator("join_code", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
 
-def _rate_limit(env: Mapping[str, str] | None = None) -> float | None:
-    raw = _env("FLASHML_RATE_LIMIT", "", env).strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"FLASHML_RATE_LIMIT must be a number of requests per second (0: off), got {raw!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"FLASHML_RATE_LIMIT must be finite and >= 0 (0: off), got {raw!r}")
-    return value
+    @field_validator("rate_limit_per_s", mode="before")
+    @classmethod
+    def _blank_rate_is_default(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
 
+    @field_validator("metrics_public", "require_node_auth", mode="before")
+    @classmethod
+    def _flag(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value.strip() not in ("0", "1", ""):
+                raise ValueError("not 1 or 0")
+            return value.strip() == "1"
+        return value
 
-def _sweep_interval_s(env: Mapping[str, str] | None = None) -> float:
-    raw = _env("FLASHML_SWEEP_INTERVAL_S", "2.0", env)
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"FLASHML_SWEEP_INTERVAL_S must be a number of seconds, got {raw!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"FLASHML_SWEEP_INTERVAL_S must be finite and > 0, got {raw!r}")
-    return value
-
-
-@dataclass
-class RuntimeSettings:
-    """What ``create_app`` wires; every default comes from the environment."""
-
-    profile: str = field(default_factory=lambda: _env("FLASHML_PROFILE", "local"))
-    namespace: str = field(default_factory=lambda: _env("FLASHML_NAMESPACE", "flashml"))
-    ledger_path: str = field(default_factory=lambda: _env("FLASHML_LEDGER_PATH", "/data/flashruntime.db"))
-    enable_kuberay: bool = field(default_factory=lambda: _env("FLASHML_ENABLE_KUBERAY", "1") == "1")
-    artifacts_dir: str = field(default_factory=lambda: _env("FLASHML_LOCAL_ARTIFACTS_DIR", "/data/artifacts"))
-    join_code: str | None = field(default_factory=lambda: _optional_env("FLASHML_JOIN_CODE"))
-    max_artifact_mb: int = field(default_factory=_max_artifact_mb)
-    standard_node_selector: dict[str, str] = field(default_factory=dict)
-    sandbox_node_selector: dict[str, str] = field(default_factory=dict)
-    sandbox_runtime_class: str | None = field(default_factory=lambda: _optional_env("FLASHML_RUNTIME_CLASS"))
-    # How often the sweeper expires silent leases: a killed worker's lease is released within
-    # lease_seconds + this. FLASHML_SWEEP_INTERVAL_S sets it.
-    sweep_interval_s: float = field(default_factory=_sweep_interval_s)
-    # Largest request body the JSON routes read, in KiB (artifact uploads have their own
-    # limit, max_artifact_mb): a bigger one is refused with 413 before it is read whole.
-    max_json_kb: int = field(default_factory=_max_json_kb)
-    # Requests per second each credential may make (bursts of twice that), else 429.
-    # None: DEFAULT_RATE_LIMIT when tokens are configured, off in open mode; 0: off.
-    rate_limit_per_s: float | None = field(default_factory=_rate_limit)
-    # GET /metrics without a token even when tokens are configured (a scraper on a trusted network).
-    metrics_public: bool = field(default_factory=lambda: _env("FLASHML_METRICS_PUBLIC", "0") == "1")
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise ValueError(_explain(exc)) from None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RuntimeSettings:
-        """An instance from ``env`` (default: the process environment), both node selectors
-        parsed. A malformed value raises ``ValueError`` naming its variable."""
-        return cls(
-            profile=_env("FLASHML_PROFILE", "local", env),
-            namespace=_env("FLASHML_NAMESPACE", "flashml", env),
-            ledger_path=_env("FLASHML_LEDGER_PATH", "/data/flashruntime.db", env),
-            enable_kuberay=_env("FLASHML_ENABLE_KUBERAY", "1", env) == "1",
-            artifacts_dir=_env("FLASHML_LOCAL_ARTIFACTS_DIR", "/data/artifacts", env),
-            join_code=_optional_env("FLASHML_JOIN_CODE", env),
-            max_artifact_mb=_max_artifact_mb(env),
-            standard_node_selector=parse_selector(
-                _env("FLASHML_STANDARD_NODE_SELECTOR", "", env), name="FLASHML_STANDARD_NODE_SELECTOR"
-            ),
-            sandbox_node_selector=parse_selector(
-                _env("FLASHML_SANDBOX_NODE_SELECTOR", "", env), name="FLASHML_SANDBOX_NODE_SELECTOR"
-            ),
-            sandbox_runtime_class=_optional_env("FLASHML_RUNTIME_CLASS", env),
-            sweep_interval_s=_sweep_interval_s(env),
-            max_json_kb=_max_json_kb(env),
-            rate_limit_per_s=_rate_limit(env),
-            metrics_public=_env("FLASHML_METRICS_PUBLIC", "0", env) == "1",
-        )
+        """An instance from ``env`` (default: the process environment). A malformed value
+        raises ``ValueError`` naming its variable."""
+        token = _GIVEN_ENV.set(env)
+        try:
+            return cls()
+        finally:
+            _GIVEN_ENV.reset(token)
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        given = _GIVEN_ENV.get()
+        return (init_settings, env_settings if given is None else _Mapping(settings_cls, given))
 
     def rate_limit_for(self, enforcing: bool) -> float:
         """Requests per second per credential in force (0: no limit)."""
@@ -157,3 +130,38 @@ class RuntimeSettings:
     @property
     def checkpoints_path(self) -> Path:
         return self.data_dir / "checkpoints.db"
+
+
+class _Mapping(PydanticBaseSettingsSource):
+    """The variables of a given mapping, as the environment source reads the process's."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self._env = env
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        variable = variables().get(field_name, "")
+        return self._env.get(variable), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {name: self._env[variable] for name, variable in variables().items() if variable in self._env}
+
+
+def variables() -> dict[str, str]:
+    """``{field name: environment variable}`` of every setting."""
+    return {name: field.json_schema_extra["env"]  # type: ignore[index]
+            for name, field in RuntimeSettings.model_fields.items()}
+
+
+def _explain(exc: ValidationError) -> str:
+    fields = RuntimeSettings.model_fields
+    problems = []
+    for error in exc.errors():
+        name = next((str(part) for part in error.get("loc", ()) if str(part) in fields
+                     or str(part) in variables().values()), None)
+        field_name = next((n for n, v in variables().items() if v == name), name)
+        field = fields.get(field_name or "")
+        extra = field.json_schema_extra if field is not None and isinstance(field.json_schema_extra, dict) else {}
+        variable, expected = extra.get("env", name), extra.get("expected", "valid")
+        problems.append(f"{variable} must be {expected}, got {error.get('input')!r}")
+    return "; ".join(problems) or str(exc)

@@ -83,7 +83,7 @@ def test_without_built_docs_the_docs_routes_say_so(tmp_path: Path) -> None:
 
 
 def test_the_packaged_docs_are_served_by_default(tmp_path: Path) -> None:
-    assert (PACKAGED_DOCS / "index.html").is_file(), "run python -m flashruntime.viewer.docs_site"
+    assert (PACKAGED_DOCS / "index.html").is_file(), "run python -m scripts.build_docs"
     with RunViewerServer(_run_dir(tmp_path)) as server:
         assert server.url is not None
         status, _, body = _get(server.url, "/docs/recovery.html")

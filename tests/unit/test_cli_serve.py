@@ -21,7 +21,7 @@ from flashruntime.cli import serve
 from flashruntime.coordinator.settings import RuntimeSettings
 
 ENV_NAMES = ("FLASHML_LEDGER_PATH", "FLASHML_LOCAL_ARTIFACTS_DIR", "FLASHML_MAX_ARTIFACT_MB", "FLASHML_SWEEP_INTERVAL_S",
-             "FLASHML_STANDARD_NODE_SELECTOR", "FLASHML_SANDBOX_NODE_SELECTOR", "FLASHML_PROFILE",
+             "FLASHML_PROFILE", "FLASHML_METRICS_PUBLIC", "FLASHML_RATE_LIMIT", "FLASHML_REQUIRE_NODE_AUTH",
              "FLASHML_NODE_TOKENS", "FLASHML_OPERATOR_TOKENS", "FLASHML_SUBMITTER_TOKENS", "FLASHML_ARGV_SUBMITTERS")
 
 
@@ -203,11 +203,12 @@ def test_serve_defaults_and_env_paths_each_resolve_on_their_own(
 
 @pytest.mark.service
 @pytest.mark.parametrize(("name", "value", "message"), [
-    ("FLASHML_MAX_ARTIFACT_MB", "lots", "FLASHML_MAX_ARTIFACT_MB must be a whole number of MiB, got 'lots'"),
-    ("FLASHML_STANDARD_NODE_SELECTOR", "gpu", "FLASHML_STANDARD_NODE_SELECTOR: 'gpu' is not a key=value pair"),
-    ("FLASHML_SWEEP_INTERVAL_S", "soon", "FLASHML_SWEEP_INTERVAL_S must be a number of seconds, got 'soon'"),
-    ("FLASHML_SWEEP_INTERVAL_S", "0", "FLASHML_SWEEP_INTERVAL_S must be finite and > 0, got '0'"),
-    ("FLASHML_SWEEP_INTERVAL_S", "nan", "FLASHML_SWEEP_INTERVAL_S must be finite and > 0, got 'nan'"),
+    ("FLASHML_MAX_ARTIFACT_MB", "lots", "FLASHML_MAX_ARTIFACT_MB must be a whole number of MiB > 0, got 'lots'"),
+    ("FLASHML_SWEEP_INTERVAL_S", "soon", "FLASHML_SWEEP_INTERVAL_S must be a number of seconds, finite and > 0, "
+                                         "got 'soon'"),
+    ("FLASHML_SWEEP_INTERVAL_S", "0", "FLASHML_SWEEP_INTERVAL_S must be a number of seconds, finite and > 0, got '0'"),
+    ("FLASHML_SWEEP_INTERVAL_S", "nan", "FLASHML_SWEEP_INTERVAL_S must be a number of seconds, finite and > 0, "
+                                        "got 'nan'"),
 ])
 def test_invalid_settings_exit_2_before_anything_starts(
     fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],

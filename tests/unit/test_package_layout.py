@@ -87,7 +87,7 @@ COMPAT: dict[str, tuple[str, tuple[str, ...]]] = {
         "expand_tasks", "ExpansionError", "ALLOWED_TASK_MODULES", "MAX_LEASE_SECONDS", "FEDAVG_WORKER_PARAM_KEYS",
         "FEDAVG_DRIVER_SUPPLIED_KEYS", "ClaimRequest", "CompleteRequest", "FailRequest")),
     "flashruntime.service.ledger": ("flashruntime.coordinator.ledger", ("Ledger",)),
-    "flashruntime.service.settings": ("flashruntime.coordinator.settings", ("RuntimeSettings", "parse_selector")),
+    "flashruntime.service.settings": ("flashruntime.coordinator.settings", ("RuntimeSettings",)),
     "flashruntime.service.worker": ("flashruntime.agent", ("WorkerAgent", "main")),
     "flashruntime.service.cli": ("flashruntime.cli", ("main",)),
 }

@@ -50,3 +50,19 @@ def test_help_texts_speak_of_the_product(command: str) -> None:
     shown = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT, check=False)
     assert shown.returncode == 0, shown.stderr
     assert not POINTER.search(shown.stdout) and not HISTORY.search(shown.stdout), shown.stdout
+
+
+def test_every_environment_variable_is_listed_once_and_every_listed_one_is_read() -> None:
+    from flashruntime.coordinator.settings import variables
+    from flashruntime.environment import VARIABLES
+
+    listed = [variable.name for variable in VARIABLES]
+    assert len(listed) == len(set(listed))
+    used: set[str] = set()
+    for root in ("flashruntime", "flashml_workloads"):
+        for path in (REPO_ROOT / root).rglob("*.py"):
+            if path.name != "environment.py":
+                used |= set(re.findall(r"FLASHML_[A-Z_]+[A-Z]", path.read_text(encoding="utf-8")))
+    assert used - set(listed) == set(), "read but not listed in flashruntime.environment"
+    assert set(listed) - used == set(), "listed but read nowhere"
+    assert set(variables().values()) <= set(listed)  # the coordinator's typed settings among them

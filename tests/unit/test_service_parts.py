@@ -28,48 +28,44 @@ from flashruntime.coordinator.artifacts import (
 from flashruntime.coordinator.lease_jobs import derived_state, refreshed
 from flashruntime.coordinator.metrics import Metrics
 from flashruntime.coordinator.nodes import ONLINE_WINDOW_S, NodeRegistry
-from flashruntime.coordinator.settings import RuntimeSettings, parse_selector
+from flashruntime.coordinator.settings import RuntimeSettings, variables
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
 
 def test_settings_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("FLASHML_PROFILE", "FLASHML_LEDGER_PATH", "FLASHML_MAX_ARTIFACT_MB", "FLASHML_JOIN_CODE",
-                 "FLASHML_ENABLE_KUBERAY", "FLASHML_STANDARD_NODE_SELECTOR", "FLASHML_SWEEP_INTERVAL_S"):
-        monkeypatch.delenv(name, raising=False)
+    for variable in variables().values():
+        monkeypatch.delenv(variable, raising=False)
     defaults = RuntimeSettings.from_env()
-    assert (defaults.profile, defaults.namespace, defaults.ledger_path, defaults.artifacts_dir) == (
-        "local", "flashml", "/data/flashruntime.db", "/data/artifacts")
-    assert (defaults.enable_kuberay, defaults.join_code, defaults.max_artifact_mb, defaults.sweep_interval_s) == (
-        True, None, 256, 2.0)
-    env = {"FLASHML_PROFILE": "edge", "FLASHML_LEDGER_PATH": "/srv/x/ledger.db", "FLASHML_ENABLE_KUBERAY": "0",
-           "FLASHML_JOIN_CODE": "abc", "FLASHML_MAX_ARTIFACT_MB": "8",
-           "FLASHML_STANDARD_NODE_SELECTOR": "pool=a, zone = b ,", "FLASHML_RUNTIME_CLASS": "gvisor",
-           "FLASHML_SWEEP_INTERVAL_S": "0.25"}
+    assert (defaults.profile, defaults.ledger_path, defaults.artifacts_dir) == (
+        "local", "/data/flashruntime.db", "/data/artifacts")
+    assert (defaults.join_code, defaults.max_artifact_mb, defaults.sweep_interval_s, defaults.max_json_kb) == (
+        None, 256, 2.0, 1024)
+    assert (defaults.rate_limit_per_s, defaults.metrics_public, defaults.require_node_auth) == (None, False, False)
+    env = {"FLASHML_PROFILE": "edge", "FLASHML_LEDGER_PATH": "/srv/x/ledger.db", "FLASHML_JOIN_CODE": "abc",
+           "FLASHML_MAX_ARTIFACT_MB": "8", "FLASHML_SWEEP_INTERVAL_S": "0.25", "FLASHML_RATE_LIMIT": "0",
+           "FLASHML_METRICS_PUBLIC": "1", "FLASHML_ENABLE_KUBERAY": "0"}  # the last one is no setting: ignored
     settings = RuntimeSettings.from_env(env)
-    assert settings.sweep_interval_s == 0.25
-    assert (settings.profile, settings.enable_kuberay, settings.join_code, settings.max_artifact_mb) == (
-        "edge", False, "abc", 8)
-    assert settings.standard_node_selector == {"pool": "a", "zone": "b"} and settings.sandbox_node_selector == {}
-    assert settings.sandbox_runtime_class == "gvisor"
+    assert (settings.profile, settings.join_code, settings.max_artifact_mb, settings.sweep_interval_s) == (
+        "edge", "abc", 8, 0.25)
+    assert settings.rate_limit_for(enforcing=True) == 0.0 and settings.metrics_public is True
     assert settings.leases_path == Path("/srv/x/leases.db") and settings.checkpoints_path == Path("/srv/x/checkpoints.db")
+    assert RuntimeSettings.from_env({}).profile == "local"  # a given mapping, not the process environment
     monkeypatch.setenv("FLASHML_PROFILE", "from-process-env")
-    assert RuntimeSettings().profile == "from-process-env"  # defaults are read at construction
+    assert RuntimeSettings().profile == "from-process-env"  # read at construction
+    assert RuntimeSettings(profile="given").profile == "given"  # a keyword wins
 
 
 @pytest.mark.parametrize(("env", "match"), [
-    ({"FLASHML_MAX_ARTIFACT_MB": "lots"}, "FLASHML_MAX_ARTIFACT_MB must be a whole number"),
-    ({"FLASHML_MAX_ARTIFACT_MB": "0"}, "FLASHML_MAX_ARTIFACT_MB must be > 0"),
-    ({"FLASHML_SANDBOX_NODE_SELECTOR": "novalue"}, "FLASHML_SANDBOX_NODE_SELECTOR: 'novalue' is not a key=value"),
-    ({"FLASHML_STANDARD_NODE_SELECTOR": "=v"}, "FLASHML_STANDARD_NODE_SELECTOR"),
+    ({"FLASHML_MAX_ARTIFACT_MB": "lots"}, "FLASHML_MAX_ARTIFACT_MB must be a whole number of MiB > 0, got 'lots'"),
+    ({"FLASHML_MAX_ARTIFACT_MB": "0"}, "FLASHML_MAX_ARTIFACT_MB must be a whole number of MiB > 0, got '0'"),
+    ({"FLASHML_SWEEP_INTERVAL_S": "inf"}, "FLASHML_SWEEP_INTERVAL_S must be a number of seconds, finite and > 0"),
+    ({"FLASHML_METRICS_PUBLIC": "yes"}, "FLASHML_METRICS_PUBLIC must be 1 or 0, got 'yes'"),
+    ({"FLASHML_RATE_LIMIT": "-1"}, "FLASHML_RATE_LIMIT must be a number of requests per second"),
 ])
 def test_settings_refuse_malformed_values(env: dict[str, str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         RuntimeSettings.from_env(env)
-
-
-def test_parse_selector() -> None:
-    assert parse_selector(None) == {} and parse_selector(" , ") == {} and parse_selector("a=") == {"a": ""}
 
 
 def _registration(node_id: str = "n1", pools: list[str] | None = None) -> NodeRegistration:

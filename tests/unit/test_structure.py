@@ -215,3 +215,12 @@ def test_no_module_but_the_client_speaks_urllib_to_a_coordinator() -> None:
     wrong = [f"{edge.source}:{edge.line}" for edge in IMPORTS
              if edge.target in ("urllib.request", "http.client") and edge.source != "flashruntime.client"]
     assert not wrong, wrong
+
+
+def test_the_wheel_holds_no_build_time_code() -> None:
+    """The docs are built by scripts/build_docs.py (not packaged); the package only serves them."""
+    tomllib = pytest.importorskip("tomllib")
+    wrong = [f"{edge.source}:{edge.line}" for edge in IMPORTS if edge.target.split(".")[0] in ("markdown_it", "scripts")]
+    assert not wrong, wrong
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["flashruntime*", "flashml_workloads*"]

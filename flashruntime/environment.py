@@ -1,0 +1,69 @@
+"""Every ``FLASHML_*`` environment variable the project reads or sets, with what it means.
+
+The coordinator's settings are described by their typed model
+(``flashruntime.coordinator.settings.RuntimeSettings``); this table names them too, so
+one list holds them all, and the reference page is generated from it. A test checks that
+every ``FLASHML_*`` name in the code is here and every name here is in the code.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["VARIABLES", "Variable"]
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    read_by: str  # who reads it ("set for the job" when the project sets it for the user's command)
+    default: str
+    meaning: str
+
+
+_JOB = "set for the job"
+_COORDINATOR = "the coordinator (RuntimeSettings)"
+
+VARIABLES: tuple[Variable, ...] = (
+    # The environment contract of every attempt of a user's command.
+    Variable("FLASHML_OUTPUT_DIR", _JOB, "", "the attempt's own directory: write metrics.json and outputs here"),
+    Variable("FLASHML_CKPT_DIR", _JOB, "", "the job's checkpoint directory, shared by its attempts: resume from here"),
+    Variable("FLASHML_JOB_ID", _JOB, "", "the job's id"),
+    Variable("FLASHML_ATTEMPT_ID", _JOB, "", "this attempt's id (on a worker: the lease id)"),
+    Variable("FLASHML_TASK_ID", f"{_JOB} (worker)", "", "the task's id within its job"),
+    Variable("FLASHML_INPUTS_FILE", f"{_JOB} (worker)", "", "a JSON file: input name -> local path"),
+    Variable("FLASHML_PLAN_ID", f"{_JOB} (flash.run)", "", "the plan this run carries out"),
+    Variable("FLASHML_STRATEGY_FAMILY", f"{_JOB} (flash.run)", "", "the plan's strategy family"),
+    # Clients.
+    Variable("FLASHML_RUNTIME_API", "the CLI, the worker, flash.run", "http://localhost:8100",
+             "the coordinator's URL (--api wins)"),
+    Variable("FLASHML_TOKEN", "the CLI's job commands, flash.run", "",
+             "a submitter's or operator's bearer token (--token wins)"),
+    Variable("FLASHML_NODE_TOKEN", "the worker", "", "this machine's node token (--token wins)"),
+    Variable("FLASHML_JOIN_CODE", "the worker; the coordinator (RuntimeSettings)", "",
+             "the registration code: the worker sends it, the coordinator requires it when set"),
+    # The coordinator: credentials (read by flashruntime.coordinator.auth).
+    Variable("FLASHML_NODE_TOKENS", "the coordinator", "", "node_id:token,... one token per machine"),
+    Variable("FLASHML_SUBMITTER_TOKENS", "the coordinator", "", "name:token,... who submits and reads own jobs"),
+    Variable("FLASHML_OPERATOR_TOKENS", "the coordinator", "", "name:token,... who may do everything"),
+    Variable("FLASHML_ARGV_SUBMITTERS", "the coordinator", "",
+             "name,... submitters and operators whose jobs may run commands on the fleet"),
+    # The coordinator: settings (RuntimeSettings).
+    Variable("FLASHML_PROFILE", _COORDINATOR, "local", "a label for this deployment, shown by /healthz"),
+    Variable("FLASHML_LEDGER_PATH", _COORDINATOR, "/data/flashruntime.db (serve: ./flashruntime-data)",
+             "the ledger; leases.db and checkpoints.db sit beside it"),
+    Variable("FLASHML_LOCAL_ARTIFACTS_DIR", _COORDINATOR, "/data/artifacts (serve: ./flashruntime-data/artifacts)",
+             "where artifacts are stored"),
+    Variable("FLASHML_MAX_ARTIFACT_MB", _COORDINATOR, "256", "the largest artifact upload, in MiB"),
+    Variable("FLASHML_MAX_JSON_KB", _COORDINATOR, "1024", "the largest JSON request body, in KiB"),
+    Variable("FLASHML_SWEEP_INTERVAL_S", _COORDINATOR, "2", "how often silent leases are expired, in seconds"),
+    Variable("FLASHML_RATE_LIMIT", _COORDINATOR, "100 with tokens, off without",
+             "requests per second per credential (0: off)"),
+    Variable("FLASHML_METRICS_PUBLIC", _COORDINATOR, "0", "1: /metrics without a token"),
+    Variable("FLASHML_REQUIRE_NODE_AUTH", _COORDINATOR, "0", "1: refuse to start without tokens"),
+    Variable("FLASHML_ALLOW_UNSANDBOXED_ARGV", "the coordinator, at each command job's expansion", "0",
+             "1: admit command jobs whose isolation tier is standard"),
+    Variable("FLASHML_SERVICE_AUTOINIT", "flashruntime.coordinator.app", "1",
+             "1: build the module's lazy ``app`` on first access (uvicorn module:app); 0: leave it None"),
+)
