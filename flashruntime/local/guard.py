@@ -25,11 +25,24 @@ from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LocalLaunchHandle
 from flashruntime.local.run import Run, _event
 
+__all__ = [
+    "GUARD",
+    "Terminated",
+    "finish_attempt",
+    "on_main_thread",
+    "restore_handlers",
+    "signals_deferred",
+    "stop_active_attempt",
+    "track",
+    "untrack",
+    "wind_down_and_die",
+]
+
 _TERMINATING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 _SETTLE_TIMEOUT_S = 60.0  # for a drive loop to settle a cancelled run
 
 
-class _Terminated(BaseException):
+class Terminated(BaseException):
     """A terminating signal, raised on the main thread while it drives a run inline:
     handled like a KeyboardInterrupt by the drive loop, then the signal is re-raised."""
 
@@ -58,48 +71,48 @@ class _Guard:
         self.local = threading.local()  # .deferred: launch windows open on this thread
 
 
-_guard = _Guard()
+GUARD = _Guard()
 
 
-def _on_main_thread() -> bool:
+def on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _track(run: Run) -> None:
-    with _guard.lock:
-        _guard.live.append(run)
-        if not _guard.hooks_registered:
+def track(run: Run) -> None:
+    with GUARD.lock:
+        GUARD.live.append(run)
+        if not GUARD.hooks_registered:
             atexit.register(_cancel_at_exit)
             if hasattr(os, "register_at_fork"):  # POSIX
                 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
                                     after_in_child=_after_fork_in_child)
-            _guard.hooks_registered = True
-    if _on_main_thread():  # signal.signal works there only
+            GUARD.hooks_registered = True
+    if on_main_thread():  # signal.signal works there only
         for signum in _TERMINATING:
-            if signum not in _guard.installed and signal.getsignal(signum) is signal.SIG_DFL:
+            if signum not in GUARD.installed and signal.getsignal(signum) is signal.SIG_DFL:
                 signal.signal(signum, _on_terminating_signal)
-                _guard.installed.add(signum)
+                GUARD.installed.add(signum)
 
 
-def _untrack(run: Run) -> None:
-    with _guard.lock:
-        if run in _guard.live:
-            _guard.live.remove(run)
+def untrack(run: Run) -> None:
+    with GUARD.lock:
+        if run in GUARD.live:
+            GUARD.live.remove(run)
 
 
-def _restore_handlers() -> None:
+def restore_handlers() -> None:
     """Back to the default action once nothing is driven (main thread only; a handler
     someone else installed over ours is left alone). Where this never runs (wait=False
     runs), ours stays and acts as the default would once nothing is live."""
-    if not _on_main_thread():
+    if not on_main_thread():
         return
-    with _guard.lock:
-        if _guard.live:
+    with GUARD.lock:
+        if GUARD.live:
             return
-    for signum in sorted(_guard.installed):
+    for signum in sorted(GUARD.installed):
         if signal.getsignal(signum) is _on_terminating_signal:
             signal.signal(signum, signal.SIG_DFL)
-    _guard.installed.clear()
+    GUARD.installed.clear()
 
 
 # A forked child (multiprocessing's default on Linux) drives none of its parent's runs
@@ -109,7 +122,7 @@ _fork_mask = threading.local()
 
 
 def _before_fork() -> None:
-    signals = set(_guard.installed)
+    signals = set(GUARD.installed)
     _fork_mask.saved = signal.pthread_sigmask(signal.SIG_BLOCK, signals) if signals else None
 
 
@@ -120,33 +133,33 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    _guard.reset()
+    GUARD.reset()
     try:
-        for signum in sorted(_guard.installed):
+        for signum in sorted(GUARD.installed):
             if signal.getsignal(signum) is _on_terminating_signal:
                 signal.signal(signum, signal.SIG_DFL)
     finally:  # never leave the child with these signals blocked
-        _guard.installed.clear()
+        GUARD.installed.clear()
         _after_fork_in_parent()  # lets through what arrived meanwhile, to the default action
 
 
 def _on_terminating_signal(signum: int, frame: Any) -> None:
-    if os.getpid() != _guard.pid:  # forked without the at-fork hooks (from C): the default action
+    if os.getpid() != GUARD.pid:  # forked without the at-fork hooks (from C): the default action
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
-    if _guard.received is not None:
+    if GUARD.received is not None:
         return  # already winding down: the process dies of the first signal
-    _guard.received = signum
-    if _guard.inline:
-        if getattr(_guard.local, "deferred", 0):
-            _guard.pending = True  # raised at the end of the deferred section
+    GUARD.received = signum
+    if GUARD.inline:
+        if getattr(GUARD.local, "deferred", 0):
+            GUARD.pending = True  # raised at the end of the deferred section
             return
-        raise _Terminated(signum)
-    _wind_down_and_die(signum)
+        raise Terminated(signum)
+    wind_down_and_die(signum)
 
 
-def _wind_down_and_die(signum: int, current: Run | None = None, *, hurry: bool = False) -> None:
+def wind_down_and_die(signum: int, current: Run | None = None, *, hurry: bool = False) -> None:
     """Cancel and settle ``current`` (the run this thread drove, if any) and every live run,
     then die of ``signum``. A second interrupt (a Ctrl-C) during the cancel's grace period,
     or ``hurry``, kills the attempts at once instead: either way nothing is left running."""
@@ -167,58 +180,58 @@ def _wind_down_and_die(signum: int, current: Run | None = None, *, hurry: bool =
 def _kill_live_runs(current: Run | None = None) -> None:
     """Kill every live run's attempt without a grace period and settle the runs. Further
     Ctrl-Cs are ignored meanwhile (main thread): the process is on its way out already."""
-    if _on_main_thread():
+    if on_main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with _guard.lock:
-        runs = list(_guard.live)
+    with GUARD.lock:
+        runs = list(GUARD.live)
     if current is not None and current not in runs:
         runs.insert(0, current)
     for run in runs:
         if run.state.terminal:
             continue
-        run._cancel_requested.set()
-        handle = run._active_handle
+        run.recorder.request_cancel()
+        handle = run.recorder.active[0]
         if isinstance(handle, LocalLaunchHandle):
             handle.cancel(grace_s=0)
         _settle_interrupted(run)
 
 
 @contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
+def signals_deferred() -> Iterator[None]:
     """A section a terminating signal does not cut in two (spawning an attempt and recording
     its handle; recording an attempt's end): the signal is raised after it."""
-    local = _guard.local
+    local = GUARD.local
     local.deferred = getattr(local, "deferred", 0) + 1
     try:
         yield
     finally:
         local.deferred -= 1
-    if _guard.pending and not local.deferred and _on_main_thread() and _guard.received is not None:
-        _guard.pending = False
-        raise _Terminated(_guard.received)
+    if GUARD.pending and not local.deferred and on_main_thread() and GUARD.received is not None:
+        GUARD.pending = False
+        raise Terminated(GUARD.received)
 
 
-def _stop_active_attempt(run: Run) -> str | None:
+def stop_active_attempt(run: Run) -> str | None:
     """Cancel the attempt still running, if any, and settle it; returns its id when the
     cancel stopped it (None when it had already ended by itself)."""
-    handle, attempt_id = run._active_handle, run._active_attempt
+    handle, attempt_id = run.recorder.active
     if handle is None or attempt_id is None:
         return None
     handle.cancel()
     state = handle.poll()
     state = state if state.terminal else LaunchState.CANCELLED
-    _finish_attempt(run, handle, attempt_id, state)
+    finish_attempt(run, handle, attempt_id, state)
     return attempt_id if state is LaunchState.CANCELLED else None
 
 
-def _finish_attempt(run: Run, handle: Any, attempt_id: str, state: LaunchState) -> None:
+def finish_attempt(run: Run, handle: Any, attempt_id: str, state: LaunchState) -> None:
     """Log block, settled row and ATTEMPT_FINISHED for an attempt that has ended, recorded
     once: by the drive loop, or by the guard when the loop cannot get there. The attempt
     stays the run's active one until all of it is recorded, so an interrupt before that
     leaves it to the guard to record, never half recorded."""
     logs = handle.logs()
-    with _signals_deferred():
-        run._record_attempt_end(
+    with signals_deferred():
+        run.recorder.record_attempt_end(
             attempt_id,
             f"--- {attempt_id} ({state}) ---\n{logs}",
             {"state": str(state), "finished_at": time.time(), "exit_code": handle.exit_code},
@@ -230,16 +243,16 @@ def _settle_interrupted(run: Run) -> None:
     """End, as cancelled, a run its drive loop did not settle, stopping its attempt first.
     Then write run.json once more: the signal may have cut its last write short."""
     if not run.state.terminal:
-        run._cancel_requested.set()
-        run._end_cancelled(_stop_active_attempt(run))
-    with run._lock:
-        run._write()
+        run.recorder.request_cancel()
+        run.recorder.end_cancelled(stop_active_attempt(run))
+    with run.recorder.lock:
+        run.recorder.write()
 
 
 def _cancel_live_runs() -> None:
     """Cancel every run this process still drives and wait until each is settled."""
-    with _guard.lock:
-        runs = list(_guard.live)
+    with GUARD.lock:
+        runs = list(GUARD.live)
     for run in runs:
         # Also when a cancel was requested already: this thread may have been interrupted
         # inside that cancel's grace period, which then never ends in a SIGKILL.
@@ -250,7 +263,7 @@ def _cancel_live_runs() -> None:
             continue
         # This thread may have been interrupted while holding the run's lock (reading
         # run.attempts, say): then the drive loop cannot record anything, so settle here.
-        if _holds(run._lock) or not run._done.wait(max(0.0, deadline - time.monotonic())):
+        if _holds(run.recorder.lock) or not run.recorder.done.wait(max(0.0, deadline - time.monotonic())):
             _settle_interrupted(run)
 
 
@@ -261,10 +274,10 @@ def _holds(lock: Any) -> bool:
 
 
 def _cancel_at_exit() -> None:
-    if os.getpid() != _guard.pid:
+    if os.getpid() != GUARD.pid:
         return  # a forked child's exit: the runs are its parent's
-    with _guard.lock:
-        live = [run for run in _guard.live if not run.state.terminal]
+    with GUARD.lock:
+        live = [run for run in GUARD.live if not run.state.terminal]
     for run in live:
         with contextlib.suppress(AttributeError, OSError, ValueError):  # stderr gone: cancel all the same
             print(f"flashruntime: the interpreter is exiting while the run in {run.output_dir} is still "
@@ -283,5 +296,5 @@ def _die_of(signum: int) -> None:
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
     # Reached only where the signal is blocked: exit with the status it would have given.
-    _guard.received = None
+    GUARD.received = None
     raise SystemExit(128 + signum)

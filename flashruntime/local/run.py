@@ -60,6 +60,7 @@ class Run:
         self._active_handle: LaunchHandle | None = None
         self._active_attempt: str | None = None
         self._driver: threading.Thread | None = None
+        self.recorder = RunRecorder(self)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._write()
 
@@ -214,3 +215,71 @@ class Run:
     def _write(self) -> None:
         # Caller holds the lock (or is the constructor). Readers never see half a file.
         write_atomic(self.run_json_path, json.dumps(self._document(), indent=1, default=str))
+
+
+class RunRecorder:
+    """What the code driving a ``Run`` changes of it (``run.recorder``): its state, its
+    attempts, trials and events, the attempt in flight, and ``run.json``. Scripts read a
+    ``Run``; only ``flashruntime.local`` drives one. Every change is made in memory first,
+    then written once, under the run's lock."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def lock(self) -> threading.RLock:
+        return self._run._lock
+
+    @property
+    def done(self) -> threading.Event:
+        """Set once the run has ended."""
+        return self._run._done
+
+    @property
+    def driver(self) -> threading.Thread | None:
+        """The thread running the drive loop."""
+        return self._run._driver
+
+    @driver.setter
+    def driver(self, thread: threading.Thread | None) -> None:
+        self._run._driver = thread
+
+    @property
+    def active(self) -> tuple[LaunchHandle | None, str | None]:
+        """The attempt in flight: its handle and id, or (None, None)."""
+        return self._run._active_handle, self._run._active_attempt
+
+    def request_cancel(self) -> None:
+        """No further relaunch, whatever else still runs."""
+        self._run._cancel_requested.set()
+
+    def set_active(self, handle: LaunchHandle | None, attempt: str | None) -> None:
+        self._run._set_active(handle, attempt)
+
+    def set_state(self, state: LaunchState) -> None:
+        self._run._set_state(state)
+
+    def finish(self, state: LaunchState, event: dict[str, Any] | None = None) -> None:
+        self._run._finish(state, event)
+
+    def end_cancelled(self, attempt: str | None) -> None:
+        self._run._end_cancelled(attempt)
+
+    def add_attempt(self, row: dict[str, Any]) -> None:
+        self._run._add_attempt(row)
+
+    def record_attempt_end(self, attempt_id: str, log_block: str, changes: dict[str, Any],
+                           event: dict[str, Any]) -> bool:
+        return self._run._record_attempt_end(attempt_id, log_block, changes, event)
+
+    def add_trial(self, trial: dict[str, Any]) -> None:
+        self._run._add_trial(trial)
+
+    def add_artifacts(self, paths: list[Path]) -> None:
+        self._run._add_artifacts(paths)
+
+    def write(self) -> None:
+        """Write ``run.json`` again (the caller holds ``lock``)."""
+        self._run._write()

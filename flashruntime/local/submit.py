@@ -21,16 +21,16 @@ from flashruntime.errors import LaunchError
 from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LOG_NAME, LocalLaunchHandle, LocalProcessLauncher, read_log_tail
 from flashruntime.local.guard import (
-    _finish_attempt,
-    _guard,
-    _on_main_thread,
-    _restore_handlers,
-    _signals_deferred,
-    _stop_active_attempt,
-    _Terminated,
-    _track,
-    _untrack,
-    _wind_down_and_die,
+    GUARD,
+    Terminated,
+    finish_attempt,
+    on_main_thread,
+    restore_handlers,
+    signals_deferred,
+    stop_active_attempt,
+    track,
+    untrack,
+    wind_down_and_die,
 )
 from flashruntime.local.run import Run
 from flashruntime.recovery import classify, decide, describe_launch, from_local_launch
@@ -74,18 +74,18 @@ def submit(
     launcher = LocalProcessLauncher(output_dir, checkpoint_dir=checkpoint_dir)
     if _viewer_wanted(watch):
         _start_viewer(run)
-    _track(run)
+    track(run)
     if wait:
-        run._driver = threading.current_thread()
+        run.recorder.driver = threading.current_thread()
         _drive_inline(run, launcher, fan_out)
     else:
         thread = threading.Thread(target=_drive, args=(run, launcher, fan_out), kwargs={"reraise": False},
                                   name="flashruntime-run", daemon=True)
-        run._driver = thread
+        run.recorder.driver = thread
         try:
             thread.start()
         except BaseException:
-            _untrack(run)
+            untrack(run)
             raise
     return run
 
@@ -120,51 +120,51 @@ def _drive(run: Run, launcher: LocalProcessLauncher, fan_out: bool, *, reraise: 
         _drive_all(run, launcher, fan_out)
     except LaunchError as exc:
         run.record_event("LAUNCH_FAILED", str(exc))
-        run._finish(LaunchState.FAILED)
+        run.recorder.finish(LaunchState.FAILED)
         if reraise:
             raise
     except BaseException as exc:
         # Interrupted (Ctrl-C, a terminating signal), or a bug of ours: either way no
         # attempt may outlive the run, and its row is settled as a cancel() would settle it.
         if not isinstance(exc, Exception):
-            run._cancel_requested.set()  # no relaunch, whatever else is still running
-        stopped = _stop_active_attempt(run)
+            run.recorder.request_cancel()  # no relaunch, whatever else is still running
+        stopped = stop_active_attempt(run)
         if isinstance(exc, Exception):
             run.record_event("RUN_ERROR", f"run stopped by {type(exc).__name__}: {exc}")
-            run._finish(LaunchState.FAILED)
+            run.recorder.finish(LaunchState.FAILED)
         else:
-            run._end_cancelled(stopped)
+            run.recorder.end_cancelled(stopped)
         if reraise:
             raise
     finally:
-        _untrack(run)
+        untrack(run)
 
 
 def _drive_inline(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> None:
     """``wait=True``: drive on this thread. On the main thread a terminating signal
     interrupts the drive like Ctrl-C (the attempt is stopped and settled), then this
     process dies of that signal, as it would have without a run."""
-    main = _on_main_thread()
+    main = on_main_thread()
     if main:
-        _guard.inline += 1
+        GUARD.inline += 1
     interrupted_again = False
     try:
         try:
             _drive(run, launcher, fan_out, reraise=True)
         finally:
             if main:
-                _guard.inline -= 1
-    except _Terminated:
+                GUARD.inline -= 1
+    except Terminated:
         pass  # settled by _drive; the signal is re-raised below
     except BaseException:
-        if not (main and _guard.received is not None):
+        if not (main and GUARD.received is not None):
             raise
         interrupted_again = True  # a Ctrl-C cut short the cancel of the terminated attempt: hurry
     finally:
-        signum = _guard.received if main else None
+        signum = GUARD.received if main else None
         if signum is not None:
-            _wind_down_and_die(signum, run, hurry=interrupted_again)
-        _restore_handlers()
+            wind_down_and_die(signum, run, hurry=interrupted_again)
+        restore_handlers()
 
 
 def _stopped_attempt(run: Run) -> str | None:
@@ -177,7 +177,7 @@ def _stopped_attempt(run: Run) -> str | None:
 
 
 def _drive_all(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> None:
-    run._set_state(LaunchState.RUNNING)
+    run.recorder.set_state(LaunchState.RUNNING)
     workload = run.workload
     source_dir = Path(os.path.expanduser(workload.source.path))
     mode = "independent_tasks" if fan_out else "coordinated_training"
@@ -189,14 +189,14 @@ def _drive_all(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> None:
         spec = compile_workload(workload, params)
         outcome, metrics = _run_param_set(run, launcher, spec, job_id, base_id, mode, source_dir, params, fan_out)
         if metrics is not None:
-            run._add_trial(metrics)
+            run.recorder.add_trial(metrics)
         if run.cancel_requested:
             break
         all_succeeded = all_succeeded and outcome is LaunchState.SUCCEEDED
     if run.cancel_requested:
-        run._end_cancelled(_stopped_attempt(run))
+        run.recorder.end_cancelled(_stopped_attempt(run))
     else:
-        run._finish(LaunchState.SUCCEEDED if all_succeeded else LaunchState.FAILED)
+        run.recorder.finish(LaunchState.SUCCEEDED if all_succeeded else LaunchState.FAILED)
 
 
 def _run_param_set(
@@ -226,14 +226,14 @@ def _run_param_set(
         started_ns = _filesystem_now_ns(run.output_dir)
         # A terminating signal waits until the attempt has its handle and its row; the run's lock,
         # held throughout, makes a cancel on another thread wait for the handle too.
-        with run._lock, _signals_deferred():
+        with run.recorder.lock, signals_deferred():
             handle = launcher.launch(spec, job_id, attempt_id)
-            run._set_active(handle, attempt_id)
+            run.recorder.set_active(handle, attempt_id)
             launched = f"{attempt_id} launched (pid {handle.execution_id})"
             if handle.previous_dir is not None:
                 launched += f"; an earlier run's {attempt_id}/ was moved to {handle.previous_dir.name}/"
             run.record_event("LAUNCH_STARTED", launched)
-            run._add_attempt({
+            run.recorder.add_attempt({
                 "attempt_id": attempt_id, "job_id": job_id, "state": "RUNNING", "pid": handle.execution_id,
                 "started_at": time.time(), "finished_at": None, "output_dir": str(handle.output_dir),
                 "exit_code": None,
@@ -246,7 +246,7 @@ def _run_param_set(
         finally:  # on an interrupt the attempt stays active: _drive stops and settles it
             if sampler is not None:
                 _stop_sampler(sampler)
-        _finish_attempt(run, handle, attempt_id, state)
+        finish_attempt(run, handle, attempt_id, state)
         _collect_outputs(run, source_dir, handle.output_dir, started_ns)
         candidate = _read_metrics(handle.output_dir / "metrics.json", started_ns)
         if candidate is not None:
@@ -326,7 +326,7 @@ def _collect_outputs(run: Run, source_dir: Path, attempt_dir: Path, started_ns: 
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(match, target)
             collected.append(target)
-    run._add_artifacts(collected)
+    run.recorder.add_artifacts(collected)
 
 
 def _read_metrics(path: Path, started_ns: int) -> dict[str, Any] | None:

@@ -95,7 +95,7 @@ def test_docstring_draws_the_tree() -> None:
 # attempt, a fused lease transition handing its case to the general path inside the
 # method), and the simulated crash a task module raises as ``SystemExit``.
 _OUTSIDE_THE_FAMILY = {
-    "flashruntime.local.guard._Terminated",
+    "flashruntime.local.guard.Terminated",
     "flashruntime.leases._memory_fast._TakeGeneralPath",
     "flashruntime.agent.lease_run._LeaseLost",
     "flashruntime.cli.plan._RequestError",

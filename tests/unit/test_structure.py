@@ -8,6 +8,7 @@ import`` of ``flashruntime`` and ``flashml_workloads``, with the line it is on.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -224,3 +225,15 @@ def test_the_wheel_holds_no_build_time_code() -> None:
     assert not wrong, wrong
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["flashruntime*", "flashml_workloads*"]
+
+
+def test_nothing_outside_a_module_touches_a_runs_private_members() -> None:
+    """The drive loop and the guard change a ``Run`` through ``run.recorder`` only."""
+    wrong = []
+    for module, path in MODULES.items():
+        if module == "flashruntime.local.run":
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if re.search(r"\brun\._[a-z]", line):
+                wrong.append(f"{module}:{number}: {line.strip()}")
+    assert not wrong, "\n".join(wrong)
