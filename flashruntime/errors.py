@@ -19,6 +19,7 @@ that built-in as a second base::
     ├── ExpansionError(ValueError)       job cannot be expanded into tasks
     ├── AuthConfigError(ValueError)      invalid token configuration
     ├── CodeExecutionNotPermitted(PermissionError)  a job would run commands its submitter may not run
+    ├── StoreError(RuntimeError)         a store's database failed (locked, full, damaged)
     ├── UnplannableRequest(ValueError)   a plan request lacks a figure the planner needs
     ├── BadArtifactKey(ValueError)       an artifact key that is not a safe relative path
     ├── ArtifactTooLarge(ValueError)     an artifact over the coordinator's limit
@@ -64,6 +65,7 @@ __all__ = [
     "NonFiniteWeights",
     "QuorumNotMet",
     "RateLimited",
+    "StoreError",
     "TaskInterrupted",
     "TaskRefused",
     "UnplannableRequest",
@@ -145,6 +147,10 @@ class AuthConfigError(FlashRuntimeError, ValueError):
 class CodeExecutionNotPermitted(FlashRuntimeError, PermissionError):
     """A job would run commands on the fleet, and its submitter's token lacks the
     code-execution permission (``FLASHML_ARGV_SUBMITTERS``)."""
+
+
+class StoreError(FlashRuntimeError, RuntimeError):
+    """A store's database failed: SQLite's error is the cause, the message names the file."""
 
 
 class UnplannableRequest(FlashRuntimeError, ValueError):

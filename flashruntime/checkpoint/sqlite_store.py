@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from flashruntime.protocol.v1alpha1 import CheckpointManifest, CheckpointPart
+from flashruntime.sqlite_errors import translate_sqlite_errors
 
 __all__ = ["SqliteManifestStore"]
 
@@ -39,6 +40,7 @@ _SCHEMA = (
 )
 
 
+@translate_sqlite_errors(lambda store: f"manifest store {store.path}")
 class SqliteManifestStore:
     """``ManifestStore`` plus the part registry, in the SQLite file at ``path``.
 

@@ -33,6 +33,7 @@ from flashruntime.coordinator.routes_fleet import fleet_router
 from flashruntime.coordinator.routes_jobs import jobs_router
 from flashruntime.coordinator.routes_meta import meta_router
 from flashruntime.coordinator.settings import RuntimeSettings
+from flashruntime.errors import StoreError
 
 __all__ = ["create_app"]
 
@@ -81,6 +82,13 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
     @app.exception_handler(AuthFailure)
     async def _auth_failure(_: Request, exc: AuthFailure) -> JSONResponse:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(StoreError)
+    async def _store_failed(request: Request, exc: StoreError) -> JSONResponse:
+        # The file and SQLite's words go to the log, not to the caller: a 503 it may retry.
+        log.error("%s %s: %s", request.method, request.url.path, exc, exc_info=exc.__cause__)
+        return JSONResponse({"detail": "the coordinator's database did not answer; retry shortly"}, status_code=503,
+                            headers={"Retry-After": "1"})
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flashruntime.protocol.v1alpha1 import Event, ExecutionEvidence, JobRecord, utcnow
+from flashruntime.sqlite_errors import translate_sqlite_errors
 
 __all__ = ["Ledger"]
 
@@ -68,6 +69,7 @@ def _insert_events(conn: sqlite3.Connection, events: Sequence[Event]) -> None:
     )
 
 
+@translate_sqlite_errors(lambda store: f"ledger {store.path}")
 class Ledger:
     """Jobs, events and attempt evidence in the SQLite file at ``path``.
 

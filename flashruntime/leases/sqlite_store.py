@@ -30,6 +30,7 @@ from flashruntime.leases._models import (
 from flashruntime.leases._sqlite_migrate import migrate_single_document, single_document_layout
 from flashruntime.leases.store import LeaseStore, TaskRecord
 from flashruntime.protocol.v1alpha1 import Lease, TaskState
+from flashruntime.sqlite_errors import translate_sqlite_errors
 
 __all__ = ["SqliteLeaseStore"]
 
@@ -56,6 +57,7 @@ class _History(dict):  # type: ignore[type-arg]
         self.stored_lease: Lease | None = None
 
 
+@translate_sqlite_errors(lambda store: f"lease store {store._store.path}")
 class _Transaction:
     """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on an exception); re-entrant per store."""
 
@@ -106,6 +108,7 @@ def _rollback(conn: sqlite3.Connection) -> None:
         pass  # no transaction left to roll back (SQLite rolled it back itself)
 
 
+@translate_sqlite_errors(lambda store: f"lease store {store.path}")
 class SqliteLeaseStore(LeaseStore):
     """A ``LeaseStore`` in one SQLite file; implements every optional accelerator.
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from flashruntime.coordinator.ledger import Ledger
+from flashruntime.errors import StoreError
 from flashruntime.protocol.v1alpha1 import (
     ArtifactRecord,
     Event,
@@ -20,7 +22,6 @@ from flashruntime.protocol.v1alpha1 import (
     JobSpec,
     JobState,
 )
-from flashruntime.coordinator.ledger import Ledger
 from tests._support import run_core_only
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -157,8 +158,9 @@ def test_upsert_with_events_stores_the_record_and_its_events_together_or_not_at_
     finally:
         conn.close()
     failed = _job("j1", state=JobState.FAILED, finished_at=T0)
-    with pytest.raises(sqlite3.IntegrityError, match="injected fault"):
+    with pytest.raises(StoreError, match=r"ledger .*IntegrityError: injected fault") as refused:
         ledger.upsert_job(failed, events=[_event("j1", EventType.TASK_EXHAUSTED), _event("j1", EventType.JOB_FAILED)])
+    assert isinstance(refused.value.__cause__, sqlite3.IntegrityError)  # SQLite's own error, kept as the cause
     assert ledger.get_job("j1") == _job("j1", state=JobState.RUNNING)  # neither half was stored
     assert [e.type for e in ledger.events_for("j1")] == [EventType.JOB_ACCEPTED]
     with pytest.raises(TypeError, match="events must be Events, got a str"):

@@ -172,7 +172,8 @@ def test_a_failed_event_write_leaves_the_job_running_and_a_kill9_loses_nothing(t
             _refuse_job_events(ledger, refuse=True)
             job_id = _one_task_done(api)
             failed = api.get(f"/v1alpha1/jobs/{job_id}", headers=CLOSE)
-            assert failed.status_code == 500  # the refresh's one write failed
+            assert failed.status_code == 503  # the refresh's one write failed: retry shortly
+            assert failed.headers["retry-after"] == "1" and "ledger" not in failed.text
             state, types = _stored(ledger, job_id)
             assert (state, "JOB_SUCCEEDED" in types) == ("RUNNING", False)  # neither half was stored
         first.kill9()
@@ -208,17 +209,34 @@ def test_request_histogram_labels_unknown_methods_other(api: Any) -> None:
     assert ("/healthz", "405", "1") not in _series(metrics, "GET")
 
 
-def test_request_histogram_counts_handlers_that_raise_as_500(api: Any) -> None:
+def test_request_histogram_counts_a_failed_database_write_as_503(api: Any) -> None:
     _refuse_job_events(api.data_dir / "flashruntime.db", refuse=True)  # before the sweeper can finish the job
     try:
         job_id = _one_task_done(api)
-        assert api.get(f"/v1alpha1/jobs/{job_id}", headers=CLOSE).status_code == 500
+        assert api.get(f"/v1alpha1/jobs/{job_id}", headers=CLOSE).status_code == 503
     finally:
         _refuse_job_events(api.data_dir / "flashruntime.db", refuse=False)
     assert api.get(f"/v1alpha1/jobs/{job_id}").json()["state"] == "SUCCEEDED"
     metrics = api.get("/metrics").text
     get_job = [(status, n) for route, status, n in _series(metrics, "GET") if route == "/v1alpha1/jobs/{job_id}"]
-    assert ("500", "1") in get_job and ("200", "1") in get_job
+    assert ("503", "1") in get_job and ("200", "1") in get_job
+
+
+def test_request_histogram_counts_a_handler_that_raises_as_500() -> None:
+    import asyncio
+
+    from flashruntime.coordinator.app import _Timed
+    from flashruntime.coordinator.metrics import Metrics
+
+    async def broken(scope: Any, receive: Any, send: Any) -> None:
+        scope["route"] = type("Route", (), {"path": "/v1alpha1/jobs/{job_id}"})()
+        raise RuntimeError("a bug")
+
+    metrics = Metrics()
+    with pytest.raises(RuntimeError, match="a bug"):
+        asyncio.run(_Timed(broken, metrics)({"type": "http", "method": "GET"}, None, None))
+    assert [(route, status, n) for route, status, n in _series(metrics.render({}, 0, {}), "GET")] == [
+        ("/v1alpha1/jobs/{job_id}", "500", "1")]
 
 
 # --- §9.7: duplicate completes racing one another ---------------------------------------------------

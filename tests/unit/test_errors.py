@@ -20,6 +20,7 @@ EXPECTED_BASES = {
     "ExpansionError": (ValueError,),
     "AuthConfigError": (ValueError,),
     "CodeExecutionNotPermitted": (PermissionError,),
+    "StoreError": (RuntimeError,),
     "UnplannableRequest": (ValueError,),
     "BadArtifactKey": (ValueError,),
     "ArtifactTooLarge": (ValueError,),
