@@ -125,8 +125,8 @@ def _http_drain(url: str, tasks: int, node_ids: list[str]) -> _Drain:
 
 def _node_views(node_ids: list[str]) -> dict[str, dict[str, Any]]:
     """The claim node view the coordinator builds from the same registrations."""
-    from flashruntime.protocol.v1alpha1 import NodeRegistration
     from flashruntime.coordinator.nodes import NodeRegistry
+    from flashruntime.protocol.v1alpha1 import NodeRegistration
 
     registry = NodeRegistry()
     for node_id in node_ids:
@@ -135,10 +135,10 @@ def _node_views(node_ids: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _in_process_drain(work_dir: Path, sample: int, tasks: int, node_ids: list[str]) -> _Drain:
+    from flashruntime.coordinator.expansion import expand_tasks
     from flashruntime.leases import LeaseManager, SqliteLeaseStore
     from flashruntime.protocol.v1alpha1 import JobSpec
     from flashruntime.scheduler import IsolationAwarePlacement
-    from flashruntime.coordinator.expansion import expand_tasks
 
     job_id = f"{sample:012x}"
     specs = expand_tasks(job_id, JobSpec.model_validate(http.job_spec(tasks, LEASE_SECONDS, name=JOB_NAME)))

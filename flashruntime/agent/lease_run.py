@@ -33,8 +33,7 @@ from flashruntime.agent.inputs import (
 )
 from flashruntime.client import CoordinatorClient, is_transient
 from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable
-from flashruntime.launchers.local import proc_available
-from flashruntime.launchers.local import LocalLaunchHandle, read_log_tail
+from flashruntime.launchers.local import LocalLaunchHandle, proc_available, read_log_tail
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
 from flashruntime.protocol.lease_rules import DEFAULT_LEASE_SECONDS  # for a Lease that states no length (0)
 from flashruntime.protocol.task_modules import ALLOWED_TASK_MODULES

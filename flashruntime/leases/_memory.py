@@ -15,6 +15,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from heapq import heapify, heappop, heappush
+
 from flashruntime.leases._models import UTC, coerce_now
 from flashruntime.leases.store import LeaseStore, TaskRecord
 from flashruntime.protocol.v1alpha1 import TaskState

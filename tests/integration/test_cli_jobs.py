@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from flashruntime.cli import dispatch as cli
 from flashruntime.cli import _api
+from flashruntime.cli import dispatch as cli
 from tests._support import run_core_only
 
 JOBS_MODULE = "flashruntime.cli.jobs"

@@ -266,8 +266,8 @@ class _HeldFirstLookup:
 def test_a_duplicate_complete_racing_the_first_counts_and_records_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from flashruntime.protocol.v1alpha1 import CompleteRequest, EventType, JobSpec, NodeRegistration
     from flashruntime.coordinator.core import Coordinator
+    from flashruntime.protocol.v1alpha1 import CompleteRequest, EventType, JobSpec, NodeRegistration
 
     for name in ("FLASHML_NODE_TOKENS", "FLASHML_OPERATOR_TOKENS"):
         monkeypatch.delenv(name, raising=False)

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from flashruntime.protocol.v1alpha1 import Lease, utcnow
+from flashruntime.agent import command as worker_command
 from flashruntime.agent.inputs import TaskRefused, extract_archive
 from flashruntime.agent.lease_run import heartbeat_interval
-from flashruntime.agent import command as worker_command
-from flashruntime.cli import worker as worker_cli
 from flashruntime.agent.worker import WorkerAgent, WorkerTiming
+from flashruntime.cli import worker as worker_cli
+from flashruntime.protocol.v1alpha1 import Lease, utcnow
 from tests._support import pid_alive, run_core_only
 from tests.worker_fake_coordinator import FakeCoordinator
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from flashruntime.errors import AuthConfigError
 from flashruntime.cli import serve
 from flashruntime.coordinator.settings import RuntimeSettings
+from flashruntime.errors import AuthConfigError
 
 ENV_NAMES = ("FLASHML_LEDGER_PATH", "FLASHML_LOCAL_ARTIFACTS_DIR", "FLASHML_MAX_ARTIFACT_MB", "FLASHML_SWEEP_INTERVAL_S",
              "FLASHML_PROFILE", "FLASHML_METRICS_PUBLIC", "FLASHML_RATE_LIMIT", "FLASHML_REQUIRE_NODE_AUTH",

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from flashruntime.cli.demo import demo_workload
 from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LocalProcessLauncher
-from flashruntime.cli.demo import demo_workload
 from flashruntime.strategies.command import compile_workload
 
 

@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from flashruntime.protocol.v1alpha1 import SubmittedBy
 from flashruntime.coordinator.access import (
     ROUTE_ACCESS,
     LiveLease,
@@ -29,6 +28,7 @@ from flashruntime.coordinator.auth import (
     require_role,
     resolve_identity,
 )
+from flashruntime.protocol.v1alpha1 import SubmittedBy
 
 ALICE = Identity(None, False, "alice", submitter=True, may_run_code=True)
 BOB = Identity(None, False, "bob", submitter=True)

@@ -11,11 +11,6 @@ import pytest
 import flashruntime.leases
 from flashml_workloads import fedavg_worker
 from flashruntime import errors
-from flashruntime.leases import LeaseManager
-from flashruntime.protocol import v1alpha1 as p
-from flashruntime.protocol.v1alpha1 import JobSpec, NodeCapabilities, TaskSpec
-from flashruntime.recipes import WorkloadRecipe, base, register_recipe
-from flashruntime.scheduler import IsolationAwarePlacement
 from flashruntime.coordinator import expansion as modea
 from flashruntime.coordinator.expansion import (
     ALLOWED_TASK_MODULES,
@@ -25,6 +20,11 @@ from flashruntime.coordinator.expansion import (
     ExpansionError,
     expand_tasks,
 )
+from flashruntime.leases import LeaseManager
+from flashruntime.protocol import v1alpha1 as p
+from flashruntime.protocol.v1alpha1 import JobSpec, NodeCapabilities, TaskSpec
+from flashruntime.recipes import WorkloadRecipe, base, register_recipe
+from flashruntime.scheduler import IsolationAwarePlacement
 from tests._support import run_core_only
 
 MODULE_KEYS = {"module", "params", "inputs", "output_prefix", "task_id", "image", "isolation"}

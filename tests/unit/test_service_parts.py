@@ -10,14 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from flashruntime.protocol.v1alpha1 import (
-    EventType,
-    JobRecord,
-    JobSpec,
-    JobState,
-    NodeHeartbeat,
-    NodeRegistration,
-)
 from flashruntime.coordinator.artifacts import (
     ArtifactConflict,
     ArtifactStore,
@@ -29,6 +21,14 @@ from flashruntime.coordinator.lease_jobs import derived_state, refreshed
 from flashruntime.coordinator.metrics import Metrics
 from flashruntime.coordinator.nodes import ONLINE_WINDOW_S, NodeRegistry
 from flashruntime.coordinator.settings import RuntimeSettings, variables
+from flashruntime.protocol.v1alpha1 import (
+    EventType,
+    JobRecord,
+    JobSpec,
+    JobState,
+    NodeHeartbeat,
+    NodeRegistration,
+)
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 

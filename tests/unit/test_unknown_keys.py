@@ -10,9 +10,9 @@ from typing import Any, Literal
 import pytest
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
+from flashruntime.cli._unknown_keys import UnknownKey, unknown_keys, warning_lines
 from flashruntime.protocol.plan_v1alpha1 import PlanRequest
 from flashruntime.protocol.v1alpha1 import JobSpec
-from flashruntime.cli._unknown_keys import UnknownKey, unknown_keys, warning_lines
 
 
 class Leaf(BaseModel):
