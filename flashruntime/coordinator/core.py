@@ -20,7 +20,7 @@ from typing import Any
 
 from flashruntime.checkpoint import CheckpointCatalog
 from flashruntime.checkpoint.sqlite_store import SqliteManifestStore
-from flashruntime.coordinator.access import LiveLease, owns_job
+from flashruntime.coordinator.access import LiveLease, artifact_read_allowed, owns_job
 from flashruntime.coordinator.artifacts import ArtifactStore, sha256_of
 from flashruntime.coordinator.auth import ARGV_SUBMITTERS_ENV, Identity, Role, authenticator_from_env
 from flashruntime.coordinator.expansion import expand_tasks
@@ -30,6 +30,7 @@ from flashruntime.coordinator.metrics import Metrics
 from flashruntime.coordinator.nodes import NodeRegistry
 from flashruntime.coordinator.settings import RuntimeSettings
 from flashruntime.errors import (
+    AuthFailure,
     CodeExecutionNotPermitted,
     ExpansionError,
     LeaseError,
@@ -126,7 +127,9 @@ class Coordinator:
         ``identity`` is the submitter (None or ``Identity(None, False)``: open mode). The job
         records it, and every task's payload carries it under ``submitted_by`` so a worker can
         check the grant itself. A job whose tasks would run commands (``argv``) from a
-        submitter without the code-execution permission raises ``CodeExecutionNotPermitted``."""
+        submitter without the code-execution permission raises ``CodeExecutionNotPermitted``;
+        one whose inputs name an artifact its submitter may not read raises ``AuthFailure``
+        (403): a node reads its tasks' inputs, so a job must not fetch what its submitter cannot."""
         identity = identity or Identity(None, False)
         if spec.spec.workload.type == "command":
             self._require_code_permission(identity)  # before expansion: its errors describe the command
@@ -146,6 +149,7 @@ class Coordinator:
         tasks = expand_tasks(job_id, spec)
         if any("argv" in task.payload for task in tasks):
             self._require_code_permission(identity)
+        self._require_readable_inputs(identity, tasks)
         submitted_by, stamp = _submitter_of(identity)
         for task in tasks:
             task.payload[SUBMITTED_BY_KEY] = dict(stamp)
@@ -185,6 +189,22 @@ class Coordinator:
             f"this job runs commands on the fleet, and {who} may not run code: running commands is a separate "
             f"permission; ask the coordinator's operator to add the name to {ARGV_SUBMITTERS_ENV}"
         )
+
+    def _require_readable_inputs(self, identity: Identity, tasks: list[Any]) -> None:
+        if identity.role is None or identity.role is Role.OPERATOR:
+            return  # open mode checks nothing; an operator reads everything
+        owned = self.job_owned_by(identity)
+        for task in tasks:
+            inputs = task.payload.get("inputs")
+            for name, uri in (inputs.items() if isinstance(inputs, dict) else ()):
+                if not (isinstance(uri, str) and uri.startswith("artifact://")):
+                    continue
+                key = uri[len("artifact://"):]
+                if not artifact_read_allowed(identity, key, live=[], job_owned=owned):
+                    raise AuthFailure(
+                        403, f"input {name!r} of task {task.task_id!r} is {uri}, which this token may not read: a "
+                             f"job may use as inputs only artifacts its submitter can read (users/{identity.name}/... "
+                             "or jobs/<job>/... of its own jobs)")
 
     def refresh(self, record: JobRecord) -> JobRecord:
         """The record with its derived state (lease jobs only); persisted when it changed."""

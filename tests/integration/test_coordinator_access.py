@@ -279,3 +279,20 @@ def test_metrics_are_public_only_when_the_operator_says_so(tmp_path: Path, monke
         schema = httpx.get(f"{url}/openapi.json", headers=OPERATOR).json()
         assert schema["paths"]["/metrics"]["get"]["security"] == []
         assert httpx.get(f"{url}/v1alpha1/nodes").status_code == 401
+
+
+def test_a_job_may_use_as_inputs_only_what_its_submitter_can_read(coordinator: tuple[Any, World]) -> None:
+    """A node downloads its tasks' inputs: a submitter must not reach another's files through a job."""
+    api, world = coordinator
+    bob = CREDENTIALS["other_submitter"]
+    assert api.put("/v1alpha1/artifacts/users/bob/secret.csv", content=b"1\n", headers=bob).status_code == 200
+    spec = job_spec(trials=1)
+    spec["spec"]["workload"]["parameters"]["inputs"] = {"data": "artifact://users/bob/secret.csv"}
+    before = len(api.get("/v1alpha1/jobs", headers=OPERATOR).json())
+    refused = api.post("/v1alpha1/jobs", json=spec, headers=OWNER)
+    assert refused.status_code == 403 and "users/bob/secret.csv" in refused.json()["detail"]
+    assert len(api.get("/v1alpha1/jobs", headers=OPERATOR).json()) == before  # nothing stored
+    assert api.post("/v1alpha1/jobs", json=spec, headers=bob).status_code == 201  # bob's own file: fine
+    spec["spec"]["workload"]["parameters"]["inputs"] = {"data": f"artifact://{world.prefix}out.txt"}
+    assert api.post("/v1alpha1/jobs", json=spec, headers=OWNER).status_code == 201  # alice's own job's output
+    assert api.post("/v1alpha1/jobs", json=spec, headers=OPERATOR).status_code == 201
