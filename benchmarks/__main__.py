@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 return 1
             print(f"reference results of: {', '.join(adopted)}")
-        reference.DOCS_PAGE.write_text(reference.render_page(reference.load_references()), encoding="utf-8")
+        from flashruntime.files import write_atomic
+
+        write_atomic(reference.DOCS_PAGE, reference.render_page(reference.load_references()))
         print(f"wrote {reference.DOCS_PAGE}")
         return 0
     if args.command == "list":

@@ -10,23 +10,17 @@ references rendered: a test holds the page to them.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from benchmarks.report import render_markdown
 from benchmarks.rows import Target
+from flashruntime.files import write_atomic
 
 __all__ = ["DOCS_PAGE", "REFERENCE_DIR", "adopt", "load_references", "render_page"]
 
 REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
 DOCS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def adopt(results: list[Path], reference_dir: Path = REFERENCE_DIR) -> list[str]:
@@ -42,7 +36,7 @@ def adopt(results: list[Path], reference_dir: Path = REFERENCE_DIR) -> list[str]
             adopted[scenario] = {**{k: v for k, v in result.items() if k != "rows"}, "rows": rows}
     reference_dir.mkdir(parents=True, exist_ok=True)
     for scenario, document in adopted.items():
-        _write(reference_dir / f"{scenario}.json", json.dumps(document, indent=1) + "\n")
+        write_atomic(reference_dir / f"{scenario}.json", json.dumps(document, indent=1) + "\n")
     return sorted(adopted)
 
 

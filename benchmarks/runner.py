@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
 import sys
 import time
@@ -16,6 +15,7 @@ from benchmarks.host import host_info, is_reference_host
 from benchmarks.pace import WORKLOAD, pace_by_cpu
 from benchmarks.registry import SCENARIOS
 from benchmarks.rows import judge
+from flashruntime.files import write_atomic
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -65,7 +65,5 @@ def run_scenarios(names: list[str], repeats: int, smoke: bool, out: Path) -> tup
         "host_pace_workload": WORKLOAD,
         "rows": rows,
     }
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, out)
+    write_atomic(out, json.dumps(result, indent=1) + "\n")
     return result, clean
