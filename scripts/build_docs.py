@@ -61,6 +61,7 @@ def recovery_markdown() -> str:
         "coordinator, a fleet job's tasks are retried by their two lease budgets instead (failures the",
         "worker reports, lost workers; see [Submit work](coordinator.md#submit-work)).",
     ]
+    lines += _local_failure_rules()
     for mode in MODES:
         lines += ["", f"## `{mode}`", "", "| failure class | action | scope | cordon node | needs checkpoint | why |",
                   "|---|---|---|---|---|---|"]
@@ -72,6 +73,33 @@ def recovery_markdown() -> str:
                 f"{decision.reason} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _local_failure_rules() -> list[str]:
+    """How a failed local attempt's exit code and log become deterministic or transient."""
+    from flashruntime.recovery.signals import DETERMINISTIC_EXCEPTIONS, LAUNCH_ERROR_EXIT_CODES, LAUNCH_ERRORS
+
+    names = ", ".join(f"`{name}`" for name in DETERMINISTIC_EXCEPTIONS)
+    lines = [
+        "", "## How a failed local attempt is classified", "",
+        "A local attempt that exits non-zero is an `application_error` (a retry would fail the same way)",
+        "when the first of these holds, tried in order, and a `worker_crash` otherwise. Lines are read from the",
+        "attempt's `launcher.log` (its last 1 MiB), after any torchrun rank tags such as `[default0]:` or `[rank3]:`.",
+        "", "| evidence | example |", "|---|---|",
+        f"| a line starts with one of {names} | `ModuleNotFoundError: No module named 'x'` |",
+    ]
+    for rule in LAUNCH_ERRORS:
+        lines.append(f"| the command could not start: {rule.words} | `{rule.example}` |")
+    for code, meaning in LAUNCH_ERROR_EXIT_CODES.items():
+        lines.append(f"| exit code {code} ({meaning}) | a shell's answer to a command it cannot run |")
+    lines += [
+        "| a Python traceback without torchrun's `ChildFailedError` wrapper | any uncaught exception of a plain "
+        "`python` command |",
+        "", "A command whose executable cannot be found at all (`No such file or directory` when it is started)",
+        "never runs: the run ends FAILED at once with the same class. Signals, `ChildFailedError` from torchrun",
+        "and other exits are transient: the table below restarts them while `max_restarts` allows.",
+    ]
+    return lines
 
 
 def _cell(text: object) -> str:

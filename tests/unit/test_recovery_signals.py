@@ -9,6 +9,7 @@ import pytest
 
 from flashruntime.protocol.v1alpha1 import FailureClass
 from flashruntime.recovery import FailureSignals, classify, describe_launch, from_local_launch
+from flashruntime.recovery.signals import LAUNCH_ERRORS, LogExcerpt, failure_excerpt
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "recovery_local_launch.json").read_text())
 
@@ -60,3 +61,50 @@ def test_a_deterministic_error_interleaved_by_two_ranks_is_still_deterministic()
     assert from_local_launch(1, tail).exit_deterministic is True
     assert describe_launch(1, tail) == "ModuleNotFoundError at line start"
     assert from_local_launch(1, "ModuleNotFoundErrorish: no\nChildFailedError").exit_deterministic is False
+
+
+@pytest.mark.parametrize("rule", LAUNCH_ERRORS, ids=[rule.words for rule in LAUNCH_ERRORS])
+def test_each_launch_error_example_is_classified_deterministic(rule) -> None:
+    assert from_local_launch(1, rule.example + "\n").exit_deterministic is True
+    assert describe_launch(1, rule.example) == f"{rule.words}: exit 1"
+    assert failure_excerpt(rule.example).exception == rule.example
+
+
+def test_the_excerpt_names_the_failing_ranks_exception_not_torchruns_wrapper() -> None:
+    log = "\n".join([
+        "[default0]:step 1", "[default1]:Traceback (most recent call last):",
+        '[default0]:step 2', '[default1]:  File "/w/train.py", line 4, in <module>',
+        "[default1]:    import flash_attn", "[default1]:ModuleNotFoundError: No module named 'flash_attn'",
+        "Traceback (most recent call last):", '  File "/bin/torchrun", line 8, in <module>',
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    ])
+    excerpt = failure_excerpt(log)
+    assert excerpt == LogExcerpt(
+        exception="ModuleNotFoundError: No module named 'flash_attn'",
+        traceback=('  File "/w/train.py", line 4, in <module>', "    import flash_attn"),
+        tag="[default1]:",
+    )
+
+
+def test_the_excerpt_without_rank_tags_skips_the_wrapper_and_strips_torchs_rank_blank() -> None:
+    untagged = ("Traceback (most recent call last):\n  File \"a.py\", line 2, in <module>\n    f()\n"
+                "KeyError: 'lr'\nTraceback (most recent call last):\n  File \"/bin/torchrun\", line 8\n"
+                "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n")
+    assert failure_excerpt(untagged).exception == "KeyError: 'lr'"
+    torch_tagged = "[rank1]: Traceback (most recent call last):\n[rank1]:   File \"a.py\", line 3\n[rank1]: RuntimeError: x\n"
+    assert failure_excerpt(torch_tagged) == LogExcerpt("RuntimeError: x", ('  File "a.py", line 3',), "[rank1]:")
+
+
+def test_the_excerpt_of_a_syntax_error_keeps_the_lines_that_point_at_it() -> None:
+    log = 'starting\n  File "train.py", line 3\n    def (\n        ^\nSyntaxError: invalid syntax\n'
+    assert failure_excerpt(log) == LogExcerpt(
+        "SyntaxError: invalid syntax", ('  File "train.py", line 3', "    def (", "        ^"), None)
+
+
+def test_the_excerpt_of_a_chained_exception_is_the_last_one_and_a_quiet_log_gives_none() -> None:
+    chained = ("Traceback (most recent call last):\n  File \"a.py\", line 1\nKeyError: 'x'\n\n"
+               "During handling of the above exception, another exception occurred:\n\n"
+               "Traceback (most recent call last):\n  File \"a.py\", line 3\nValueError: bad\n")
+    assert failure_excerpt(chained).exception == "ValueError: bad"
+    assert failure_excerpt("step 1\nstep 2\n") == LogExcerpt(None, (), None)
+    assert failure_excerpt(None) == LogExcerpt(None, (), None)
