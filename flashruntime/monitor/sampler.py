@@ -1,8 +1,10 @@
 """``ResourceSampler``: a daemon thread appending machine and process-tree samples.
 
-Ticks immediately, then every ``period_s``. With psutil each tick covers the root pid
-and all its descendants (process objects cached so per-process CPU is measured between
-ticks); without it only the root appears, with nulls, and ``limited`` is true.
+Ticks immediately, then every ``period_s``, and once more when stopped, so an attempt
+shorter than one period still gets a CPU reading over its life. With psutil each tick
+covers the root pid and all its descendants (process objects cached so per-process CPU
+is measured between ticks) and the machine's CPU use since the sampler's previous
+reading; without it only the root appears, with nulls, and ``limited`` is true.
 Sampling must never hurt the job it watches, so every exception is swallowed.
 """
 
@@ -29,6 +31,20 @@ def _load_psutil() -> Any:
     return psutil
 
 
+def _cpu_percent(before: Any, after: Any) -> float | None:
+    """Machine CPU use between two ``psutil.cpu_times()`` readings, counted as psutil's
+    ``cpu_percent`` counts it; None when no CPU time passed between them.
+
+    The sampler keeps its own previous reading instead of calling ``psutil.cpu_percent``,
+    whose baseline is per calling thread and shared with anything else in the process."""
+    delta = {name: max(0.0, getattr(after, name) - getattr(before, name)) for name in after._fields}
+    total = sum(delta.values()) - delta.get("guest", 0.0) - delta.get("guest_nice", 0.0)  # in user/nice already
+    if total <= 0:
+        return None
+    busy = total - delta.get("idle", 0.0) - delta.get("iowait", 0.0)
+    return round(min(100.0, max(0.0, 100.0 * busy / total)), 1)
+
+
 def _load_avg() -> list[float] | None:
     try:
         return [round(value, 2) for value in os.getloadavg()]
@@ -50,7 +66,7 @@ class ResourceSampler:
         self._psutil: Any = None
         self._psutil_loaded = False
         self._procs: dict[int, Any] = {}  # pid -> psutil.Process, kept so cpu_percent has a baseline
-        self._cpu_primed = False
+        self._cpu_times: Any = None  # the previous psutil.cpu_times(): the machine's CPU use is measured from it
         self._last_pids: set[int] = set()
 
     # lifecycle ---------------------------------------------------------------
@@ -72,6 +88,7 @@ class ResourceSampler:
         while True:
             self.tick()
             if self._stop.wait(self.period_s):
+                self.tick()  # the closing reading: covers the time since the last tick
                 return
 
     # sampling ----------------------------------------------------------------
@@ -123,10 +140,13 @@ class ResourceSampler:
         }
         if psutil is not None:
             try:
-                # The first call only sets the baseline and reports a meaningless 0.0.
-                percent = psutil.cpu_percent(interval=None)
-                machine["cpu_percent"] = percent if self._cpu_primed else None
-                self._cpu_primed = True
+                times = psutil.cpu_times()
+                if self._cpu_times is None:
+                    self._cpu_times = times  # the first reading is the baseline: nothing measured yet
+                else:
+                    machine["cpu_percent"] = _cpu_percent(self._cpu_times, times)
+                    if machine["cpu_percent"] is not None:
+                        self._cpu_times = times
             except Exception:
                 pass
             try:

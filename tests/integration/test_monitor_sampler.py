@@ -51,9 +51,10 @@ def test_sampler_follows_a_real_process_tree(tmp_path: Path) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child_pid, signal.SIGKILL)
     ticks = _ticks(tmp_path / "telemetry.jsonl")
-    assert len(ticks) >= 3
+    assert len(ticks) >= 4  # three or more while it ran, and the closing one
     assert seen == {parent.pid, child_pid}
-    first, later = ticks[0], ticks[-1]
+    # The last regular tick: the closing one, taken at stop(), may come too soon after it to measure CPU.
+    first, later = ticks[0], ticks[-2]
     assert first["machine"]["limited"] is False and first["machine"]["cpu_percent"] is None
     assert isinstance(later["machine"]["cpu_percent"], float)
     assert later["machine"]["mem_total"] > later["machine"]["mem_used"] > 0

@@ -115,3 +115,62 @@ def test_a_failing_tick_is_swallowed(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     blocker.write_text("x")
     monkeypatch.setattr(sampler, "query_gpus", lambda: [])
     assert ResourceSampler(blocker / "sub", os.getpid()).tick() is None  # output dir cannot be created
+
+
+class _FakePsutil:
+    """psutil as the sampler uses it, with CPU times the test sets: the machine readings
+    are exact, and the root pid is gone (no process rows)."""
+
+    STATUS_ZOMBIE = "zombie"
+
+    def __init__(self) -> None:
+        from collections import namedtuple
+
+        self.Times = namedtuple("Times", "user nice system idle iowait guest guest_nice")
+        self.times = self.Times(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+    def cpu_times(self):  # a namedtuple, as psutil's
+        return self.times
+
+    def virtual_memory(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(total=8 * 2**30, used=2 * 2**30)
+
+    def Process(self, pid: int) -> None:  # psutil's name
+        raise ProcessLookupError(pid)
+
+
+def test_the_machine_cpu_is_measured_between_readings_of_this_sampler(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    fake = _FakePsutil()
+    monkeypatch.setattr(sampler, "_load_psutil", lambda: fake)
+    monkeypatch.setattr(sampler, "query_gpus", lambda: [])
+    s = ResourceSampler(tmp_path, 4242)
+    first = s.sample()["machine"]
+    assert first["cpu_percent"] is None and first["limited"] is False  # the baseline: nothing measured yet
+    assert (first["mem_total"], first["mem_used"]) == (8 * 2**30, 2 * 2**30)
+    # 3 s busy (guest time is inside user already) and 9 s idle or waiting: 25%.
+    fake.times = fake.Times(2.0, 0.0, 1.0, 8.0, 1.0, 0.5, 0.0)
+    assert s.sample()["machine"]["cpu_percent"] == 25.0
+    # No CPU time passed: not measured (None, not 0), and the baseline stays where it was.
+    assert s.sample()["machine"]["cpu_percent"] is None
+    fake.times = fake.Times(2.0, 0.0, 1.0, 11.0, 1.0, 0.5, 0.0)  # 3 s more, all idle
+    assert s.sample()["machine"]["cpu_percent"] == 0.0
+
+
+def test_stopping_takes_a_closing_reading(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An attempt shorter than one period (the demo's are) still gets its CPU use: the
+    sampler reads once more when it is stopped."""
+    from tests._support import wait_until
+
+    fake = _FakePsutil()
+    monkeypatch.setattr(sampler, "_load_psutil", lambda: fake)
+    monkeypatch.setattr(sampler, "query_gpus", lambda: [])
+    s = ResourceSampler(tmp_path, 4242, period_s=3600)
+    s.start()
+    wait_until(lambda: (tmp_path / "telemetry.jsonl").exists(), "the first tick")
+    fake.times = fake.Times(1.0, 0.0, 1.0, 2.0, 0.0, 0.0, 0.0)
+    s.stop()
+    ticks = [json.loads(line) for line in (tmp_path / "telemetry.jsonl").read_text().splitlines()]
+    assert [tick["machine"]["cpu_percent"] for tick in ticks] == [None, 50.0]
