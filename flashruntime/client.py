@@ -251,14 +251,18 @@ class CoordinatorClient:
     def events(self, job_id: str) -> list[dict[str, Any]]:
         return self.request_json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}/events", idempotent=True)
 
-    def logs(self, job_id: str) -> dict[str, Any]:
-        return self.request_json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}/logs", idempotent=True)
+    def logs(self, job_id: str, *, task: str | None = None, tail: int | None = None) -> dict[str, Any]:
+        """``GET /v1alpha1/jobs/{id}/logs`` → ``{"logs": str, "tasks": [{task_id, state, node_id,
+        log, truncated}]}``: every task's log, or only ``task``'s; ``tail``: the last lines of each."""
+        query = {name: value for name, value in (("task", task), ("tail", tail)) if value is not None}
+        suffix = f"?{urllib.parse.urlencode(query)}" if query else ""
+        return self.request_json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}/logs{suffix}", idempotent=True)
 
     def tasks(self, job_id: str) -> list[dict[str, Any]]:
         return self.request_json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}/tasks", idempotent=True)
 
     def job_artifacts(self, job_id: str) -> list[dict[str, Any]]:
-        """``[{uri, key, size_bytes}]`` under ``jobs/<job_id>/``."""
+        """``[{uri, key, size_bytes, sha256}]`` under ``jobs/<job_id>/``."""
         return self.request_json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}/artifacts", idempotent=True)
 
     def cancel(self, job_id: str) -> dict[str, Any]:
@@ -325,10 +329,11 @@ class CoordinatorClient:
 
         return self.retry.run(once)
 
-    def put_artifact(self, key: str, data: bytes | Path, content_type: str = "application/octet-stream"
-                     ) -> dict[str, Any]:
+    def put_artifact(self, key: str, data: bytes | Path, content_type: str = "application/octet-stream", *,
+                     retry: bool = True) -> dict[str, Any]:
         """``PUT /v1alpha1/artifacts/{key}`` with ``data`` (bytes, or a file streamed from disk)
-        as the body → the ``ArtifactRecord`` as JSON."""
+        as the body → the ``ArtifactRecord`` as JSON. ``retry=False`` for a caller that sends
+        a newer version soon anyway."""
         path = f"/v1alpha1/artifacts/{quote_key(key)}"
 
         def send(body: bytes | BinaryIO, size: int) -> bytes:
@@ -347,7 +352,7 @@ class CoordinatorClient:
                 record = {}
             return record if isinstance(record, dict) else {}
 
-        return self.retry.run(once)
+        return self.retry.run(once, retry=retry)
 
     def put_json_artifact(self, key: str, value: Any) -> dict[str, Any]:
         """``put_artifact`` of ``value`` as JSON."""

@@ -1,9 +1,11 @@
-"""Running one lease: command, child process tree, lease heartbeats, finish.
+"""Running one lease: command, child process tree, lease heartbeats, log, finish.
 
 The child starts as §5.7's launcher starts one (its own process group, the attempt's unique
 ``FLASHML_OUTPUT_DIR=<out dir>`` in its environment) and is watched and stopped by the
 launcher's own handle, whose sweep also reaches ranks that left the group. Lease heartbeats
 run on a thread from claim until the outcome is reported; a 410 or 403 abandons the lease.
+The child's log goes to the coordinator as ``task.log`` under the task's output prefix: while
+it runs, every ``log_upload_s`` when it grew, and once more before the outcome is reported.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable
 from flashruntime.launchers.local import LocalLaunchHandle, proc_available, read_log_tail
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
 from flashruntime.protocol.lease_rules import DEFAULT_LEASE_SECONDS  # for a Lease that states no length (0)
+from flashruntime.protocol.task_logs import TASK_LOG_MAX_BYTES, TASK_LOG_NAME, bounded_log, task_log_key
 from flashruntime.protocol.task_modules import ALLOWED_TASK_MODULES
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Lease
 
@@ -58,6 +61,7 @@ class WorkerTiming:
     child_poll_s: float = 0.1
     max_backoff_s: float = 60.0
     finish_attempts: int = 3  # tries of complete/fail/upload while the coordinator is unreachable
+    log_upload_s: float = 10.0  # a running task's log goes up at most this often, when it grew
     clock: Callable[[], float] = time.monotonic
     # Waits up to the given seconds; None = an interruptible wait that a stop request ends early.
     sleep: Callable[[float], object] | None = None
@@ -112,6 +116,72 @@ class LeaseHeartbeat:
                 logger.warning("lease %s heartbeat refused: %s", self.lease_id, exc)
             except CoordinatorUnavailable as exc:
                 logger.warning("lease %s heartbeat failed: %s", self.lease_id, exc)
+
+
+def read_task_log(path: Path, max_bytes: int = TASK_LOG_MAX_BYTES) -> bytes | None:
+    """The log as it is uploaded (``bounded_log`` of it), reading only its tail; None when unreadable."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - (max_bytes + 1)))
+            return bounded_log(handle.read(), max_bytes)
+    except OSError:
+        return None
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_size, info.st_mtime_ns
+
+
+class TaskLogShipper:
+    """Uploads a task's log to ``key``: from a daemon thread every ``interval_s`` while the log
+    changes (tried once each time: the next one is the retry), and by ``ship(final=True)`` after
+    ``stop``. A log is the user's aid, never the task's outcome: failures are logged and dropped."""
+
+    def __init__(self, client: CoordinatorClient, key: str, log: Path, interval_s: float) -> None:
+        self._client = client
+        self.key = key
+        self.log = log
+        self.interval_s = interval_s
+        self._sent: tuple[int, int] | None = None  # (size, mtime) of the log last uploaded
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"flashruntime-log-{key}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._done.wait(self.interval_s):
+            if not self.ship(final=False):
+                return  # the lease is gone: the heartbeat thread says so to the runner
+
+    def ship(self, *, final: bool) -> bool:
+        """Upload the log if it changed since the last upload; False when the lease is gone."""
+        stamp = _stamp(self.log)
+        if stamp is None or stamp == self._sent:
+            return True
+        data = read_task_log(self.log)
+        if data is None:
+            return True
+        try:
+            self._client.put_artifact(self.key, data, "text/plain; charset=utf-8", retry=final)
+        except CoordinatorHTTPError as exc:
+            logger.warning("log upload to %s refused: %s", self.key, exc)
+            return exc.status not in LOST_STATUSES
+        except CoordinatorUnavailable as exc:
+            logger.warning("log upload to %s failed: %s", self.key, exc)
+            return True
+        self._sent = stamp
+        return True
 
 
 def code_grant_problem(payload: Mapping[str, Any]) -> str | None:
@@ -298,6 +368,9 @@ class LeaseRunner:
         logger.info("lease %s (%s/%s) started pid %s", lease.lease_id, lease.job_id, lease.task_id,
                     handle.execution_id)
         started = self._timing.clock()
+        shipper = TaskLogShipper(self._client, task_log_key(payload_prefix(lease)), dirs.log,
+                                 self._timing.log_upload_s)
+        shipper.start()
         sampler = ResourceSampler(dirs.root, int(handle.execution_id), period_s=self._timing.sampler_period_s)
         if not proc_available():
             # /proc finds every process of the attempt on Linux; elsewhere the sampler's last-seen
@@ -311,36 +384,47 @@ class LeaseRunner:
                 state = handle.wait(timeout_seconds=self._timing.child_poll_s)
             if not state.terminal:
                 handle.cancel()
-                return self._after_interrupt(lease, heartbeat)
+                shipper.stop()
+                return self._after_interrupt(lease, heartbeat, shipper)
             wall_seconds = self._timing.clock() - started
         finally:
             sampler.stop()
-        return self._finish(lease, heartbeat, dirs, handle.exit_code, wall_seconds)
+            shipper.stop()
+        return self._finish(lease, heartbeat, dirs, handle.exit_code, wall_seconds, shipper)
 
-    def _after_interrupt(self, lease: Lease, heartbeat: LeaseHeartbeat) -> Outcome:
+    def _after_interrupt(self, lease: Lease, heartbeat: LeaseHeartbeat,
+                         shipper: TaskLogShipper | None = None) -> Outcome:
         if heartbeat.lost.is_set():
             raise _LeaseLost()
+        if shipper is not None:
+            shipper.ship(final=True)  # while the lease is still ours: a stopped task's log is kept too
         return self._fail(lease, SHUTDOWN_REASON, Outcome.SHUTDOWN)
 
     def _finish(self, lease: Lease, heartbeat: LeaseHeartbeat, dirs: LeaseDirs, exit_code: int | None,
-                wall_seconds: float) -> Outcome:
+                wall_seconds: float, shipper: TaskLogShipper) -> Outcome:
         metrics = dirs.out / "metrics.json"
         has_metrics = _is_regular(metrics)
         if exit_code != 0 or not has_metrics:
             logger.info("lease %s: child exited %s%s", lease.lease_id, exit_code,
                         "" if has_metrics else " without out/metrics.json")
+            shipper.ship(final=True)  # before fail: after it the lease, and the right to write, is gone
             return self._fail(lease, f"exit {exit_code}: {last_log_line(dirs.log)}", Outcome.FAILED)
         prefix = payload_prefix(lease)
+        if _is_regular(dirs.out / TASK_LOG_NAME):
+            logger.warning("lease %s: the task wrote out/%s, which the task's own log replaces on the coordinator",
+                           lease.lease_id, TASK_LOG_NAME)
         for relative, path in output_files(dirs.out):
             if self._interrupted(heartbeat):
-                return self._after_interrupt(lease, heartbeat)
+                return self._after_interrupt(lease, heartbeat, shipper)
             try:
                 uploaded = self._settled(lambda key=prefix + relative, path=path: self._client.put_artifact(key, path))
             except CoordinatorHTTPError as exc:
+                shipper.ship(final=True)
                 return self._fail(lease, f"upload of {relative!r} refused: HTTP {exc.status}: {exc.detail}",
                                   Outcome.FAILED)
             if uploaded is None:
                 return self._fail(lease, f"upload of {relative!r} failed: coordinator unreachable", Outcome.FAILED)
+        shipper.ship(final=True)
         if self._interrupted(heartbeat):
             return self._after_interrupt(lease, heartbeat)
         heartbeat.stop()

@@ -16,6 +16,7 @@ import errno
 import hashlib
 import os
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -30,6 +31,8 @@ MAX_SEGMENT_BYTES = 255  # NAME_MAX of Linux file systems: one file or directory
 # What the file system answers for a path it cannot take as a name (too long as a whole, bytes it
 # will not store): the key's fault, so a 400 like any other bad key, not a 500.
 _KEY_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EILSEQ})
+# Digests remembered per file version (size, mtime): a listing re-hashes only what changed.
+_DIGESTS_KEPT = 65_536
 
 
 def check_key(key: str) -> str:
@@ -84,6 +87,8 @@ class ArtifactStore:
     def __init__(self, root: str | os.PathLike[str], max_bytes: int) -> None:
         self.root = Path(root)
         self.max_bytes = int(max_bytes)
+        self._digests: dict[str, tuple[int, int, str]] = {}
+        self._digests_lock = threading.Lock()
 
     def path_of(self, key: str) -> Path:
         return self.root.joinpath(*check_key(key).split("/"))
@@ -180,6 +185,29 @@ class ArtifactStore:
         path = self.path_of(key)
         with _key_os_errors(key):
             return path if path.is_file() else None
+
+    def sha256(self, key: str) -> str | None:
+        """The sha256 of artifact ``key`` as stored now; None when there is none."""
+        path = self.read_path(key)
+        try:
+            info = path.stat() if path is not None else None
+        except OSError:
+            info = None
+        if path is None or info is None:
+            return None
+        with self._digests_lock:
+            known = self._digests.get(key)
+        if known is not None and known[:2] == (info.st_size, info.st_mtime_ns):
+            return known[2]
+        try:
+            digest = sha256_of(path)
+        except OSError:  # replaced or removed meanwhile
+            return None
+        with self._digests_lock:
+            if len(self._digests) >= _DIGESTS_KEPT:
+                self._digests.pop(next(iter(self._digests)))
+            self._digests[key] = (info.st_size, info.st_mtime_ns, digest)
+        return digest
 
     def list(self, prefix: str) -> list[tuple[str, int]]:
         """(key, size) of every file under ``prefix`` (a directory key ending in ``/``), sorted by key.

@@ -150,9 +150,10 @@ def _module_task(
         "inputs": dict(inputs),
         "output_prefix": output_prefix(job_id, task_id),
         "task_id": task_id,
-        "image": inner.image.reference,
         "isolation": {"tier": str(inner.isolation.tier), "allowFallback": inner.isolation.allowFallback},
     }
+    if inner.image is not None:  # for container agents; the bundled worker ignores it
+        payload["image"] = inner.image.reference
     if inner.placement.pool != "any":
         payload["pool"] = inner.placement.pool
     if extra:

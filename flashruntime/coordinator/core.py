@@ -29,6 +29,7 @@ from flashruntime.coordinator.ledger import Ledger
 from flashruntime.coordinator.metrics import Metrics
 from flashruntime.coordinator.nodes import NodeRegistry
 from flashruntime.coordinator.settings import RuntimeSettings
+from flashruntime.coordinator.task_logs import TaskLog, log_share, read_log, task_log_path, with_tail
 from flashruntime.errors import (
     AuthFailure,
     CodeExecutionNotPermitted,
@@ -58,6 +59,10 @@ SERVICE_SOURCE = "flashruntime.service"
 SUBMITTED_BY_KEY = "submitted_by"
 _OPEN_MODE_SUBMITTER = {"role": "anonymous", "name": None, "may_run_code": True}
 EVENTS_LOGGER = logging.getLogger("flashruntime.events")
+# The backends this coordinator runs, and the one a job gets when it names none. Lease jobs
+# are the coordinator's own; no Ray backend is part of it, so a job for Ray is refused.
+BACKENDS = ("leases",)
+DEFAULT_BACKEND = "leases"
 
 
 def _utc_now() -> datetime:
@@ -133,10 +138,11 @@ class Coordinator:
         identity = identity or Identity(None, False)
         if spec.spec.workload.type == "command":
             self._require_code_permission(identity)  # before expansion: its errors describe the command
-        if spec.spec.execution.backend != "leases":
+        spec = _with_backend(spec, spec.spec.execution.backend or DEFAULT_BACKEND)
+        if spec.spec.execution.backend not in BACKENDS:
             raise NoBackend(
                 f"backend {spec.spec.execution.backend!r} is not configured on this coordinator; "
-                "submit with spec.execution.backend = 'leases'"
+                f"submit with spec.execution.backend = 'leases', or leave it out for the default ({DEFAULT_BACKEND!r})"
             )
         where = _non_finite(spec.spec.workload.parameters, "spec.workload.parameters")
         if where is not None:
@@ -276,6 +282,22 @@ class Coordinator:
             self.ledger.upsert_job(cancelled)
         return cancelled
 
+    def task_logs(self, job_id: str, *, task: str | None = None, tail: int | None = None) -> list[TaskLog]:
+        """The logs of the job's tasks (only ``task``'s when given; none when it has no such
+        task), sorted by task id; ``tail``: each one's last lines only."""
+        records = sorted(self.manager.records(job_id), key=lambda record: record.spec.task_id)
+        if task is not None:
+            records = [record for record in records if record.spec.task_id == task]
+        share = log_share(len(records))
+        logs = []
+        for record in records:
+            spec = record.spec
+            path = task_log_path(self.artifacts, job_id, spec.task_id, spec.payload)
+            text, truncated = read_log(path, share) if path is not None else ("", False)
+            text, truncated = with_tail(text, truncated, tail)
+            logs.append(TaskLog(spec.task_id, record.state.value, _last_node(record), text, truncated))
+        return logs
+
     def tasks(self, job_id: str) -> list[dict[str, Any]]:
         """``GET /jobs/{id}/tasks`` rows, sorted by task id."""
         evidence = self.ledger.evidence_for(job_id)
@@ -283,13 +305,12 @@ class Coordinator:
         for record in self.manager.records(job_id):
             spec = record.spec
             active = record.active_lease
-            last = active or (next(reversed(record.lease_history.values())) if record.lease_history else None)
             rows.append({
                 "task_id": spec.task_id,
                 "state": record.state.value,
                 "attempts": record.attempts_used,
                 "max_attempts": spec.max_attempts,
-                "node_id": last.node_id if last is not None else None,
+                "node_id": _last_node(record),
                 "deadline": active.deadline.isoformat() if active is not None else None,
                 "failures": record.failures_seen,
                 "expiries": record.expiries_seen,
@@ -373,6 +394,20 @@ class Coordinator:
             if record.backend == "leases" and record.state not in TERMINAL_JOB_STATES:
                 self.refresh(record)
         return expired
+
+
+def _with_backend(spec: JobSpec, backend: str) -> JobSpec:
+    """``spec`` naming ``backend``: the job stored says what ran it, so a resubmission runs alike."""
+    if spec.spec.execution.backend == backend:
+        return spec
+    execution = spec.spec.execution.model_copy(update={"backend": backend})
+    return spec.model_copy(update={"spec": spec.spec.model_copy(update={"execution": execution})})
+
+
+def _last_node(record: Any) -> str | None:
+    """The node of the task's active lease, else of its last one, else None."""
+    last = record.active_lease or (next(reversed(record.lease_history.values())) if record.lease_history else None)
+    return last.node_id if last is not None else None
 
 
 def _submitter_of(identity: Identity) -> tuple[SubmittedBy | None, dict[str, Any]]:

@@ -21,8 +21,10 @@ from flashruntime.coordinator.auth import AuthFailure, Identity, task_write_allo
 from flashruntime.coordinator.core import Coordinator, NoBackend
 from flashruntime.coordinator.guard import Guard, StrictJSONRoute
 from flashruntime.coordinator.openapi import BYTES_RESPONSE, ERRORS
+from flashruntime.coordinator.task_logs import job_logs_text
 from flashruntime.errors import CheckpointError, CodeExecutionNotPermitted, ExpansionError
 from flashruntime.protocol.api_v1alpha1 import ArtifactListing, ErrorBody, JobLogs, LostWork, PartRegistered, TaskRow
+from flashruntime.protocol.task_logs import JOB_LOGS_MAX_BYTES, MAX_TAIL_LINES, TASK_LOG_MAX_BYTES, TASK_LOG_NAME
 from flashruntime.protocol.v1alpha1 import (
     ArtifactRecord,
     CheckpointManifest,
@@ -106,10 +108,21 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
         job_or_404(job_id, identity)
         return JSONResponse([event.model_dump(mode="json") for event in coordinator.ledger.events_for(job_id)])
 
-    @router.get("/v1alpha1/jobs/{job_id}/logs", response_model=JobLogs)
-    def logs(job_id: str, identity: Identity = caller) -> dict[str, str]:
+    @router.get("/v1alpha1/jobs/{job_id}/logs", response_model=JobLogs,
+                description=f"The logs of the job's tasks, as their workers uploaded them ({TASK_LOG_NAME} under "
+                            f"each task's output prefix, the last {TASK_LOG_MAX_BYTES} bytes of the task's stdout "
+                            f"and stderr). One answer holds at most {JOB_LOGS_MAX_BYTES} bytes of logs, shared "
+                            "evenly among the tasks it shows.")
+    def logs(job_id: str, identity: Identity = caller,
+             task: str | None = Query(None, description="only this task's log (404 when the job has no such task)"),
+             tail: int | None = Query(None, ge=0, le=MAX_TAIL_LINES,
+                                      description="only the last lines of each log")) -> dict[str, Any]:
         job_or_404(job_id, identity)
-        return {"logs": ""}  # lease jobs run on their workers; their logs are the workers'
+        entries = coordinator.task_logs(job_id, task=task, tail=tail)
+        if task is not None and not entries:
+            raise HTTPException(404, f"job {job_id!r} has no task {task!r}; GET /v1alpha1/jobs/{job_id}/tasks "
+                                     "lists its tasks")
+        return {"logs": job_logs_text(entries), "tasks": [entry.as_json() for entry in entries]}
 
     @router.post("/v1alpha1/jobs/{job_id}/cancel", response_model=JobRecord)
     def cancel(job_id: str, identity: Identity = caller) -> JSONResponse:
@@ -131,7 +144,8 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
             listed = coordinator.artifacts.list(f"jobs/{job_id}/")
         except BadArtifactKey as exc:
             raise HTTPException(400, str(exc)) from None
-        return [{"uri": f"artifact://{key}", "key": key, "size_bytes": size} for key, size in listed]
+        return [{"uri": f"artifact://{key}", "key": key, "size_bytes": size, "sha256": coordinator.artifacts.sha256(key)}
+                for key, size in listed]
 
     @router.put("/v1alpha1/artifacts/{key:path}", response_model=ArtifactRecord,
                 openapi_extra={"requestBody": {"required": True, "content": {

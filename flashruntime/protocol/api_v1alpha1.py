@@ -27,6 +27,7 @@ __all__ = [
     "PartRegistered",
     "RegisterResult",
     "StatusResult",
+    "TaskLogEntry",
     "TaskRow",
     "UncordonResult",
     "ValidationIssue",
@@ -53,8 +54,22 @@ class Health(WireModel):
     detail: str | None = None  # why the coordinator is not ready
 
 
+class TaskLogEntry(WireModel):
+    """One task's log: the last lines its worker uploaded (``task.log`` under its output prefix)."""
+
+    task_id: str
+    state: str
+    node_id: str | None = None  # the node of its active lease, else of its last one
+    log: str = ""  # empty until a worker uploads it
+    truncated: bool = False  # earlier output is left out (by the worker's bound, the answer's or ?tail)
+
+
 class JobLogs(WireModel):
+    """``logs``: every task's log in one text, each under a ``--- <task_id> (<state>) ---`` line;
+    ``tasks``: the same, one entry per task."""
+
     logs: str
+    tasks: list[TaskLogEntry] = Field(default_factory=list)
 
 
 class TaskRow(WireModel):
@@ -76,6 +91,7 @@ class ArtifactListing(WireModel):
     uri: str
     key: str
     size_bytes: int
+    sha256: str | None = None  # of the file as stored now
 
 
 class NodeRow(WireModel):

@@ -81,7 +81,8 @@ _DNS1123_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
 class ExecutionSpec(WireModel):
-    backend: Literal["ray", "leases"] = "ray"
+    # None: the coordinator's default backend, which it writes into the job it stores.
+    backend: Literal["ray", "leases"] | None = None
     environment: Literal["auto", "local", "alibaba-ack"] = "auto"
 
 
@@ -169,7 +170,8 @@ class JobMetadata(WireModel):
 
 class JobSpecInner(WireModel):
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
-    image: ImageSpec
+    # Only a container runner needs one; the bundled worker runs none.
+    image: ImageSpec | None = None
     workload: WorkloadSpec
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)

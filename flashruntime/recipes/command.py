@@ -278,9 +278,10 @@ def _common_payload(params: Mapping[str, Any], spec: JobSpec) -> dict[str, Any]:
     """The payload keys every task of the job shares; optional keys only when set."""
     inner = spec.spec
     payload: dict[str, Any] = {
-        "image": inner.image.reference,
         "isolation": {"tier": str(inner.isolation.tier), "allowFallback": inner.isolation.allowFallback},
     }
+    if inner.image is not None:  # for container agents; the bundled worker ignores it
+        payload["image"] = inner.image.reference
     if params.get("checkpoint") is not None:
         payload["checkpoint"] = params["checkpoint"]
     if params.get("unpack_inputs") is not None:

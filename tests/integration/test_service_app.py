@@ -103,7 +103,10 @@ def test_a_lease_job_runs_to_success_over_http(api: Any) -> None:
     assert (node["node_id"], node["online"], node["accepted_tasks"]) == ("node-a", True, 2)
     assert node["capabilities"]["pools"] == ["team-7"] and node["cordon_reason"] is None
     assert [j["job_id"] for j in api.get("/v1alpha1/jobs").json()] == [job_id]
-    assert api.get(f"/v1alpha1/jobs/{job_id}/logs").json() == {"logs": ""}
+    logs = api.get(f"/v1alpha1/jobs/{job_id}/logs").json()  # no worker uploaded a log: headers only
+    assert logs["logs"] == "--- trial-000 (COMPLETED) ---\n--- trial-001 (COMPLETED) ---\n"
+    assert [(t["task_id"], t["node_id"], t["log"], t["truncated"]) for t in logs["tasks"]] == [
+        ("trial-000", "node-a", "", False), ("trial-001", "node-a", "", False)]
 
     metrics = api.get("/metrics")
     assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")

@@ -86,7 +86,7 @@ def test_module_task_runs_as_subprocess_uploads_outputs_and_completes(coordinato
                        datasets={"imgs": str(tmp_path)})
     assert run_agent(agent) == 0
     assert coordinator.failed == {}
-    assert set(coordinator.artifacts) == {prefix + "metrics.json", prefix + "delta.json"}
+    assert set(coordinator.artifacts) == {prefix + "metrics.json", prefix + "delta.json", prefix + "task.log"}
     metrics = coordinator.artifacts[prefix + "metrics.json"]
     done = coordinator.completed[lease_id]
     assert done["output_sha256"] == hashlib.sha256(metrics).hexdigest()
@@ -161,13 +161,18 @@ def test_trusted_argv_payload_gets_the_environment_contract(coordinator, tmp_pat
 
 
 def test_failing_child_is_failed_with_exit_code_and_last_log_line(coordinator, tmp_path):
-    crash = coordinator.add_lease(argv_payload("import sys; print('starting'); print('boom: bad thing', "
-                                               "file=sys.stderr); sys.exit(3)"), task_id="t-crash")
-    no_metrics = coordinator.add_lease(argv_payload("print('done, but wrote nothing')"), task_id="t-empty")
+    crash = coordinator.add_lease(argv_payload("import sys; print('starting', flush=True); print('boom: bad thing', "
+                                               "file=sys.stderr); sys.exit(3)", output_prefix="jobs/job1/t-crash/"),
+                                  task_id="t-crash")
+    no_metrics = coordinator.add_lease(argv_payload("print('done, but wrote nothing')",
+                                                    output_prefix="jobs/job1/t-empty/"), task_id="t-empty")
     agent = make_agent(coordinator, tmp_path, runner="trusted", max_tasks=2)
     assert run_agent(agent) == 0
     assert coordinator.failed == {crash: "exit 3: boom: bad thing", no_metrics: "exit 0: done, but wrote nothing"}
-    assert coordinator.completed == {} and coordinator.artifacts == {}
+    assert coordinator.completed == {}
+    # no output of a failed attempt is kept, but its log is: uploaded before the fail, stdout and stderr
+    assert coordinator.artifacts == {"jobs/job1/t-crash/task.log": b"starting\nboom: bad thing\n",
+                                     "jobs/job1/t-empty/task.log": b"done, but wrote nothing\n"}
 
 
 def test_failing_module_reports_the_module_error(coordinator, tmp_path):

@@ -1,0 +1,94 @@
+"""The logs of a lease job's tasks, as ``GET /v1alpha1/jobs/{id}/logs`` answers them.
+
+A worker uploads each task's log as the artifact ``task.log`` under the task's output
+prefix (at most ``TASK_LOG_MAX_BYTES``, cut to its last lines). This reads those files,
+never more than ``JOB_LOGS_MAX_BYTES`` for one answer and only from the end of each file,
+and joins them into the one text the ``logs`` key has always held.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flashruntime.coordinator.artifacts import ArtifactStore, BadArtifactKey
+from flashruntime.protocol.task_logs import (
+    JOB_LOGS_MAX_BYTES,
+    TASK_LOG_CUT_LINE,
+    TASK_LOG_MAX_BYTES,
+    last_lines,
+    task_log_key,
+    was_cut,
+    whole_lines_tail,
+)
+
+__all__ = ["TaskLog", "job_logs_text", "log_share", "read_log", "task_log_path", "with_tail"]
+
+
+@dataclass(frozen=True)
+class TaskLog:
+    task_id: str
+    state: str
+    node_id: str | None
+    log: str
+    truncated: bool
+
+    def as_json(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "state": self.state, "node_id": self.node_id, "log": self.log,
+                "truncated": self.truncated}
+
+
+def log_share(tasks: int) -> int:
+    """Bytes of each task's log one answer may hold when it shows ``tasks`` tasks."""
+    return min(TASK_LOG_MAX_BYTES, JOB_LOGS_MAX_BYTES // max(1, tasks))
+
+
+def read_log(path: Path, max_bytes: int) -> tuple[str, bool]:
+    """(the text of the log at ``path``, whether any of it is left out): its last
+    ``max_bytes`` at most, from a whole line on. A missing file is an empty log."""
+    try:
+        with open(path, "rb") as handle:
+            cut = was_cut(handle.read(len(TASK_LOG_CUT_LINE.encode("utf-8")) + 1))
+            size = handle.seek(0, os.SEEK_END)
+            if size <= max_bytes:
+                handle.seek(0)
+                return handle.read().decode("utf-8", "replace"), cut
+            handle.seek(size - max_bytes - 1)
+            data = whole_lines_tail(handle.read(max_bytes + 1), max_bytes)
+    except FileNotFoundError:
+        return "", False
+    note = (f"[flashruntime: earlier output not shown; this answer keeps the last {max_bytes} bytes of each "
+            "task's log: ask for one task (?task=) to see up to all of it]\n")
+    return note + data.decode("utf-8", "replace"), True
+
+
+def task_log_path(artifacts: ArtifactStore, job_id: str, task_id: str, payload: dict[str, Any]) -> Path | None:
+    """Where the task's log lies on the coordinator, or None when the key cannot be a file. Only
+    under ``jobs/<job>/``: what a job's reader may see, and where its nodes may write."""
+    prefix = payload.get("output_prefix")
+    own = f"jobs/{job_id}/"
+    if not (isinstance(prefix, str) and prefix.startswith(own) and len(prefix) > len(own)):
+        prefix = f"{own}{task_id}/"
+    try:
+        return artifacts.path_of(task_log_key(prefix))
+    except BadArtifactKey:
+        return None
+
+
+def with_tail(text: str, truncated: bool, tail: int | None) -> tuple[str, bool]:
+    if tail is None:
+        return text, truncated
+    shown = last_lines(text, tail)
+    return shown, truncated or len(shown) < len(text)
+
+
+def job_logs_text(logs: Iterable[TaskLog]) -> str:
+    """Every task's log under a ``--- <task_id> (<state>) ---`` header, each ending in a newline."""
+    parts = []
+    for entry in logs:
+        body = entry.log if not entry.log or entry.log.endswith("\n") else entry.log + "\n"
+        parts.append(f"--- {entry.task_id} ({entry.state}) ---\n{body}")
+    return "".join(parts)
