@@ -19,7 +19,8 @@ EXIT_INVALID = 2
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--coordinator", default=None, metavar="URL",
                         help="coordinator URL (default: --api, else env FLASHML_RUNTIME_API, else " + DEFAULT_API + ")")
-    parser.add_argument("--token", default=None, help="node bearer token (else env FLASHML_NODE_TOKEN)")
+    # No default here: ``flashruntime --token T worker`` gives it before the command.
+    parser.add_argument("--token", default=argparse.SUPPRESS, help="node bearer token (else env FLASHML_NODE_TOKEN)")
     parser.add_argument("--node-id", default=None, help="node id to register (default: the hostname)")
     parser.add_argument("--join-code", default=None, help="registration join code (else env FLASHML_JOIN_CODE)")
     parser.add_argument("--runner", choices=("subprocess", "trusted"), default="subprocess",
@@ -82,7 +83,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         agent = WorkerAgent(
             resolve_coordinator(args),
-            token=args.token or os.environ.get("FLASHML_NODE_TOKEN") or None,
+            token=getattr(args, "token", None) or os.environ.get("FLASHML_NODE_TOKEN") or None,
             node_id=args.node_id,
             runner=args.runner,
             max_tasks=args.max_tasks,

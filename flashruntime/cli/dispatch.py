@@ -27,26 +27,43 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flashruntime.cli.demo",
     "flashruntime.cli.plan",
     "flashruntime.cli.jobs",
+    "flashruntime.cli.job_output",
     "flashruntime.cli.serve",
     "flashruntime.cli.worker",
 )
 
 
+API_HELP = "coordinator URL (else env FLASHML_RUNTIME_API, else http://localhost:8100)"
+TOKEN_HELP = ("bearer token for the coordinator: a submitter's or operator's for the job commands (else env "
+              "FLASHML_TOKEN), the node's for worker (else env FLASHML_NODE_TOKEN)")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flashruntime",
-        description="Operate ML jobs you already have: launch, checkpoints, recovery, leases.",
+        description="Operate ML jobs you already have: launch, checkpoints, recovery, leases. "
+                    "--api and --token may also follow the command.",
     )
     parser.add_argument("--version", action="version", version=f"flashruntime {flashruntime.__version__}")
-    parser.add_argument(
-        "--api",
-        default=None,
-        help="coordinator URL (else env FLASHML_RUNTIME_API, else http://localhost:8100)",
-    )
+    parser.add_argument("--api", default=None, help=API_HELP)
+    parser.add_argument("--token", default=None, help=TOKEN_HELP)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
+    for subparser in subparsers.choices.values():
+        _accept_global_options(subparser)
     return parser
+
+
+def _accept_global_options(parser: argparse.ArgumentParser) -> None:
+    """``--api`` after the command as before it. Without a default here (SUPPRESS), a value given
+    before the command survives the subcommand's parse; one given after it wins. A subcommand that
+    defines the option itself (``--token``, where it means something) keeps its own."""
+    group = parser.add_argument_group("global options (also accepted before the command)")
+    try:
+        group.add_argument("--api", default=argparse.SUPPRESS, help=API_HELP)
+    except argparse.ArgumentError:
+        pass  # the subcommand has its own --api
 
 
 EXIT_STDOUT_CLOSED = 1

@@ -1,6 +1,7 @@
 """The coordinator's job routes from a shell: ``submit-spec``, ``status``, ``events``,
-``logs``, ``cancel``. Each prints the response as JSON (indent 2); ``submit-spec`` first
-warns on stderr about each key JobSpec would ignore.
+``cancel``. Each prints the response as JSON (indent 2); ``submit-spec`` first warns on
+stderr about each key JobSpec would ignore. Also the one way every coordinator command
+(here and in ``job_output``) calls the client and turns its errors into exit codes.
 
 Through ``flashruntime.client`` (standard library only), so these work without the
 ``service`` extra.
@@ -18,8 +19,9 @@ import http
 import json
 import sys
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from flashruntime.cli._api import TOKEN_HELP, auth_hint, resolve_api, resolve_token
 from flashruntime.client import CoordinatorClient, RetryPolicy
@@ -44,9 +46,18 @@ YAML_HINT = (
 _JOB_COMMANDS: tuple[tuple[str, str, str, str], ...] = (
     ("status", "GET", "", "show a job (its JobRecord)"),
     ("events", "GET", "/events", "list a job's events in ledger order"),
-    ("logs", "GET", "/logs", "show a job's logs"),
     ("cancel", "POST", "/cancel", "cancel a job (every task of a lease job)"),
 )
+T = TypeVar("T")
+
+
+def add_token_option(parser: argparse.ArgumentParser) -> None:
+    """``--token``, accepted before the command too: a value given there is kept unless repeated here."""
+    parser.add_argument("--token", default=argparse.SUPPRESS, help=TOKEN_HELP)
+
+
+def add_job_id(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job_id", type=_job_id, help="the job's id (job_id in submit-spec's answer)")
 
 
 def register(subparsers: Any) -> None:
@@ -56,7 +67,7 @@ def register(subparsers: Any) -> None:
                     "the coordinator validates it (422 when invalid).",
     )
     parser.add_argument("spec_file", help="JobSpec as JSON (.json), or YAML (any other suffix)")
-    parser.add_argument("--token", default=None, help=TOKEN_HELP)
+    add_token_option(parser)
     parser.set_defaults(handler=handle_submit_spec)
     for name, method, suffix, help_text in _JOB_COMMANDS:
         parser = subparsers.add_parser(
@@ -64,8 +75,8 @@ def register(subparsers: Any) -> None:
             description=f"{help_text[0].upper()}{help_text[1:]}: {method} {JOBS_PATH}/{{job_id}}{suffix} "
                         "on the coordinator at --api.",
         )
-        parser.add_argument("job_id", type=_job_id, help="the job's id (job_id in submit-spec's answer)")
-        parser.add_argument("--token", default=None, help=TOKEN_HELP)
+        add_job_id(parser)
+        add_token_option(parser)
         parser.set_defaults(handler=functools.partial(_handle_job_route, name, method, suffix))
 
 
@@ -121,21 +132,32 @@ def encode_spec(path: Path, data: dict[str, Any]) -> bytes:
 def request(api: str, method: str, path: str, body: bytes | None = None, *, timeout: float = TIMEOUT_S,
             token: str | None = None) -> Any:
     """One call to the coordinator through the client → the decoded JSON answer, with
-    ``token`` as the bearer token when given. An HTTP status >= 400 raises ``CommandError``
-    with exit code 1 (a 401 or 403 also says what to do about the token); an unreachable
-    server or an answer that is not JSON, code 2."""
+    ``token`` as the bearer token when given; errors as ``coordinator_call`` raises them."""
     client = CoordinatorClient(api, token=token, timeout_s=timeout, retry=CLI_RETRY)
-    url = api + path
     payload = None if body is None else json.loads(body)
+    if (method, path) == ("POST", JOBS_PATH):
+        return coordinator_call(api, lambda: client.submit_job(payload))
+    return coordinator_call(api, lambda: client.request_json(method, path, payload, idempotent=True))
+
+
+def cli_client(api: str, args: argparse.Namespace) -> CoordinatorClient:
+    """The client a command uses: ``--token`` (else ``FLASHML_TOKEN``), the CLI's timeout and retries."""
+    return CoordinatorClient(api, token=resolve_token(getattr(args, "token", None)), timeout_s=TIMEOUT_S,
+                             retry=CLI_RETRY)
+
+
+def coordinator_call(api: str, call: Callable[[], T]) -> T:
+    """``call()`` (a client call to the coordinator at ``api``). An HTTP status >= 400 raises
+    ``CommandError`` with exit code 1 (a 401 or 403 also says what to do about the token); an
+    unreachable server or an answer that is not JSON, code 2."""
     try:
-        if (method, path) == ("POST", JOBS_PATH):
-            return client.submit_job(payload)
-        return client.request_json(method, path, payload, idempotent=True)
+        return call()
     except CoordinatorHTTPError as exc:
+        url = api + exc.path
         if exc.status < 400:  # answered, but not with JSON
-            raise CommandError(f"{method} {url} {exc.detail}; is --api / FLASHML_RUNTIME_API the address of a "
+            raise CommandError(f"{exc.method} {url} {exc.detail}; is --api / FLASHML_RUNTIME_API the address of a "
                                "flashruntime coordinator?", EXIT_UNREACHABLE) from None
-        raise CommandError(f"{method} {url} -> {exc.status} {_phrase(exc.status)}: {exc.detail}"
+        raise CommandError(f"{exc.method} {url} -> {exc.status} {_phrase(exc.status)}: {exc.detail}"
                            f"{auth_hint(exc.status)}", EXIT_HTTP_ERROR) from None
     except CoordinatorUnavailable as exc:
         raise CommandError(

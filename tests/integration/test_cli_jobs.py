@@ -1,4 +1,4 @@
-"""``flashruntime submit-spec / status / events / logs / cancel`` against a stdlib fake
+"""``flashruntime submit-spec / status / events / cancel`` (and the errors of ``logs``) against a stdlib fake
 coordinator on 127.0.0.1: method, path, body, printed JSON and exit codes
 (0 success, 1 HTTP status >= 400 or a bad spec file, 2 unreachable or pyyaml missing), and
 where the URL comes from (``--api`` > FLASHML_RUNTIME_API > http://localhost:8100)."""
@@ -246,7 +246,6 @@ def test_bad_spec_file_exits_1_naming_the_file_and_sends_nothing(
     ("status", "GET", "", RECORD),
     ("events", "GET", "/events", [{"type": "JOB_ACCEPTED", "message": "accepted"},
                                   {"type": "BACKEND_SELECTED", "message": "backend: leases (2 independent tasks)"}]),
-    ("logs", "GET", "/logs", {"logs": ""}),
     ("cancel", "POST", "/cancel", {**RECORD, "state": "CANCELLED"}),
 ])
 def test_job_commands_call_their_route_and_print_pretty_json(
