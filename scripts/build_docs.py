@@ -180,8 +180,9 @@ def cli_markdown() -> str:
     parser.prog = "flashruntime"
     commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
     lines = ["# The `flashruntime` command", "", GENERATED_NOTE.format(source="the command's argparse parsers"), "",
-             "Every subcommand that talks to a coordinator takes `--api URL` (before the subcommand; else",
-             "`FLASHML_RUNTIME_API`) and its token (`--token`, else `FLASHML_TOKEN`; the worker: `FLASHML_NODE_TOKEN`).",
+             "Every subcommand that talks to a coordinator takes `--api URL` (else `FLASHML_RUNTIME_API`) and its",
+             "token (`--token`, else `FLASHML_TOKEN`; the worker: `FLASHML_NODE_TOKEN`), before or after the",
+             "subcommand; given in both places, the one after it wins.",
              "", "```text", _help(parser), "```"]
     for name, subparser in commands.choices.items():
         subparser.prog = f"flashruntime {name}"
