@@ -370,7 +370,6 @@ class LeaseRunner:
         started = self._timing.clock()
         shipper = TaskLogShipper(self._client, task_log_key(payload_prefix(lease)), dirs.log,
                                  self._timing.log_upload_s)
-        shipper.start()
         sampler = ResourceSampler(dirs.root, int(handle.execution_id), period_s=self._timing.sampler_period_s)
         if not proc_available():
             # /proc finds every process of the attempt on Linux; elsewhere the sampler's last-seen
@@ -379,6 +378,7 @@ class LeaseRunner:
             handle.extra_pids = sampler.last_seen_pids
         sampler.start()
         try:
+            shipper.start()
             state = handle.wait(timeout_seconds=0)
             while not state.terminal and not self._interrupted(heartbeat):
                 state = handle.wait(timeout_seconds=self._timing.child_poll_s)
