@@ -2,30 +2,37 @@
 
 Total: it never raises. A missing, torn or foreign ``run.json`` gives ``{"error": why}``;
 any other unreadable file just contributes nothing. The run is live while this reads
-it, so every file is tail-read from a bounded window and a line that is torn (being
-written, or cut by the window) is dropped rather than guessed at.
+it, so logs and telemetry are tail-read from a bounded window, metrics are read
+incrementally (``viewer.series``: only the bytes appended since the last poll, into
+curves of a bounded size), and a line that is torn (being written, or cut by the
+window) is dropped rather than guessed at.
 """
 
 from __future__ import annotations
 
 import glob
-import json
-import math
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from flashruntime.checkpoint.local import MANIFEST_NAME, latest_valid_manifest, read_manifest, verify_manifest
 from flashruntime.protocol.v1alpha1 import CheckpointValidation
+from flashruntime.viewer.series import MetricsCache, MetricsView, ReadBudget, strict_loads
+from flashruntime.viewer.tasks import task_view
 
 __all__ = ["collect"]
 
 CONTRACT = "viewer_v1"
 WINDOW_BYTES = 256 * 1024
-METRICS_RECORDS = 500
 LOG_LINES = 100
 TELEMETRY_TICKS = 150
+# Kept between polls, so each poll reads only what the metrics files gained since the last.
+_METRICS = MetricsCache()
+_TRIAL_FILES = 1024
+_trial_cache: dict[tuple[str, int, int, int], dict[str, Any] | None] = {}
+_trial_lock = threading.Lock()  # several viewers in one process collect at once
 
 
 def collect(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -45,7 +52,7 @@ def _collect(run_dir: Path) -> dict[str, Any]:
     except OSError as exc:
         return {"error": f"cannot read {run_json}: {exc.strerror or exc}"}
     try:
-        doc = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+        doc = strict_loads(text)
     except ValueError:
         return {"error": f"{run_json} is not valid JSON (torn or being written); retrying"}
     if not isinstance(doc, dict) or doc.get("contract") != CONTRACT:
@@ -56,13 +63,19 @@ def _collect(run_dir: Path) -> dict[str, Any]:
     attempts = [a for a in doc.get("attempts") or [] if isinstance(a, dict)]
     newest_tick: dict[str, Any] | None = None
     attempt_dirs: list[Path] = []
+    views: list[MetricsView] = []
+    budget = ReadBudget()
     for attempt in attempts:
         attempt_dir = _attempt_dir(run_dir, attempt)
         if attempt_dir is None:
-            attempt.update(metrics=[], log_tail=[], telemetry=[], ranks=[])
+            attempt.update(metrics=[], metrics_records=0, log_tail=[], telemetry=[], ranks=[])
+            views.append(MetricsView())
             continue
         attempt_dirs.append(attempt_dir)
-        attempt["metrics"] = _json_lines(attempt_dir / "metrics.jsonl", METRICS_RECORDS)
+        view = _METRICS.read(attempt_dir / "metrics.jsonl", budget)
+        views.append(view)
+        attempt["metrics"] = view.recent
+        attempt["metrics_records"] = view.records
         attempt["log_tail"] = _text_lines(attempt_dir / "launcher.log", LOG_LINES)
         telemetry = _json_lines(attempt_dir / "telemetry.jsonl", TELEMETRY_TICKS)
         attempt["telemetry"] = telemetry
@@ -80,18 +93,9 @@ def _collect(run_dir: Path) -> dict[str, Any]:
         key=lambda entry: (entry["job_id"], entry["step"]),
     )
     doc["monitor"] = newest_tick
+    doc["view"] = task_view(doc, attempts, views, lambda index: _trial_file(run_dir, attempts[index]))
     doc["now"] = now
     return doc
-
-
-def _no_constant(name: str) -> None:
-    """NaN and ±Infinity (which Python's json writes) become null: the page gets strict JSON."""
-
-
-def _finite_float(text: str) -> float | None:
-    """A JSON number; one too large for a float (``1e999``) becomes null like ``Infinity``."""
-    value = float(text)
-    return value if math.isfinite(value) else None
 
 
 def _attempt_dir(run_dir: Path, attempt: dict[str, Any]) -> Path | None:
@@ -100,6 +104,34 @@ def _attempt_dir(run_dir: Path, attempt: dict[str, Any]) -> Path | None:
         return None
     path = Path(raw)
     return path if path.is_absolute() else run_dir / path
+
+
+def _trial_file(run_dir: Path, attempt: dict[str, Any]) -> dict[str, Any] | None:
+    """The attempt's ``metrics.json`` (None when absent, torn or not an object), read again
+    only when its size or modification time changed."""
+    attempt_dir = _attempt_dir(run_dir, attempt)
+    if attempt_dir is None:
+        return None
+    path = attempt_dir / "metrics.json"
+    try:
+        with open(path, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            key = (str(path), info.st_ino, info.st_size, info.st_mtime_ns)
+            with _trial_lock:
+                if key in _trial_cache:
+                    return _trial_cache[key]
+            try:
+                content = strict_loads(handle.read(WINDOW_BYTES))
+            except ValueError:
+                content = None
+    except OSError:
+        return None
+    content = content if isinstance(content, dict) else None
+    with _trial_lock:
+        if len(_trial_cache) >= _TRIAL_FILES:
+            _trial_cache.pop(next(iter(_trial_cache)))
+        _trial_cache[key] = content
+    return content
 
 
 def _ts(record: dict[str, Any]) -> float:
@@ -132,7 +164,7 @@ def _json_lines(path: Path, keep: int) -> list[dict[str, Any]]:
     records = []
     for line in _tail_lines(path):
         try:
-            record = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float)
+            record = strict_loads(line)
         except ValueError:
             continue
         if isinstance(record, dict):
@@ -149,7 +181,7 @@ def _ranks(ranks_dir: Path) -> list[dict[str, Any]]:
     for path in sorted(glob.glob(os.path.join(glob.escape(str(ranks_dir)), "rank-*.json"))):
         try:
             with open(path, "rb") as handle:
-                record = json.loads(handle.read(WINDOW_BYTES), parse_constant=_no_constant, parse_float=_finite_float)
+                record = strict_loads(handle.read(WINDOW_BYTES))
         except (OSError, ValueError):
             continue  # mid-replace or torn: the next poll sees it
         if isinstance(record, dict) and isinstance(record.get("rank"), int):

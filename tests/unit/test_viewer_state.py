@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from flashruntime.checkpoint.local import latest_valid_manifest, open_part, write_manifest
-from flashruntime.viewer.state import LOG_LINES, METRICS_RECORDS, TELEMETRY_TICKS, WINDOW_BYTES, collect
+from flashruntime.viewer.series import RECENT_RECORDS, SERIES_POINTS
+from flashruntime.viewer.state import LOG_LINES, TELEMETRY_TICKS, WINDOW_BYTES, collect
 
 
 def _run_json(run_dir: Path, attempts: list[dict[str, Any]], **extra: Any) -> None:
@@ -62,7 +63,7 @@ def test_collect_never_raises_even_for_a_file_path(tmp_path: Path) -> None:
 
 def test_attempts_get_bounded_tails_of_their_files_with_torn_lines_dropped(tmp_path: Path) -> None:
     row, attempt_dir = _attempt(tmp_path)
-    lines = [json.dumps({"step": i, "loss": 1.0 / (i + 1), "ts": 1000.0 + i}) for i in range(METRICS_RECORDS + 20)]
+    lines = [json.dumps({"step": i, "loss": 1.0 / (i + 1), "ts": 1000.0 + i}) for i in range(RECENT_RECORDS + 20)]
     lines.append(json.dumps({"step": 998, "loss": 1e308}).replace("1e+308", "1e999"))  # too large for a float
     lines.append(json.dumps({"step": 999, "loss": float("nan")}))
     (attempt_dir / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 1000, "lo')  # last line being written
@@ -79,9 +80,13 @@ def test_attempts_get_bounded_tails_of_their_files_with_torn_lines_dropped(tmp_p
     result = collect(tmp_path)
     attempt = result["attempts"][0]
     metrics = attempt["metrics"]
-    assert len(metrics) == METRICS_RECORDS and metrics[-1] == {"step": 999, "loss": None}  # NaN -> null
+    assert len(metrics) == RECENT_RECORDS and metrics[-1] == {"step": 999, "loss": None}  # NaN -> null
     assert metrics[-2] == {"step": 998, "loss": None}  # 1e999 -> null, like Infinity
-    assert metrics[0]["step"] == 22  # the newest 500 complete records
+    assert metrics[0]["step"] == 22  # the newest complete records
+    assert attempt["metrics_records"] == RECENT_RECORDS + 22  # every complete record was read
+    (segment,) = result["view"]["tasks"][0]["segments"]
+    assert segment["points"][0] == [0, 1.0]  # the curve starts at the first record, not the window's
+    assert segment["points"][-1] == [RECENT_RECORDS + 19, 1.0 / (RECENT_RECORDS + 20)]
     assert attempt["log_tail"] == [f"line {i} <b>" for i in range(50, LOG_LINES + 50)]
     assert len(attempt["telemetry"]) == TELEMETRY_TICKS and attempt["telemetry"][-1] == ticks[-1]
     assert [r["rank"] for r in attempt["ranks"]] == [0, 1]
@@ -90,17 +95,20 @@ def test_attempts_get_bounded_tails_of_their_files_with_torn_lines_dropped(tmp_p
     json.dumps(result, allow_nan=False)  # strict JSON for the browser
 
 
-def test_a_file_larger_than_the_window_is_read_from_its_tail_only(tmp_path: Path) -> None:
+def test_a_metrics_file_larger_than_the_window_is_drawn_from_its_first_record(tmp_path: Path) -> None:
     row, attempt_dir = _attempt(tmp_path)
-    record = json.dumps({"step": 0, "note": "x" * 200})
-    count = (2 * WINDOW_BYTES) // (len(record) + 1)
+    count = (2 * WINDOW_BYTES) // len(json.dumps({"step": 0, "loss": 0.5, "note": "x" * 200}))
     (attempt_dir / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": i, "note": "x" * 200}) + "\n" for i in range(count)))
+        json.dumps({"step": i + 1, "loss": 1.0 / (i + 1), "note": "x" * 200}) + "\n" for i in range(count)))
     _run_json(tmp_path, [row])
-    metrics = collect(tmp_path)["attempts"][0]["metrics"]
-    assert metrics[-1]["step"] == count - 1
-    assert all(isinstance(m, dict) and "note" in m for m in metrics)  # no record cut by the window survives
-    assert [m["step"] for m in metrics] == list(range(metrics[0]["step"], count))
+    result = collect(tmp_path)
+    assert result["attempts"][0]["metrics_records"] == count
+    assert result["attempts"][0]["metrics"][-1]["step"] == count
+    (segment,) = result["view"]["tasks"][0]["segments"]
+    points = segment["points"]
+    assert points[0] == [1, 1.0] and points[-1] == [count, 1.0 / count]  # the whole run, not its tail
+    assert len(points) <= SERIES_POINTS < count
+    assert [p[0] for p in points] == sorted(p[0] for p in points)
 
 
 def test_missing_files_give_empty_sections(tmp_path: Path) -> None:
