@@ -3,7 +3,8 @@ ends), ``tasks`` (a table of its tasks) and ``artifacts`` (a listing; ``--downlo
 fetches each file and checks its sha256). ``--json`` prints the coordinator's answer instead.
 
 Exit codes as for the other job commands: 0 success; 1 HTTP status >= 400 (printed), or a
-download that failed its checks; 2 coordinator unreachable or ``--api`` not a URL.
+download that failed its checks; 2 coordinator unreachable or ``--api`` not a URL; 130 when
+Ctrl-C stops ``logs --follow``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = ["FOLLOW_POLL_S", "new_text", "register", "safe_destination"]
 # How often ``logs --follow`` asks again. A worker uploads a running task's log every 10 s
 # when it grew, so asking much more often would only repeat the same answer.
 FOLLOW_POLL_S = 2.0
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 _ANCHOR_LINES = 64  # the most final lines of the last answer looked for in the next
 
@@ -92,24 +94,18 @@ def _lines(value: str) -> int:
     return count
 
 
-def _session(command: str, args: argparse.Namespace) -> tuple[str, CoordinatorClient] | int:
-    """(api, client), or the exit code after saying why there is none."""
-    try:
-        api = resolve_api(getattr(args, "api", None))
-    except ValueError as exc:
-        print(f"flashruntime {command}: {exc}", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    return api, cli_client(api, args)
-
-
 def _command(name: str, body: Callable[[str, CoordinatorClient, argparse.Namespace], int]) -> Callable[
         [argparse.Namespace], int]:
+    """A handler: where the coordinator is, then ``body(api, client, args)``; its ``CommandError``
+    is printed and its code returned."""
     def handler(args: argparse.Namespace) -> int:
-        session = _session(name, args)
-        if isinstance(session, int):
-            return session
         try:
-            return body(*session, args)
+            api = resolve_api(getattr(args, "api", None))
+        except ValueError as exc:
+            print(f"flashruntime {name}: {exc}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+        try:
+            return body(api, cli_client(api, args), args)
         except CommandError as exc:
             print(f"flashruntime {name}: {exc}", file=sys.stderr)
             return exc.code
@@ -184,6 +180,13 @@ def _logs_body(api: str, client: CoordinatorClient, args: argparse.Namespace) ->
         else:
             sys.stdout.write(str(answer.get("logs") or ""))
         return EXIT_OK
+    try:
+        return _follow(api, client, args)
+    except KeyboardInterrupt:  # the usual way to stop following: quietly, as tail -f does
+        return EXIT_INTERRUPTED
+
+
+def _follow(api: str, client: CoordinatorClient, args: argparse.Namespace) -> int:
     follower = _LogFollower(args.tail, _writer())
     while True:
         # The state first: a job seen ended had its final logs uploaded before it ended.
@@ -244,11 +247,9 @@ handle_tasks = _command("tasks", _tasks_body)
 def _size(size: Any) -> str:
     if not isinstance(size, int):
         return "?"
-    for unit in ("B", "KiB", "MiB"):
-        if size < 1024 or unit == "MiB":
-            return f"{size} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024  # type: ignore[assignment]
-    return f"{size:.1f} GiB"  # pragma: no cover
+    if size < 1024:
+        return f"{size} B"
+    return f"{size / 1024:.1f} KiB" if size < 1024 * 1024 else f"{size / (1024 * 1024):.1f} MiB"
 
 
 def safe_destination(root: Path, job_id: str, key: str) -> Path | None:
