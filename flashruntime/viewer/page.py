@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["STATE_COLOURS", "TOKENS", "render"]
+__all__ = ["SERIES_COLOURS", "STATE_COLOURS", "TOKENS", "render"]
 
 TOKENS: dict[str, str] = {
     "bg": "#0f1419",
@@ -37,6 +37,10 @@ STATE_COLOURS: dict[str, str] = {
     "FAILED": "bad",
     "CANCELLED": "warn",
 }
+
+# Curves of a sweep's trials, in trial order; the first is the single command's curve colour.
+SERIES_COLOURS: tuple[str, ...] = (TOKENS["accent"], TOKENS["warn"], TOKENS["ok"], TOKENS["info"], TOKENS["bad"],
+                                   "#39c5cf", "#db6d28", "#db61a2")
 
 # Log-event types that mark a recovery decision; the feed highlights them.
 _HIGHLIGHT_EVENTS = ("FAILURE_CLASSIFIED", "RECOVERY_ACTION_SELECTED")
@@ -100,10 +104,18 @@ svg.chart{width:100%;height:auto;display:block;background:var(--bg);border:1px s
 svg text{fill:var(--muted);font:10px var(--mono)}
 .grid{stroke:var(--border);stroke-width:1}
 .ln{fill:none;stroke-width:1.5}
-.ln-loss,.ln-cpu{stroke:var(--accent)} .ln-mem{stroke:var(--info)}
-.dot-loss,.dot-cpu{fill:var(--accent)} .dot-mem{fill:var(--info)}
+.ln-cpu{stroke:var(--accent)} .ln-mem{stroke:var(--info)} .ln-gpu{stroke:var(--ok)}
+.dot-cpu{fill:var(--accent)} .dot-mem{fill:var(--info)} .dot-gpu{fill:var(--ok)}
+__SERIES_CSS__
+.brk{stroke:var(--muted);stroke-width:1;stroke-dasharray:4 3}
 .sw{display:inline-block;width:12px;height:3px;vertical-align:middle;margin:0 4px 0 10px}
-.sw-cpu{background:var(--accent)} .sw-mem{background:var(--info)}
+.sw-cpu{background:var(--accent)} .sw-mem{background:var(--info)} .sw-gpu{background:var(--ok)}
+.legend{display:flex;flex-wrap:wrap;gap:2px 12px;margin-top:4px;font-size:12px}
+.legend .sw{margin-left:0}
+.trialcol{display:flex;flex-direction:column;gap:6px;padding-right:6px}
+td.params{font-family:var(--mono);font-size:12px;word-break:break-all}
+th{text-align:left;font-weight:600;color:var(--muted);font-size:12px;padding:3px 8px;border-bottom:1px solid var(--border)}
+tr.best td{background:__OK_BG__}
 .timeline{list-style:none;margin:0;padding:0 0 0 16px;border-left:2px solid var(--border)}
 .timeline li{position:relative;display:flex;flex-wrap:wrap;gap:4px 12px;align-items:baseline;padding:4px 0}
 .timeline li::before{content:"";position:absolute;left:-22px;top:10px;width:10px;height:10px;border-radius:50%;background:var(--border)}
@@ -125,6 +137,7 @@ pre{margin:0;padding:8px;max-height:320px;overflow:auto;background:var(--bg);whi
 <main id="main">
 <section id="kpis"><h2>Overview</h2><div id="kpis-body"></div></section>
 <section id="topology"><h2>Topology</h2><div id="topology-body"></div><div id="detail" hidden></div></section>
+<section id="trials" hidden><h2>Trials</h2><div id="trials-body"></div></section>
 <section id="charts"><h2>Charts</h2><div id="charts-body"></div></section>
 <section id="checkpoints"><h2>Checkpoints</h2><div id="checkpoints-body"></div></section>
 <section id="events"><h2>Events</h2><div id="events-body"></div></section>
@@ -139,7 +152,9 @@ const FETCH_TIMEOUT_MS = 10000;
 // The feed keeps the DOM small on long runs; the server already bounds the other lists.
 const EVENTS_SHOWN = 200;
 const HIGHLIGHT = new Set(__HIGHLIGHT_JSON__);
-const BODIES = ["kpis-body", "topology-body", "charts-body", "checkpoints-body", "events-body", "logs-body"];
+const SERIES_COUNT = __SERIES_COUNT__;
+const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+const BODIES = ["kpis-body", "topology-body", "trials-body", "charts-body", "checkpoints-body", "events-body", "logs-body"];
 const ESC = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"};
 
 // Pure helpers: no DOM access, so tests can exercise them in node. Any field of the state
@@ -230,22 +245,46 @@ const H = {
     };
     return rate(p[p.length - 2], p[p.length - 1]) ?? rate(p[0], p[p.length - 1]);
   },
-  lossKey(records) {
-    const recs = H.list(records);
-    if (recs.some((r) => H.num(r.loss))) return "loss";
-    for (const r of recs) for (const [k, v] of Object.entries(r)) if (k !== "step" && k !== "ts" && H.num(v)) return k;
-    return null;
+  // The page's view of the run (collect()'s "view"): tasks, their curves, the sweep's metric.
+  view: (st) => H.obj(H.obj(st).view),
+  tasks: (st) => H.list(H.view(st).tasks),
+  fanOut: (st) => H.view(st).fan_out === true,
+  point: (p) => Array.isArray(p) && p.length >= 2 && H.num(p[0]) && H.num(p[1]),
+  fmtParams(params) {
+    const entries = Object.entries(H.obj(params));
+    if (!entries.length) return "—";
+    return entries.map(([k, v]) => `${k}=${v !== null && typeof v === "object" ? JSON.stringify(v) : String(v)}`).join(" ");
   },
-  lossSeries(records, key) {
-    const points = [];
-    let byStep = true;
-    H.list(records).forEach((r, i) => {
-      if (!H.num(r[key])) return;
-      if (!H.num(r.step)) byStep = false;
-      points.push([H.num(r.step) ? r.step : i, r[key]]);
+  // Seconds a task ran: to its end, or to now (the server's clock) while it runs.
+  taskDuration(task, now) {
+    const t = H.obj(task);
+    if (!H.num(t.started_at)) return null;
+    const end = H.num(t.finished_at) ? t.finished_at : H.num(now) ? now : null;
+    return end === null ? null : Math.max(0, end - t.started_at);
+  },
+  trialsDone: (tasks) => H.list(tasks).filter((t) => TERMINAL.has(t.state)).length,
+  // The loss chart: one line per attempt (a restart starts a new line, never joined to the
+  // one before), coloured per task; restarts of a single task are marked where they start.
+  lossChart(st) {
+    const tasks = H.tasks(st), fan = H.fanOut(st), series = [], marks = [];
+    tasks.forEach((t, k) => {
+      const segs = H.list(t.segments).map((g) => ({id: g.attempt_id, points: H.arr(g.points).filter(H.point)}))
+        .filter((g) => g.points.length);
+      segs.forEach((g, j) => {
+        series.push({cls: `ser-${k % SERIES_COUNT}`, points: g.points, dot: j === segs.length - 1});
+        if (!fan && j > 0) marks.push({x: g.points[0][0], label: String(g.id ?? "")});
+      });
     });
-    return {points, byStep};
+    const reading = tasks.map((t) => t.read_fraction).filter((f) => H.num(f) && f < 1);
+    return {series, marks, reading: reading.length ? Math.min(...reading) : null};
   },
+  // Every attempt's ticks, oldest first: the machine's resources over the whole run.
+  allTicks(st) {
+    const ticks = H.list(H.obj(st).attempts).flatMap((a) => H.list(a.telemetry)).filter((t) => H.num(t.ts));
+    return ticks.sort((a, b) => a.ts - b.ts);
+  },
+  // Ticks taken without psutil carry no CPU or memory reading, only that they are limited.
+  limited: (ticks) => H.list(ticks).length > 0 && H.list(ticks).every((t) => H.obj(t.machine).limited === true),
   memory(machine) {
     const m = H.obj(machine);
     if (!H.num(m.mem_used) || !H.num(m.mem_total) || m.mem_total <= 0) return null;
@@ -260,14 +299,15 @@ const H = {
             used: sum("mem_used_mb"), total: sum("mem_total_mb")};
   },
   resourceSeries(ticks) {
-    const cpu = [], mem = [];
+    const cpu = [], mem = [], gpu = [];
     for (const t of H.list(ticks)) {
       if (!H.num(t.ts)) continue;
-      const m = H.obj(t.machine), mm = H.memory(m);
+      const m = H.obj(t.machine), mm = H.memory(m), g = H.gpus(m);
       if (H.num(m.cpu_percent)) cpu.push([t.ts, m.cpu_percent]);
       if (mm) mem.push([t.ts, mm.pct]);
+      if (g && g.util !== null) gpu.push([t.ts, g.util]);
     }
-    return {cpu, mem};
+    return {cpu, mem, gpu};
   },
   latestValidIndex(checkpoints) {
     const c = H.list(checkpoints);
@@ -282,6 +322,13 @@ const H = {
       const m = H.obj(H.obj(s.monitor).machine);
       return {title: `machine ${m.hostname || "this machine"}`, fields: Object.entries(m)};
     }
+    if (parts[0] === "trial") {
+      const t = H.tasks(s)[Number(parts[1])];
+      return t ? {title: `trial ${t.job_id ?? parts[1]}`, fields: [
+        ["trial_id", t.job_id], ["state", t.state], ["params", t.params], ["metric", t.metric],
+        ["metrics", t.metrics], ["attempts", H.arr(t.attempt_ids).join(" ")], ["restarts", t.restarts],
+        ["started", H.fmtStamp(t.started_at)], ["finished", H.fmtStamp(t.finished_at)]]} : null;
+    }
     const a = atts[Number(parts[1])];
     if (!a) return null;
     if (parts[0] === "attempt") {
@@ -293,13 +340,20 @@ const H = {
     const r = parts[0] === "rank" ? H.list(a.ranks)[Number(parts[2])] : null;
     return r ? {title: `rank ${r.rank ?? parts[2]} of ${a.attempt_id ?? "attempt"}`, fields: Object.entries(r)} : null;
   },
-  // Inline SVG line chart; series = [{cls, points: [[x, y], ...]}]. "" when there is nothing to draw.
+  // Inline SVG line chart; series = [{cls, points: [[x, y], ...], dot}], marks = [{x, label}] drawn as
+  // dashed verticals. The drawn ranges are data attributes. "" when there is nothing to draw.
   chartSvg(series, opts = {}) {
     const W = 600, HT = 180, L = 58, R = 12, T = 10, B = 22;
-    const pts = series.flatMap((s) => s.points);
-    if (!pts.length) return "";
-    const xs = pts.map((p) => p[0]), ys = pts.map((p) => p[1]);
-    let x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
+    const marks = H.list(opts.marks).filter((m) => H.num(m.x));
+    let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity, count = 0;
+    for (const s of series) for (const [x, y] of s.points) {
+      count += 1;
+      x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y);
+    }
+    if (!count) return "";
+    const data = {"x-min": x0, "x-max": x1, "y-min": y0, "y-max": y1, "points": count,
+                  "lines": series.filter((s) => s.points.length).length, ...H.obj(opts.data)};
+    for (const m of marks) { x0 = Math.min(x0, m.x); x1 = Math.max(x1, m.x); }
     if (H.num(opts.yMin)) y0 = Math.min(y0, opts.yMin);
     if (H.num(opts.yMax)) y1 = Math.max(y1, opts.yMax);
     if (x0 === x1) { x0 -= 1; x1 += 1; }
@@ -307,18 +361,24 @@ const H = {
     const sx = (x) => (L + ((x - x0) / (x1 - x0)) * (W - L - R)).toFixed(1);
     const sy = (y) => (T + (1 - (y - y0) / (y1 - y0)) * (HT - T - B)).toFixed(1);
     const xf = opts.xFmt || H.fmtNum, yf = opts.yFmt || H.fmtNum;
-    let out = `<svg class="chart" viewBox="0 0 ${W} ${HT}" role="img" aria-label="${H.esc(opts.label || "chart")}">`;
+    const attrs = Object.entries(data).map(([k, v]) => ` data-${H.esc(k)}="${H.esc(v)}"`).join("");
+    let out = `<svg class="chart" viewBox="0 0 ${W} ${HT}" role="img" aria-label="${H.esc(opts.label || "chart")}"${attrs}>`;
     for (const y of [y0, (y0 + y1) / 2, y1]) {
       out += `<line class="grid" x1="${L}" x2="${W - R}" y1="${sy(y)}" y2="${sy(y)}"/>` +
         `<text x="${L - 6}" y="${sy(y)}" text-anchor="end" dominant-baseline="middle">${H.esc(yf(y))}</text>`;
     }
     out += `<text x="${L}" y="${HT - 6}">${H.esc(xf(x0))}</text>` +
       `<text x="${W - R}" y="${HT - 6}" text-anchor="end">${H.esc(xf(x1))}</text>`;
+    for (const m of marks) {
+      const x = sx(m.x);
+      out += `<line class="brk" x1="${x}" x2="${x}" y1="${T}" y2="${HT - B}"/>` +
+        `<text class="brk-l" x="${(Number(x) + 3).toFixed(1)}" y="${T + 8}">${H.esc(m.label)}</text>`;
+    }
     for (const s of series) {
       if (!s.points.length) continue;
       const cls = H.esc(s.cls), last = s.points[s.points.length - 1];
-      out += `<polyline class="ln ln-${cls}" points="${s.points.map((p) => `${sx(p[0])},${sy(p[1])}`).join(" ")}"/>` +
-        `<circle class="dot-${cls}" cx="${sx(last[0])}" cy="${sy(last[1])}" r="2.5"/>`;
+      out += `<polyline class="ln ln-${cls}" points="${s.points.map((p) => `${sx(p[0])},${sy(p[1])}`).join(" ")}"/>`;
+      if (s.dot !== false) out += `<circle class="dot-${cls}" cx="${sx(last[0])}" cy="${sy(last[1])}" r="2.5"/>`;
     }
     return out + "</svg>";
   },
@@ -327,11 +387,15 @@ const H = {
 // Views: state document → HTML string. Every value from the document passes through H.esc.
 const V = {
   header(st) {
-    const s = H.obj(st), w = H.obj(s.workload), atts = H.list(s.attempts), e = H.esc;
+    const s = H.obj(st), w = H.obj(s.workload), atts = H.list(s.attempts), e = H.esc, v = H.view(s);
+    // A sweep's trials are not restarts of one another: it counts trials, and restarts per trial.
+    const runs = H.fanOut(s)
+      ? `<span><span class="k">trials</span>${H.tasks(s).length}</span>` +
+        (v.best_trial_id ? `<span><span class="k">best</span>${e(v.best_trial_id)}</span>` : "")
+      : `<span><span class="k">restarts</span>${H.restartsUsed(atts)} / ${e(s.max_restarts ?? "—")}</span>`;
     return `<span class="badge ${H.stCls(s.state)}">${e(s.state ?? "—")}</span>` +
       `<code class="cmd" title="${e(w.source ?? "")}">${e(H.command(w) || "—")}</code>` +
-      `<span><span class="k">mode</span>${e(w.mode ?? "—")}</span>` +
-      `<span><span class="k">restarts</span>${H.restartsUsed(atts)} / ${e(s.max_restarts ?? "—")}</span>` +
+      `<span><span class="k">mode</span>${e(w.mode ?? "—")}</span>` + runs +
       `<span><span class="k">attempts</span>${atts.length}</span>`;
   },
   kpis(st) {
@@ -350,7 +414,12 @@ const V = {
       tiles.push([`GPU ×${gpu.count}`, e(`${gpu.util === null ? "—" : `${gpu.util.toFixed(0)}%`} · ` +
         `${Math.round(gpu.used)} / ${Math.round(gpu.total)} MB`)]);
     }
-    tiles.push(["restarts", e(`${H.restartsUsed(s.attempts)} / ${s.max_restarts ?? "—"}`)]);
+    if (H.fanOut(s)) {
+      const tasks = H.tasks(s);
+      tiles.push(["trials done", e(`${H.trialsDone(tasks)} / ${tasks.length}`)]);
+    } else {
+      tiles.push(["restarts", e(`${H.restartsUsed(s.attempts)} / ${s.max_restarts ?? "—"}`)]);
+    }
     tiles.push(["verified checkpoints", e(H.verifiedCount(s.checkpoints))]);
     return `<div class="kpis">${tiles.map(([k, v]) => `<div class="kpi"><div class="k">${e(k)}</div>` +
       `<div class="v">${v}</div></div>`).join("")}</div>`;
@@ -368,11 +437,20 @@ const V = {
       return `<div class="ranks">${ranks.map((r, j) => box(`rank:${i}:${j}`, "state", "rank", `rank ${r.rank ?? j}`,
         `${r.device ?? "?"} · step ${H.fmtNum(r.step)}`)).join("")}</div>`;
     };
-    const cols = atts.map((a, i) => `<div class="col">` +
-      box(`attempt:${i}`, H.stCls(a.state), "attempt", a.attempt_id ?? `#${i}`, a.state ?? "—") +
-      (i === fi ? rankBoxes(a, i) : "") + `</div>`);
-    return `<div class="flow">${box("machine", "machine", "machine", m.hostname || "this machine",
-      H.num(m.cpu_count) ? `${m.cpu_count} CPUs` : "")}${arrow}` +
+    const attemptBox = (a, i) => box(`attempt:${i}`, H.stCls(a.state), "attempt", a.attempt_id ?? `#${i}`, a.state ?? "—") +
+      (i === fi ? rankBoxes(a, i) : "");
+    const machine = box("machine", "machine", "machine", m.hostname || "this machine",
+      H.num(m.cpu_count) ? `${m.cpu_count} CPUs` : "");
+    if (H.fanOut(s)) {  // side by side, each trial over its own attempts: trials are not a retry chain
+      const cols = H.tasks(s).map((t, k) => `<div class="trialcol">` +
+        box(`trial:${k}`, H.stCls(t.state), "trial", t.job_id ?? `#${k}`, H.fmtParams(t.params)) +
+        H.arr(t.attempts).filter((i) => Number.isInteger(i) && atts[i]).map((i) => attemptBox(atts[i], i)).join("") +
+        `</div>`);
+      return `<div class="flow">${machine}${arrow}` +
+        (cols.length ? cols.join("") : `<span class="muted arrow">no trials yet</span>`) + `</div>`;
+    }
+    const cols = atts.map((a, i) => `<div class="col">${attemptBox(a, i)}</div>`);
+    return `<div class="flow">${machine}${arrow}` +
       (cols.length ? cols.join(arrow) : `<span class="muted arrow">no attempts yet</span>`) + `</div>`;
   },
   detail(st, sel) {
@@ -382,20 +460,54 @@ const V = {
       `<button type="button" class="close" data-close="1" aria-label="close">×</button></div>` +
       `<dl class="kvlist">${n.fields.map(([k, v]) => `<dt>${e(k)}</dt><dd>${e(H.fmtValue(v))}</dd>`).join("")}</dl>`;
   },
+  // One row per trial of a sweep; "" for a single command (the section stays hidden).
+  trials(st) {
+    const s = H.obj(st), e = H.esc, v = H.view(s);
+    if (!H.fanOut(s)) return "";
+    const tasks = H.tasks(s);
+    if (!tasks.length) return `<p class="muted">no trials yet</p>`;
+    const metricHead = v.metric ? `${v.metric}${v.mode ? ` (${v.mode})` : ""}` : "metrics";
+    const metricCell = (t) => {
+      if (v.metric) return H.fmtNum(t.metric);
+      const shown = Object.entries(H.obj(t.metrics)).filter(([, x]) => H.num(x)).slice(0, 3);
+      return shown.length ? shown.map(([k, x]) => `${k}=${H.fmtNum(x)}`).join(" ") : "—";
+    };
+    const rows = tasks.map((t, k) => `<tr data-trial="${e(t.job_id ?? "")}"${t.best === true ? ` class="best"` : ""}>` +
+      `<td class="star"${t.best === true ? ` title="best"` : ""}>${t.best === true ? "★" : ""}</td>` +
+      `<td class="mono"><span class="sw sw-ser-${k % SERIES_COUNT}"></span>${e(t.job_id ?? `#${k}`)}</td>` +
+      `<td class="params">${e(H.fmtParams(t.params))}</td><td class="${H.stCls(t.state)}">${e(t.state ?? "—")}</td>` +
+      `<td class="mono">${e(metricCell(t))}</td><td>${e(H.fmtDuration(H.taskDuration(t, s.now)))}</td>` +
+      `<td>${e(`${H.num(t.restarts) ? t.restarts : 0} / ${s.max_restarts ?? "—"}`)}</td></tr>`);
+    return `<table><thead><tr><th></th><th>trial</th><th>parameters</th><th>state</th><th>${e(metricHead)}</th>` +
+      `<th>duration</th><th>restarts</th></tr></thead><tbody>${rows.join("")}</tbody></table>`;
+  },
   charts(st) {
-    const a = H.latestAttempt(st), e = H.esc, recs = H.list(a.metrics), key = H.lossKey(recs);
-    let loss = `<figcaption>loss curve</figcaption><p class="muted">no metrics yet</p>`;
-    if (key) {
-      const ls = H.lossSeries(recs, key), xl = ls.byStep ? "step" : "record";
-      loss = `<figcaption>loss curve · <code>${e(key)}</code> vs ${xl}</figcaption>` +
-        H.chartSvg([{cls: "loss", points: ls.points}], {label: `${key} vs ${xl}`});
+    const s = H.obj(st), e = H.esc, v = H.view(s), loss = H.obj(v.loss), fan = H.fanOut(s), tasks = H.tasks(s);
+    const key = typeof loss.key === "string" ? loss.key : null, xl = loss.x === "record" ? "record" : "step";
+    const lc = H.lossChart(s);
+    let lossFig = `<figcaption>loss curve</figcaption><p class="muted">no metrics yet</p>`;
+    if (key && lc.series.length) {
+      const attempts = H.list(s.attempts).length;
+      const note = (fan ? ` · ${tasks.length} trials` : attempts > 1 ? ` · ${attempts} attempts` : "") +
+        (lc.reading !== null ? ` · reading history ${Math.floor(lc.reading * 100)}%` : "");
+      const legend = fan ? `<div class="legend">${tasks.map((t, k) => `<span data-trial="${e(t.job_id ?? "")}">` +
+        `<span class="sw sw-ser-${k % SERIES_COUNT}"></span>${e(t.job_id ?? `#${k}`)} ` +
+        `<span class="muted">${e(H.fmtParams(t.params))}</span></span>`).join("")}</div>` : "";
+      lossFig = `<figcaption>loss curve · <code>${e(key)}</code> vs ${xl}${e(note)}</figcaption>` +
+        H.chartSvg(lc.series, {label: `${key} vs ${xl}`, marks: lc.marks,
+          data: {chart: "loss", key, breaks: lc.marks.map((m) => m.label).join(" "), tasks: tasks.length}}) + legend;
     }
-    const rs = H.resourceSeries(a.telemetry);
-    const resSvg = H.chartSvg([{cls: "cpu", points: rs.cpu}, {cls: "mem", points: rs.mem}],
-      {yMin: 0, yMax: 100, xFmt: H.fmtClock, yFmt: (v) => `${Math.round(v)}%`, label: "cpu and memory percent over time"});
+    const ticks = H.allTicks(s), rs = H.resourceSeries(ticks), limited = H.limited(ticks);
+    const resSvg = H.chartSvg([{cls: "cpu", points: rs.cpu}, {cls: "mem", points: rs.mem}, {cls: "gpu", points: rs.gpu}],
+      {yMin: 0, yMax: 100, xFmt: H.fmtClock, yFmt: (x) => `${Math.round(x)}%`, label: "resources in percent over time",
+       data: {chart: "resources", ticks: ticks.length}});
+    // Without psutil the sampler records only that it could not measure: say so, not "no telemetry".
+    const why = limited ? `<p class="muted" data-resources="limited">CPU and memory not measured: psutil is not ` +
+      `installed where the run ran (<code>pip install psutil</code>)</p>` : "";
+    const empty = ticks.length ? (limited ? "" : `<p class="muted">no readings yet</p>`) : `<p class="muted">no telemetry yet</p>`;
     const res = `<figcaption>resources<span class="sw sw-cpu"></span>CPU %<span class="sw sw-mem"></span>memory %` +
-      `</figcaption>${resSvg || `<p class="muted">no telemetry yet</p>`}`;
-    return `<div class="charts"><figure>${loss}</figure><figure>${res}</figure></div>`;
+      `${rs.gpu.length ? `<span class="sw sw-gpu"></span>GPU %` : ""}</figcaption>${resSvg || empty}${why}`;
+    return `<div class="charts"><figure>${lossFig}</figure><figure>${res}</figure></div>`;
   },
   checkpoints(st) {
     const s = H.obj(st), e = H.esc, cps = H.list(s.checkpoints);
@@ -420,12 +532,13 @@ const V = {
   },
   // open: Set of attempt indices (as strings) whose <details> is expanded.
   logs(st, open) {
-    const e = H.esc, atts = H.list(H.obj(st).attempts);
+    const e = H.esc, atts = H.list(H.obj(st).attempts), fan = H.fanOut(st);
     if (!atts.length) return `<p class="muted">no attempts yet</p>`;
     return atts.map((a, i) => {
       const lines = H.arr(a.log_tail).map((l) => String(l ?? ""));
+      const job = fan && a.job_id ? `${a.job_id} / ` : "";
       return `<details data-attempt="${i}"${open.has(String(i)) ? " open" : ""}><summary>` +
-        `<span class="mono">${e(a.attempt_id ?? `#${i}`)}</span> <span class="${H.stCls(a.state)}">${e(a.state ?? "—")}</span>` +
+        `<span class="mono">${e(job)}${e(a.attempt_id ?? `#${i}`)}</span> <span class="${H.stCls(a.state)}">${e(a.state ?? "—")}</span>` +
         ` <span class="muted">${lines.length} lines</span></summary>` +
         `<pre>${lines.length ? e(lines.join("\n")) : `<span class="muted">no output yet</span>`}</pre></details>`;
     }).join("");
@@ -479,6 +592,9 @@ function draw(st) {
   put("hdr-body", V.header(st));
   put("kpis-body", V.kpis(st));
   drawTopology(st);
+  const trials = V.trials(st);
+  put("trials-body", trials);
+  $("trials").hidden = trials === "";
   put("charts-body", V.charts(st));
   put("checkpoints-body", V.checkpoints(st));
   put("events-body", V.events(st));
@@ -491,6 +607,7 @@ function showError(message) {
   App.last = null;
   put("hdr-body", "");
   for (const id of BODIES) put(id, `<p class="muted">unavailable</p>`);
+  $("trials").hidden = true;
   put("detail", "");
   $("detail").hidden = true;
   $("main").classList.remove("stale");
@@ -567,9 +684,15 @@ def render() -> str:
     """The live run page: one self-contained HTML document (inline CSS and JS, no external
     assets) that polls ``/api/state`` every 2 s while the tab is visible."""
     css_vars = "".join(f"--{name}:{value};" for name, value in TOKENS.items())
+    series_css = "".join(
+        f".ln-ser-{k}{{stroke:{colour}}} .dot-ser-{k}{{fill:{colour}}} .sw-ser-{k}{{background:{colour}}}"
+        for k, colour in enumerate(SERIES_COLOURS))
     state_css = "".join(f".st-{state}{{color:var(--{token})}}" for state, token in STATE_COLOURS.items())
     return (_TEMPLATE
             .replace("__CSS_VARS__", css_vars)
             .replace("__STATE_CSS__", state_css)
+            .replace("__SERIES_CSS__", series_css)
+            .replace("__SERIES_COUNT__", str(len(SERIES_COLOURS)))
             .replace("__WARN_BG__", _tint(TOKENS["warn"], 0.12))
+            .replace("__OK_BG__", _tint(TOKENS["ok"], 0.10))
             .replace("__HIGHLIGHT_JSON__", json.dumps(list(_HIGHLIGHT_EVENTS))))

@@ -109,3 +109,112 @@ def test_an_unreadable_run_shows_why_and_the_docs_link_works(browser: Any, tmp_p
         browser.find_element(By.LINK_TEXT, "Recovery tables").click()
         wait_for(browser, lambda d: "coordinated_training" in d.find_element(By.TAG_NAME, "main").text,
                   what="the recovery page")
+
+
+def _chart(driver: Any, name: str) -> dict[str, str]:
+    """The data attributes of a chart: the ranges it draws, its lines and restart marks."""
+    return driver.execute_script(
+        "const svg = document.querySelector(`svg[data-chart='${arguments[0]}']`);"
+        "return svg ? Object.assign({}, svg.dataset) : {};", name)
+
+
+def test_a_restarted_demo_is_charted_from_its_first_step_to_its_last(browser: Any, tmp_path: Path) -> None:
+    """The demo crashes at step 25 and resumes from the checkpoint at step 20: its loss
+    curve runs 1 → 60 across both attempts, the restart marked where it begins."""
+    import importlib.util
+    import json
+    import subprocess
+
+    out = tmp_path / "demo"
+    done = subprocess.run([sys.executable, "-m", "flashruntime.cli", "demo", "--json", "--output-dir", str(out)],
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr
+    events = json.loads((out / "run.json").read_text())["events"]
+    assert any(e["message"].startswith("task-000-r1 resumes from step 20") for e in events), events
+    with RunViewerServer(out) as server:
+        browser.get(server.url + "/")
+        loss = wait_for(browser, lambda d: _chart(d, "loss"), what="the loss chart")
+        assert (loss["xMin"], loss["xMax"], loss["lines"], loss["breaks"]) == ("1", "60", "2", "task-000-r1")
+        assert "2 attempts" in _text(browser, "#charts")
+        assert browser.execute_script("return document.querySelectorAll('#charts line.brk').length") == 1
+        assert _kpi(browser, "restarts") == "1 / 2" and _header(browser, "restarts") == "1 / 2"
+        resources = _chart(browser, "resources")
+        drawn = browser.execute_script(
+            "return [...document.querySelectorAll('#charts polyline')].map(p => p.getAttribute('class'))")
+        if importlib.util.find_spec("psutil") is not None:
+            # Each attempt is shorter than one sampling period: its CPU comes from the closing reading.
+            assert int(resources["ticks"]) >= 4 and "ln ln-cpu" in drawn and "ln ln-mem" in drawn
+        else:
+            assert "psutil is not installed" in _text(browser, "#charts")
+        assert not severe_log_entries(browser)
+
+
+TRIAL = textwrap.dedent(
+    """
+    import json, os, sys
+    from pathlib import Path
+
+    lr = float(sys.argv[1])
+    out = Path(os.environ["FLASHML_OUTPUT_DIR"])
+    with open(out / "metrics.jsonl", "a") as handle:
+        for step in range(1, 21):
+            handle.write(json.dumps({"step": step, "loss": 1.0 / (1.0 + lr * step)}) + "\\n")
+    (out / "metrics.json").write_text(json.dumps({"final_loss": 1.0 / (1.0 + lr * 20)}))
+    """
+)
+
+
+def _header(driver: Any, label: str) -> str | None:
+    """The value after a label in the header, None when the header has no such label."""
+    return driver.execute_script(
+        "const k = [...document.querySelectorAll('#hdr-body .k')].find(e => e.textContent === arguments[0]);"
+        "return k ? k.parentElement.textContent.slice(k.textContent.length) : null;", label)
+
+
+def _trial_rows(driver: Any) -> list[dict[str, str]]:
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#trials tr[data-trial]')].map(tr => ({id: tr.dataset.trial,"
+        " params: tr.querySelector('td.params').textContent, text: tr.textContent, best: tr.className}))")
+
+
+def test_a_sweep_shows_one_row_per_trial_with_its_parameters(browser: Any, tmp_path: Path) -> None:
+    """A real fan-out of three trials: three rows with their parameters, three curves on one
+    chart, no restarts; the same from a run.json without its ``sweep`` object (an older run)."""
+    import json
+
+    import flashruntime as flash
+
+    (tmp_path / "trial.py").write_text(TRIAL)
+    params = [{"lr": 0.1}, {"lr": 0.5}, {"lr": 2.0}]
+    run = flash.submit(flash.CommandWorkload(
+        command=[sys.executable, "trial.py", "{lr}"], source=flash.Source(path=str(tmp_path)), task_params=params,
+        outputs=flash.OutputSpec(primary_metric="final_loss", maximize=False)),
+        output_dir=tmp_path / "out", watch=False)
+    assert run.state.value == "SUCCEEDED"
+    doc = json.loads((tmp_path / "out" / "run.json").read_text())
+    older = tmp_path / "older"  # run.json alone: its attempt rows point at the run's directories
+    older.mkdir()
+    (older / "run.json").write_text(json.dumps({k: v for k, v in doc.items() if k != "sweep"}))
+    for run_dir in [tmp_path / "out", older] if isinstance(doc.get("sweep"), dict) else [older]:
+        with RunViewerServer(run_dir) as server:
+            browser.get(server.url + "/")
+            rows = wait_for(browser, lambda d: len(_trial_rows(d)) == 3 and _trial_rows(d), what="three trial rows")
+            assert [r["id"] for r in rows] == ["local-000", "local-001", "local-002"]
+            assert [r["params"] for r in rows] == ["lr=0.1", "lr=0.5", "lr=2"]
+            assert all("SUCCEEDED" in r["text"] and "0 / 0" in r["text"] for r in rows)  # no restarts, each
+            assert _header(browser, "trials") == "3" and _header(browser, "restarts") is None
+            assert _kpi(browser, "trials done") == "3 / 3"
+            loss = _chart(browser, "loss")
+            assert (loss["lines"], loss["tasks"], loss["breaks"]) == ("3", "3", "")  # three trials, no restarts
+            assert (loss["xMin"], loss["xMax"]) == ("1", "20")
+            legend = browser.execute_script(
+                "return [...document.querySelectorAll('#charts .legend [data-trial]')].map(e => e.textContent)")
+            assert legend == ["local-000 lr=0.1", "local-001 lr=0.5", "local-002 lr=2"]
+            assert browser.execute_script("return document.querySelectorAll('#topology [data-node^=\"trial:\"]')"
+                                          ".length") == 3
+            if run_dir == older:
+                assert "metrics" in _text(browser, "#trials thead") and "final_loss=0.02439" in rows[2]["text"]
+            else:  # the sweep names its metric and its best trial
+                assert "final_loss (min)" in _text(browser, "#trials thead")
+                assert [r["best"] for r in rows] == ["", "", "best"] and _header(browser, "best") == "local-002"
+            assert not severe_log_entries(browser)

@@ -69,6 +69,33 @@ SAMPLE: dict[str, Any] = {
     "monitor": None,
 }
 SAMPLE["monitor"] = SAMPLE["attempts"][1]["telemetry"][1]
+SAMPLE["view"] = {
+    "fan_out": False, "derived": False, "metric": None, "mode": None, "best_trial_id": None,
+    "loss": {"key": "loss", "x": "step", "points_per_series": 600},
+    "tasks": [{"job_id": "local", "index": 0, "params": None, "state": "RUNNING",
+               "attempt_ids": ["task-000", "task-001"], "attempts": [0, 1], "restarts": 1, "started_at": T0,
+               "finished_at": None, "metric": None, "metrics": None, "best": False, "read_fraction": 1.0,
+               "segments": [{"attempt_id": "task-000", "attempt": 0, "points": [[1, 0.9], [5, 0.7]]},
+                            {"attempt_id": "task-001", "attempt": 1, "points": [[4, 0.6], [20, 0.41], [30, 0.33]]}]}],
+}
+
+
+def _trial(k: int, params: dict[str, Any], state: str, metric: float | None, restarts: int) -> dict[str, Any]:
+    attempt_ids = [f"task-{k:03d}"] + [f"task-{k:03d}-r{r}" for r in range(1, restarts + 1)]
+    return {"job_id": f"local-{k:03d}", "index": k, "params": params, "state": state, "attempt_ids": attempt_ids,
+            "attempts": [], "restarts": restarts, "started_at": T0 + k, "finished_at": T0 + k + 30 if metric else None,
+            "metric": metric, "metrics": {"final_loss": metric} if metric else None, "best": k == 1,
+            "read_fraction": 1.0 if k else 0.5,
+            "segments": [{"attempt_id": attempt_ids[0], "attempt": k, "points": [[1, 1.0 + k], [10, 0.5 + k]]}]}
+
+
+# A sweep of three trials, one restarted once, the second the best.
+SWEEP: dict[str, Any] = {**SAMPLE, "workload": {**SAMPLE["workload"], "mode": "independent_tasks"}, "view": {
+    "fan_out": True, "derived": False, "metric": "final_loss", "mode": "min", "best_trial_id": "local-001",
+    "loss": {"key": "loss", "x": "step", "points_per_series": 600},
+    "tasks": [_trial(0, {"lr": 0.1, "name": HOSTILE}, "SUCCEEDED", 0.25, 1),
+              _trial(1, {"lr": 0.5}, "SUCCEEDED", 0.125, 0),
+              _trial(2, {"lr": 1.0, "layers": [2, 4]}, "RUNNING", None, 0)]}}
 
 
 def _script() -> str:
@@ -139,10 +166,17 @@ const out = {
   esc: H.esc("<script>"), escQuote: H.esc(`"'&`), escNull: H.esc(null), escZero: H.esc(0),
   dur65: H.fmtDuration(65), dur5: H.fmtDuration(5.9), dur3725: H.fmtDuration(3725), durBad: H.fmtDuration(null),
   ago: H.fmtAgo(12.5), agoLong: H.fmtAgo(125),
-  lossKey: H.lossKey([{step: 1, ts: 2, acc: 0.9, loss: 0.5}]),
-  lossKeyLater: H.lossKey([{step: 1, acc: 0.9}, {step: 2, loss: 0.4}]),
-  otherKey: H.lossKey([{step: 1, ts: 2, phase: "train", ok: true, acc: 0.9, lr: 0.1}]),
-  noKey: H.lossKey([{step: 1, ts: 2}, null, "x"]),
+  params: [H.fmtParams({lr: 0.1, layers: [2, 4]}), H.fmtParams(null), H.fmtParams({})],
+  duration: [H.taskDuration({started_at: 10, finished_at: 40}, 99), H.taskDuration({started_at: 10}, 25),
+             H.taskDuration({}, 25)],
+  lossChart: H.lossChart({view: {tasks: [{segments: [{attempt_id: "a", points: [[1, 2], [2, 1], null, [3, "x"]]},
+                                                     {attempt_id: "b", points: []},
+                                                     {attempt_id: "c", points: [[2, 1.5], [4, 0.5]]}]}]}}),
+  chartMarks: H.chartSvg([{cls: "ser-0", points: [[1, 2], [2, 1]], dot: false}, {cls: "ser-0", points: [[2, 1.5], [4, 0.5]], dot: true}],
+                         {marks: [{x: 2, label: "<r1>"}], data: {breaks: "r1"}}),
+  ticks: H.allTicks({attempts: [{telemetry: [{ts: 5}, {ts: 1}]}, {telemetry: [{ts: 3}, {}]}]}).map((t) => t.ts),
+  limited: [H.limited([{machine: {limited: true}}]), H.limited([{machine: {limited: true}}, {machine: {limited: false}}]),
+            H.limited([])],
   rate: H.stepsPerSec([{step: 0, ts: 100}, {step: 10, ts: 105}, {step: 30, ts: 110}]),
   rateFallback: H.stepsPerSec([{step: 0, ts: 100}, {step: 30, ts: 110}, {step: 30, ts: 112}]),
   rateNone: H.stepsPerSec([{step: 5, ts: 100}]),
@@ -155,8 +189,6 @@ const out = {
   restarts: [H.restartsUsed([]), H.restartsUsed([{}]), H.restartsUsed([{}, {}, {}])],
   elapsedRunning: H.elapsed({started_at: 100, now: 165.5}),
   elapsedDone: H.elapsed({started_at: 100, finished_at: 130, now: 999}),
-  series: H.lossSeries([{step: 1, loss: 2}, {loss: null}, {step: 3, loss: 1}], "loss"),
-  seriesIndex: H.lossSeries([{acc: 1}, {acc: 2}], "acc"),
   resources: H.resourceSeries([{ts: 1, machine: {cpu_percent: null, mem_used: 1, mem_total: 4}},
                                {ts: 2, machine: {cpu_percent: 50, mem_used: null, mem_total: 4}}, {machine: {}}]),
   gpus: H.gpus({gpus: [{util_percent: 80, mem_used_mb: 10, mem_total_mb: 100}, {util_percent: null, mem_used_mb: 5, mem_total_mb: 100}]}),
@@ -171,9 +203,17 @@ for (const [name, fn] of Object.entries(V)) out.views[name] = fn(sample, name ==
 out.rankDetail = V.detail(sample, "rank:1:1");
 out.machineDetail = V.detail(sample, "machine");
 out.goneDetail = V.detail(sample, "rank:0:5");
+out.limitedCharts = V.charts({attempts: [{telemetry: [{ts: 1, machine: {limited: true, cpu_percent: null, gpus: []}},
+                                                     {ts: 3, machine: {limited: true, gpus: [{util_percent: 40}]}}]}]});
+out.untimedCharts = V.charts({attempts: [{telemetry: [{ts: 1, machine: {limited: false, cpu_percent: null}}]}]});
+const sweep = JSON.parse(process.argv[3] || "null") || globalThis.SWEEP;
+out.sweep = {};
+for (const [name, fn] of Object.entries(V)) out.sweep[name] = fn(sweep, name === "logs" ? new Set() : "trial:0");
 const odd = [{}, {attempts: [null, {}, {metrics: "x", ranks: [null], log_tail: [null, 3]}]}, {monitor: {machine: null}},
              {attempts: "x", events: [null, {}], checkpoints: [null, {}], workload: {command: "a b"}, state: 5},
-             {attempts: [{metrics: [{}], telemetry: [{ts: 1, machine: {gpus: [null]}}]}], monitor: {machine: {gpus: [{}]}}}];
+             {attempts: [{metrics: [{}], telemetry: [{ts: 1, machine: {gpus: [null]}}]}], monitor: {machine: {gpus: [{}]}}},
+             {view: {fan_out: true, loss: {key: 3}, tasks: [null, {}, {segments: [null, {points: "x"}], params: "p",
+                                                                    attempts: [99, "x"], restarts: "2"}]}}];
 out.odd = odd.map((st) => Object.fromEntries(Object.entries(V).map(([name, fn]) => [name, fn(st, name === "logs" ? new Set() : "attempt:0")])));
 console.log(JSON.stringify(out));
 """
@@ -183,7 +223,7 @@ console.log(JSON.stringify(out));
 def helpers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if NODE is None:
         pytest.skip("node is not installed")
-    harness = HELPERS.replace("globalThis.SAMPLE", json.dumps(SAMPLE))
+    harness = HELPERS.replace("globalThis.SAMPLE", json.dumps(SAMPLE)).replace("globalThis.SWEEP", json.dumps(SWEEP))
     return _node(tmp_path_factory.mktemp("helpers"), harness)
 
 
@@ -205,13 +245,23 @@ def test_time_formatting(helpers: dict[str, Any]) -> None:
     assert helpers["elapsedDone"] == 30
 
 
-def test_loss_key(helpers: dict[str, Any]) -> None:
-    assert helpers["lossKey"] == "loss"
-    assert helpers["lossKeyLater"] == "loss"  # any record having loss wins over an earlier numeric key
-    assert helpers["otherKey"] == "acc"       # first numeric key, skipping step/ts, strings and booleans
-    assert helpers["noKey"] is None
-    assert helpers["series"] == {"points": [[1, 2], [3, 1]], "byStep": True}
-    assert helpers["seriesIndex"] == {"points": [[0, 1], [1, 2]], "byStep": False}
+def test_loss_chart_draws_each_attempt_as_its_own_line_and_marks_restarts(helpers: dict[str, Any]) -> None:
+    chart = helpers["lossChart"]
+    # Bad points are dropped; an attempt without points draws nothing; the next one starts a new line.
+    assert [s["points"] for s in chart["series"]] == [[[1, 2], [2, 1]], [[2, 1.5], [4, 0.5]]]
+    assert [s["dot"] for s in chart["series"]] == [False, True]  # one dot, at the task's newest point
+    assert chart["marks"] == [{"x": 2, "label": "c"}] and chart["reading"] is None
+    svg = helpers["chartMarks"]
+    assert 'data-x-min="1" data-x-max="4"' in svg and 'data-points="4" data-lines="2"' in svg
+    assert 'data-breaks="r1"' in svg and svg.count("<polyline") == 2 and svg.count("<circle") == 1
+    assert svg.count('class="brk"') == 1 and "&lt;r1&gt;" in svg
+
+
+def test_params_durations_and_ticks(helpers: dict[str, Any]) -> None:
+    assert helpers["params"] == ["lr=0.1 layers=[2,4]", "—", "—"]
+    assert helpers["duration"] == [30, 15, None]
+    assert helpers["ticks"] == [1, 3, 5]  # every attempt's ticks, oldest first; a tick without ts is dropped
+    assert helpers["limited"] == [True, False, False]
 
 
 def test_steps_and_rate(helpers: dict[str, Any]) -> None:
@@ -226,7 +276,7 @@ def test_steps_and_rate(helpers: dict[str, Any]) -> None:
 
 def test_checkpoint_star_and_resources(helpers: dict[str, Any]) -> None:
     assert helpers["star"] == 1 and helpers["noStar"] == -1
-    assert helpers["resources"] == {"cpu": [[2, 50]], "mem": [[1, 25]]}
+    assert helpers["resources"] == {"cpu": [[2, 50]], "mem": [[1, 25]], "gpu": []}
     assert helpers["gpus"] == {"count": 2, "util": 80, "used": 15, "total": 200}
     assert helpers["noGpus"] is None
     assert helpers["chartEmpty"] == ""
@@ -258,7 +308,11 @@ def test_view_contents(helpers: dict[str, Any]) -> None:
     assert "<dt>backend</dt><dd>nccl</dd>" in helpers["rankDetail"]
     assert "<dt>world_size</dt><dd>2</dd>" in helpers["rankDetail"]
     assert helpers["goneDetail"] == ""
-    assert "<code>loss</code> vs step" in v["charts"] and v["charts"].count("<svg") == 2
+    assert "<code>loss</code> vs step · 2 attempts" in v["charts"] and v["charts"].count("<svg") == 2
+    assert 'data-chart="loss"' in v["charts"] and 'data-x-min="1" data-x-max="30"' in v["charts"]
+    assert 'data-breaks="task-001"' in v["charts"] and ">task-001</text>" in v["charts"]
+    assert "GPU %" in v["charts"] and 'class="ln ln-gpu"' in v["charts"]  # the sample's one tick with GPUs
+    assert v["trials"] == ""                                        # no trials section for a single command
     assert v["checkpoints"].count("<li") == 3 and v["checkpoints"].count("★") == 1
     assert v["checkpoints"].count("hash verified") == 2 and v["checkpoints"].count("invalid") == 1
     assert "12 s ago" in v["checkpoints"] and "1 part<" in v["checkpoints"]
@@ -266,6 +320,39 @@ def test_view_contents(helpers: dict[str, Any]) -> None:
     assert [('class="hl"' in r) for r in rows] == [True, True, False]  # newest first
     assert "RECOVERY_ACTION_SELECTED" in rows[0]
     assert v["logs"].count("<details") == 2 and '<details data-attempt="1" open>' in v["logs"]
+
+
+def test_the_resource_chart_says_why_it_is_empty(helpers: dict[str, Any]) -> None:
+    limited = helpers["limitedCharts"]
+    # Without psutil: the reason and the fix; a GPU reading (nvidia-smi needs no psutil) is still drawn.
+    assert "psutil is not installed" in limited and "pip install psutil" in limited
+    assert 'data-chart="resources"' in limited and 'class="ln ln-gpu"' in limited and "ln-cpu" not in limited
+    assert "no readings yet" in helpers["untimedCharts"] and "psutil" not in helpers["untimedCharts"]
+
+
+def test_a_sweep_is_drawn_as_trials_not_as_restarts(helpers: dict[str, Any]) -> None:
+    v = helpers["sweep"]
+    assert "<span class=\"k\">trials</span>3" in v["header"] and "<span class=\"k\">best</span>local-001" in v["header"]
+    assert "restarts" not in v["header"]
+    assert "trials done" in v["kpis"] and ">2 / 3<" in v["kpis"] and ">restarts<" not in v["kpis"]
+    # one row per trial: id, parameters (escaped), state, the sweep's metric, duration, its own restarts
+    rows = v["trials"].split("<tr data-trial=")[1:]
+    assert [r.split('"')[1] for r in rows] == ["local-000", "local-001", "local-002"]
+    assert "lr=0.1 name=&lt;script&gt;alert(1)&lt;/script&gt;" in rows[0] and "<script" not in v["trials"]
+    assert ">0.25<" in rows[0] and ">30s<" in rows[0] and ">1 / 2<" in rows[0]
+    assert 'class="best"' in rows[1] and "★" in rows[1] and "★" not in rows[0] + rows[2]
+    assert "lr=1 layers=[2,4]" in rows[2] and "st-RUNNING" in rows[2] and ">0 / 2<" in rows[2]
+    assert "<th>final_loss (min)</th>" in v["trials"]
+    # the trials side by side, not chained by arrows
+    assert v["topology"].count('data-node="trial:') == 3 and v["topology"].count("→") == 1
+    assert "box state st-SUCCEEDED sel" in v["topology"]                   # trial:0 is selected
+    assert "<dt>params</dt>" in v["detail"] and "<dt>restarts</dt><dd>1</dd>" in v["detail"]
+    # the trials' curves on one chart, one colour each, with a legend and no restart marks
+    charts = v["charts"]
+    assert 'data-lines="3"' in charts and 'data-tasks="3"' in charts and 'data-breaks=""' in charts
+    assert all(f"ln-ser-{k}" in charts for k in range(3)) and 'class="brk"' not in charts
+    assert charts.count('<span data-trial="') == 3 and "3 trials" in charts
+    assert "reading history 50%" in charts
 
 
 def test_views_survive_odd_documents(helpers: dict[str, Any]) -> None:
@@ -276,6 +363,8 @@ def test_views_survive_odd_documents(helpers: dict[str, Any]) -> None:
     assert "GPU" not in empty["kpis"]
     assert "GPU ×1" in helpers["odd"][4]["kpis"] and "— · 0 / 0 MB" in helpers["odd"][4]["kpis"]
     assert 'class="badge state st-5"' in helpers["odd"][3]["header"] and ">a b<" in helpers["odd"][3]["header"]
+    odd_sweep = helpers["odd"][5]
+    assert odd_sweep["trials"].count("<tr data-trial=") == 2 and "no metrics yet" in odd_sweep["charts"]
 
 
 # ---- live wiring in a vm with a stub DOM ---------------------------------------------------
