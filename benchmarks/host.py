@@ -14,7 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-# The issues' absolute targets were set on the 2-core, 24 GiB development machine.
+# Absolute targets were set on the 2-core, 24 GiB development machine, so only a host like it judges them.
 REFERENCE_CORES = 2
 REFERENCE_RAM_GB = (20.0, 28.0)
 

@@ -1,7 +1,7 @@
 """Result rows of the ``bench_v1`` file: measured samples in, summary statistics out.
 
 Every figure in a row is computed here from samples measured in this run; only a
-row's ``target`` is copied in (from the issue that set it). Scenarios build rows
+row's ``target`` is copied in (from ``benchmarks.targets``, with its reason). Scenarios build rows
 with ``measured_row`` or ``skipped_row`` and never write numbers by hand.
 """
 
@@ -17,7 +17,7 @@ Op = Literal["<=", ">=", "=="]
 
 @dataclass(frozen=True)
 class Target:
-    """A target from an issue: ``value`` compared with ``op``.
+    """What a row is asked to hold: ``value`` compared with ``op``; ``source`` says why.
 
     ``unit == "x"`` means the target applies to the row's ratio (metric / comparator);
     any other unit means it applies to the row's median itself (an absolute target).

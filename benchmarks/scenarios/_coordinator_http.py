@@ -196,7 +196,7 @@ def metrics_payload(lease: dict[str, Any]) -> bytes:
 
 
 def upload_and_complete(client: Any, lease: dict[str, Any]) -> dict[str, Any]:
-    """What §9.7 accepts: PUT ``<output_prefix>metrics.json``, then complete with its sha256."""
+    """What the coordinator accepts as a commit: PUT ``<output_prefix>metrics.json``, then complete with its sha256."""
     payload = metrics_payload(lease)
     key = lease["payload"]["output_prefix"] + "metrics.json"
     put = client.put(f"/v1alpha1/artifacts/{key}", content=payload)

@@ -6,8 +6,8 @@ HTTP side: one ``flashruntime serve`` subprocess on 127.0.0.1 for the run (ledge
 ``leases.db`` and artifacts under ``benchmarks/.work``); each sample submits a fresh
 ``hyperparameter_search`` job of N tasks and ``CLIENTS`` threads drain it, each with its
 own ``httpx.Client`` and its own registered node id. One cycle = claim → PUT the task's
-``metrics.json`` → complete with its sha256 (§9.7 accepts a commit only when the
-``commit_key`` file was uploaded and its sha256 matches), answered ``accepted: true``.
+``metrics.json`` → complete with its sha256 (the coordinator accepts a commit only when
+the ``commit_key`` file was uploaded and its sha256 matches), answered ``accepted: true``.
 
 Comparator: the same N ``TaskSpec``s (``expand_tasks`` of the same job spec) on
 ``LeaseManager(SqliteLeaseStore(<file in the work dir>), on_event=None)`` in this
@@ -17,7 +17,7 @@ No HTTP, no ledger events, no artifact: the ratio is what HTTP plus the service 
 
 cycles/s = N / drain wall time (barrier release → the last accepted commit); the
 per-cycle p50 is over the N cycles of a drain, each timed by its client thread. Samples
-alternate HTTP drain, comparator drain. No issue sets a target: rows carry none.
+alternate HTTP drain, comparator drain. No target is set for this scenario: rows carry none.
 """
 
 from __future__ import annotations
@@ -214,9 +214,9 @@ def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
          f"{CLIENTS} concurrent client threads, each its own httpx.Client (keep-alive) and its own registered node id"),
         (f"N={tasks} tasks per drain (one fresh hyperparameter_search job per sample), {samples} sample(s), each "
          "sample = one HTTP drain then one in-process drain; every task committed and accepted, job SUCCEEDED"),
-        ("one HTTP cycle = POST /v1alpha1/leases/claim → PUT the task's metrics.json artifact (small JSON; §9.7 "
-         "accepts a commit only after that upload with a matching sha256) → POST /v1alpha1/attempts/{id}/complete "
-         "answered accepted=true"),
+        ("one HTTP cycle = POST /v1alpha1/leases/claim → PUT the task's metrics.json artifact (small JSON; the "
+         "coordinator accepts a commit only after that upload with a matching sha256) → "
+         "POST /v1alpha1/attempts/{id}/complete answered accepted=true"),
         (f"comparator: the same {tasks} TaskSpecs (expand_tasks of the same spec) on LeaseManager(SqliteLeaseStore "
          f"file in the same work dir, on_event=None), {CLIENTS} threads sharing it; cycle = claim(node, job_id, "
          "IsolationAwarePlacement, the coordinator's node view) → complete(lease, sha256): no HTTP, no ledger "

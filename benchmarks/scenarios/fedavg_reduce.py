@@ -118,8 +118,8 @@ def _reduce_rows(n: int, samples: int, have_numpy: bool) -> list[dict[str, Any]]
 
 
 def _compact_rows(n: int, samples: int, smoke: bool) -> list[dict[str, Any]]:
-    """The compact round trip, from a list state (what ``subtract`` returns), with the
-    issue's target; beside it, informational, the same from ``array('d')`` buffers (what the
+    """The compact round trip, from a list state (what ``subtract`` returns), with its
+    target against the stdlib base64 floor; beside it, informational, the same from ``array('d')`` buffers (what the
     worker encodes from its float64 tensors), sampled alternately; then JSON lists."""
     from flashml_workloads.fedavg_weights import decode, encode
 

@@ -1,6 +1,6 @@
 """Running one lease: command, child process tree, lease heartbeats, log, finish.
 
-The child starts as §5.7's launcher starts one (its own process group, the attempt's unique
+The child starts as the local launcher starts one (its own process group, the attempt's unique
 ``FLASHML_OUTPUT_DIR=<out dir>`` in its environment) and is watched and stopped by the
 launcher's own handle, whose sweep also reaches ranks that left the group. Lease heartbeats
 run on a thread from claim until the outcome is reported; a 410 or 403 abandons the lease.
@@ -252,7 +252,7 @@ def child_env(payload_env: Mapping[str, str], dirs: LeaseDirs, lease: Lease) -> 
 
 
 def start_child(argv: list[str], env: dict[str, str], dirs: LeaseDirs, term_grace_s: float) -> LocalLaunchHandle:
-    """Spawn as §5.7 does: no shell, own process group, stdout+stderr to ``launcher.log``."""
+    """Spawn as the local launcher does: no shell, own process group, stdout+stderr to ``launcher.log``."""
     posix = os.name == "posix"
     with open(dirs.log, "ab") as log:
         try:
@@ -373,7 +373,7 @@ class LeaseRunner:
         sampler = ResourceSampler(dirs.root, int(handle.execution_id), period_s=self._timing.sampler_period_s)
         if not proc_available():
             # /proc finds every process of the attempt on Linux; elsewhere the sampler's last-seen
-            # set is the best-effort fallback (§5.7). On Linux it would also hold the leader as an
+            # set is the launcher sweep's best-effort fallback. On Linux it would also hold the leader as an
             # unreaped zombie, which os.kill(pid, 0) reports alive, stalling the sweep.
             handle.extra_pids = sampler.last_seen_pids
         sampler.start()

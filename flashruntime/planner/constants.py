@@ -57,7 +57,8 @@ LORA_PARAMS_PER_PROJECTION_PER_RANK_PER_HIDDEN = 2
 LORA_ADAPTED_PROJECTIONS = 7
 
 # --- activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models") ----
-# Per transformer layer without recomputation, 16-bit activations: s·b·h·(34 + 5·a·s/h) bytes (§4.1, Eq. 1).
+# Per transformer layer without recomputation, 16-bit activations: s·b·h·(34 + 5·a·s/h) bytes
+# (Korthikanti et al. 2022 §4.1, Eq. 1).
 ACT_LINEAR_COEFF = 34
 ACT_ATTENTION_COEFF = 5
 # With full recomputation only each layer's input is kept: 2·s·b·h bytes per layer (Korthikanti et al. 2022, §4.2 /

@@ -77,7 +77,7 @@ SchemaVersion = Literal["v1alpha1"]
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
-# --- JobSpec tree (§1.2) ---------------------------------------------------
+# --- JobSpec tree -------------------------------------------------------------
 
 
 class ExecutionSpec(WireModel):
@@ -187,7 +187,7 @@ class JobSpec(WireModel):
     spec: JobSpecInner
 
 
-# --- Job state and events (§1.3) ---------------------------------------------
+# --- Job state and events -----------------------------------------------------
 
 
 class JobState(StrEnum):
@@ -258,7 +258,7 @@ class Event(WireModel):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
-# --- Records (§1.4) ----------------------------------------------------------
+# --- Records ------------------------------------------------------------------
 
 
 class ArtifactRecord(WireModel):
@@ -296,7 +296,7 @@ class JobRecord(WireModel):
     submitted_by: SubmittedBy | None = None
 
 
-# --- Node messages (§1.5) ----------------------------------------------------
+# --- Node messages ------------------------------------------------------------
 
 
 class NodeEnvironment(StrEnum):
@@ -357,7 +357,7 @@ class NodeStatusView(WireModel):
     accepted_task_count: int = 0
 
 
-# --- Tasks, leases, attempts (§1.6) -----------------------------------------
+# --- Tasks, leases, attempts --------------------------------------------------
 
 
 class TaskState(StrEnum):
@@ -405,7 +405,7 @@ class TaskAttempt(WireModel):
     accepted: bool = False
 
 
-# --- Evidence (§1.7) ---------------------------------------------------------
+# --- Evidence -----------------------------------------------------------------
 
 
 class ExecutionEvidence(WireModel):
@@ -421,7 +421,7 @@ class ExecutionEvidence(WireModel):
     exit_code: int | None = None
 
 
-# --- Checkpoints (§1.8) ------------------------------------------------------
+# --- Checkpoints --------------------------------------------------------------
 
 
 class CheckpointPart(WireModel):
@@ -453,7 +453,7 @@ class CheckpointManifest(WireModel):
     checkpoint_duration_s: float | None = None
 
 
-# --- Recovery (§1.9) ---------------------------------------------------------
+# --- Recovery -----------------------------------------------------------------
 
 
 class FailureClass(StrEnum):
@@ -494,7 +494,7 @@ class RecoveryDecision(WireModel):
     decided_at: UtcDatetime = Field(default_factory=utcnow)
 
 
-# --- Service request bodies (§1.10) -------------------------------------------
+# --- Service request bodies ---------------------------------------------------
 
 
 class ClaimRequest(WireModel):

@@ -1,5 +1,5 @@
-"""What to do about a failure: the recovery table keyed by ``(FailureClass, mode)``
-, its one-line rendering ``explain`` (§4.4) and ``replay`` (§4.5).
+"""What to do about a failure: the recovery table keyed by ``(FailureClass, mode)``,
+its one-line rendering ``explain`` and ``replay`` of a list of failure signals.
 
 Pure lookups: no learned or remote component, no clock except through ``at``.
 Same failure, mode and ``POLICY_VERSION`` ⇒ same decision.

@@ -696,7 +696,7 @@ def test_on_event_exception_propagates_after_commit(tmp_path: Path) -> None:
             store.close()
 
 
-# --- placement through claim (§2.8) -------------------------------------------------------
+# --- placement through claim --------------------------------------------------------------
 
 
 def test_policy_claim_skips_ineligible_and_leases_first_eligible(hm: Harness) -> None:

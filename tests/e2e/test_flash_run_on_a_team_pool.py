@@ -1,7 +1,8 @@
-"""``flash.run`` of an ``independent_tasks`` plan carried out by the bundled worker (
-§2.7 gate 2, §9.11): a real coordinator, the job POSTed by ``flash.run(..., pool=...)``, and one
-real ``flashruntime worker --runner trusted --pools`` process running every task. Without a pool
-the job's argv tasks are never claimed by the bundled worker, which is not ``argv_capable``."""
+"""``flash.run`` of an ``independent_tasks`` plan carried out by the bundled worker through
+placement gate 2's trusted-pool alternative: a real coordinator, the job POSTed by
+``flash.run(..., pool=...)``, and one real ``flashruntime worker --runner trusted --pools``
+process running every task. Without a pool the job's argv tasks are never claimed by the
+bundled worker, which is not ``argv_capable``."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ def test_checkpoint_cost_smoke_rows() -> None:
     assert row["status"] == "measured" and row["repeats"] == 1 and row["median"] > 0
     assert row["comparator"]["name"] == "bare torch.save" and row["comparator"]["median"] > 0
     assert row["ratio"] == pytest.approx(row["median"] / row["comparator"]["median"])
-    assert row["target"] is None and row["skip_reason"] is None  # no issue set a target
+    assert row["target"] is None and row["skip_reason"] is None  # no target is set for it
     assert any("flashruntime.torch.checkpoint" in note for note in row["notes"])
     assert any("nn.Linear(512, 512)" in note and "momentum" in note for note in row["notes"])
     assert list(checkpoint_cost.WORK_DIR.glob("checkpoint_cost-*")) == []  # cleaned up

@@ -1,5 +1,5 @@
 """The planner_latency scenario at smoke scale: rows have the bench_v1 shape, the main
-row carries the issue's absolute target, and the scenario planned the §7.7 request."""
+row carries its absolute target, and the scenario planned the reference request."""
 
 from __future__ import annotations
 

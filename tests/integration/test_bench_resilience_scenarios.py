@@ -1,5 +1,5 @@
 """The main-job benchmark scenarios at smoke scale: they run, and their rows are honest
-(measured, with the issue's targets attached). Timings are never asserted here."""
+(measured, with their targets attached). Timings are never asserted here."""
 
 from __future__ import annotations
 

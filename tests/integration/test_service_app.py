@@ -1,7 +1,7 @@
 """The coordinator over real HTTP: uvicorn on 127.0.0.1, SQLite files on disk.
 
 Lifecycle of a lease job (submit → register → claim → heartbeat → upload → complete →
-SUCCEEDED), output validation, expiry, the status codes of §9.3, checkpoints, metrics,
+SUCCEEDED), output validation, expiry, the status code of each refused request, checkpoints, metrics,
 and a kill -9 of the coordinator process between a claim and its commit.
 """
 

@@ -45,7 +45,7 @@ def command_job(command: list[str], task_params: list[dict[str, Any]]) -> dict[s
     return spec
 
 
-# --- §9.6: command placeholders --------------------------------------------------------------------
+# --- command placeholders ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("token", "problem"), [("{x:>20000000}", "asks for a width or precision of 20000000"),
@@ -65,7 +65,7 @@ def test_command_placeholders_that_read_attributes_or_grow_tokens_are_422_and_st
     assert [t["task_id"] for t in tasks] == ["task-000"]
 
 
-# --- §9.2: artifact keys the file system cannot take ----------------------------------------------
+# --- artifact keys the file system cannot take -------------------------------------------------------
 
 
 def test_artifact_key_segments_over_255_bytes_are_400_naming_the_limit(api: Any) -> None:
@@ -93,7 +93,7 @@ def test_an_artifact_key_too_long_as_a_whole_path_is_400(api: Any) -> None:
     assert not list((api.data_dir / "artifacts").rglob(".upload-*"))
 
 
-# --- §9.2: cordon ------------------------------------------------------------------------------------
+# --- cordon ------------------------------------------------------------------------------------------
 
 
 def test_a_cordon_past_year_9999_is_422_and_cordons_nothing(api: Any) -> None:
@@ -131,7 +131,7 @@ def test_non_finite_workload_parameters_are_422_naming_the_field(api: Any, raw: 
         "C": 0.5}
 
 
-# --- §9.8: a terminal job and its event are written together ----------------------------------------
+# --- a terminal job and its event are written together -----------------------------------------------
 
 
 def _refuse_job_events(ledger_path: Path, refuse: bool) -> None:
@@ -191,7 +191,7 @@ def test_a_failed_event_write_leaves_the_job_running_and_a_kill9_loses_nothing(t
         second.stop()
 
 
-# --- §9.9: the request histogram -------------------------------------------------------------------
+# --- the request histogram ---------------------------------------------------------------------------
 
 
 def _series(metrics: str, method: str) -> list[str]:
@@ -239,7 +239,7 @@ def test_request_histogram_counts_a_handler_that_raises_as_500() -> None:
         ("/v1alpha1/jobs/{job_id}", "500", "1")]
 
 
-# --- §9.7: duplicate completes racing one another ---------------------------------------------------
+# --- duplicate completes racing one another ----------------------------------------------------------
 
 
 class _HeldFirstLookup:

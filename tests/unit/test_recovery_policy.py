@@ -1,5 +1,5 @@
 """The recovery table cell by cell from golden data, pinned ``explain``
-strings (§4.4) and ``replay`` (§4.5)."""
+strings and ``replay``'s decisions, one per signals record."""
 
 from __future__ import annotations
 

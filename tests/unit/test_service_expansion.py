@@ -1,6 +1,6 @@
 """``expand_tasks``: the built-in expansions, recipe precedence, refusals
 as ``ExpansionError``, the FedAvg key contract with the worker, and that the payload
-keys expansion stamps are the ones the placement gates (§2.7) read."""
+keys expansion stamps are the ones the placement gates read."""
 
 from __future__ import annotations
 
