@@ -35,6 +35,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("FLASHML_INPUTS_FILE", f"{_JOB} (worker)", "", "a JSON file: input name -> local path"),
     Variable("FLASHML_PLAN_ID", f"{_JOB} (flash.run)", "", "the plan this run carries out"),
     Variable("FLASHML_STRATEGY_FAMILY", f"{_JOB} (flash.run)", "", "the plan's strategy family"),
+    # Local runs.
+    Variable("FLASHML_RUNS_DIR", "flash.submit, flashruntime submit / runs", "~/.local/share/flashruntime/runs",
+             "where runs without an output directory are kept (else the platform's user data directory)"),
     # Clients.
     Variable("FLASHML_RUNTIME_API", "the CLI, the worker, flash.run", "http://localhost:8100",
              "the coordinator's URL (--api wins)"),

@@ -9,6 +9,7 @@ that built-in as a second base::
     ├── LeaseError                       refused lease operation
     ├── CheckpointError                  commit refused, unknown manifest
     ├── LaunchError                      launch failed before anything started
+    ├── InvalidSubmission(ValueError)    flash.submit's arguments cannot describe a run
     ├── CompileError                     a plan cannot be compiled
     ├── WeightShapeMismatch(ValueError)  blobs describe different parameter sets
     ├── NonFiniteWeights(ValueError)     NaN/Inf/non-numeric weight
@@ -59,6 +60,7 @@ __all__ = [
     "CoordinatorUnavailable",
     "ExpansionError",
     "FlashRuntimeError",
+    "InvalidSubmission",
     "LaunchError",
     "LeaseError",
     "NoBackend",
@@ -87,6 +89,11 @@ class CheckpointError(FlashRuntimeError):
 
 class LaunchError(FlashRuntimeError):
     """A launch failed before anything started (empty argv, missing workdir, spawn error)."""
+
+
+class InvalidSubmission(FlashRuntimeError, ValueError):
+    """``flash.submit`` was given arguments that cannot describe a run (the message says which
+    and how to fix it); nothing was started."""
 
 
 class CompileError(FlashRuntimeError):

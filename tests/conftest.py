@@ -32,3 +32,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     report.outcome = "failed"
     report.longrepr = f"skipped under CI=true, which counts as a failure: {reason}"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _runs_dir_of_the_suite(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Runs started without an output directory go to the user's data directory: the suite
+    keeps them in a temporary one instead (its subprocesses inherit it)."""
+    if not os.environ.get("FLASHML_RUNS_DIR"):
+        os.environ["FLASHML_RUNS_DIR"] = str(tmp_path_factory.mktemp("runs"))

@@ -1,9 +1,11 @@
-"""Live progress of a local run on a terminal: attempt, state, elapsed time and the
-last step/loss the script logged to metrics.jsonl."""
+"""Live progress of a local run on a terminal: one status line (attempt or trial k/N,
+state, elapsed time, the last step/loss logged to metrics.jsonl) redrawn below the
+job's own output."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -29,31 +31,108 @@ def last_metrics(attempt_dir: str | Path) -> dict[str, Any] | None:
     return None
 
 
-def progress_line(run: Any, now: float | None = None) -> str:
-    now = time.time() if now is None else now
-    attempts = run.attempts
-    elapsed = (run.finished_at or now) - run.started_at
-    if not attempts:
-        return f"{run.state}  {elapsed:6.1f}s"
-    current = attempts[-1]
-    text = f"[{current['attempt_id']}] {current['state']}  {elapsed:6.1f}s"
-    record = last_metrics(current["output_dir"])
+def _step_and_loss(attempt: dict[str, Any]) -> str:
+    record = last_metrics(attempt["output_dir"])
+    text = ""
     if record:
         if "step" in record:
             text += f"  step {record['step']}"
         loss = record.get("loss")
-        if isinstance(loss, (int, float)):
+        if isinstance(loss, (int, float)) and not isinstance(loss, bool):
             text += f"  loss {loss:.4g}"
     return text
 
 
-def watch(run: Any, stream: TextIO, period_s: float = 0.5) -> None:
-    """Redraw one status line until the run is terminal."""
-    width = 0
+def progress_line(run: Any, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    elapsed = (run.finished_at or now) - run.started_at
+    sweep = run.sweep
+    if sweep is not None:
+        return _sweep_line(run, sweep, elapsed)
+    attempts = run.attempts
+    if not attempts:
+        return f"{run.state}  {elapsed:6.1f}s"
+    current = attempts[-1]
+    return f"[{current['attempt_id']}] {current['state']}  {elapsed:6.1f}s" + _step_and_loss(current)
+
+
+def _sweep_line(run: Any, sweep: dict[str, Any], elapsed: float) -> str:
+    trials = sweep["trials"]
+    total = len(trials)
+    done = sum(1 for t in trials if t["state"] not in ("PENDING", "RUNNING"))
+    running = [t for t in trials if t["state"] == "RUNNING"]
+    if run.state.terminal:
+        return f"{run.state}  trials {done}/{total} done  {elapsed:6.1f}s"
+    if len(running) == 1 and sweep["max_concurrent_trials"] == 1:
+        trial = running[0]
+        text = f"trial {trial['index'] + 1}/{total} [{trial['trial_id']}] RUNNING  {elapsed:6.1f}s"
+    else:
+        text = f"trials {done}/{total} done, {len(running)} running  {elapsed:6.1f}s"
+    if running:
+        rows = {a["attempt_id"]: a for a in run.attempts}
+        ids = running[-1]["attempt_ids"]
+        if ids and ids[-1] in rows:
+            text += _step_and_loss(rows[ids[-1]])
+    return text
+
+
+class Terminal:
+    """The job's output lines on ``lines``, with a status line redrawn on ``status`` (a TTY)
+    below them: a line is written by clearing the status line, writing, and redrawing it.
+    Quacks like a text stream for ``LiveOutput``."""
+
+    def __init__(self, lines: TextIO, status: TextIO | None) -> None:
+        self._lines = lines
+        self._status_stream = status
+        self._status = ""
+        self._width = 0
+        self._lock = threading.Lock()
+
+    @property
+    def encoding(self) -> str | None:
+        return getattr(self._lines, "encoding", None)
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._clear()
+            self._lines.write(text)
+            self._lines.flush()
+            self._draw()
+        return len(text)
+
+    def flush(self) -> None:
+        self._lines.flush()
+
+    def status(self, text: str) -> None:
+        with self._lock:
+            self._status = text
+            self._draw()
+
+    def end_status(self, text: str) -> None:
+        """The status line's last state, left on screen."""
+        with self._lock:
+            self._status = text
+            self._draw()
+            if self._status_stream is not None:
+                self._status_stream.write("\n")
+                self._status_stream.flush()
+            self._status, self._width = "", 0
+
+    def _clear(self) -> None:
+        if self._status_stream is not None and self._width:
+            self._status_stream.write("\r" + " " * self._width + "\r")
+            self._status_stream.flush()
+            self._width = 0
+
+    def _draw(self) -> None:
+        if self._status_stream is not None and self._status:
+            self._status_stream.write("\r" + self._status)
+            self._status_stream.flush()
+            self._width = len(self._status)
+
+
+def watch(run: Any, terminal: Terminal, period_s: float = 0.5) -> None:
+    """Redraw the status line until the run is terminal."""
     while not run.wait(period_s).terminal:
-        line = progress_line(run)
-        stream.write("\r" + line.ljust(width))
-        stream.flush()
-        width = max(width, len(line))
-    stream.write("\r" + progress_line(run).ljust(width) + "\n")
-    stream.flush()
+        terminal.status(progress_line(run))
+    terminal.end_status(progress_line(run))

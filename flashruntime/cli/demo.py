@@ -18,7 +18,7 @@ STEPS, CHECKPOINT_EVERY, CRASH_AT = 60, 10, 25
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("demo", help="see a crash, the recovery decision and the resume, in seconds")
-    parser.add_argument("--output-dir", default=None, help="run directory (default: a new temporary directory)")
+    parser.add_argument("--output-dir", default=None, help="run directory (default: a new directory under the runs root; see `flashruntime runs`)")
     parser.add_argument("--ddp", action="store_true", help="train with torch DDP on 2 CPU ranks (needs torch)")
     parser.add_argument("--no-crash", action="store_true", help="do not inject the crash")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -59,10 +59,11 @@ def handle(args: argparse.Namespace) -> int:
         if earlier.exists():  # its checkpoints would be resumed from: nothing would crash or recover
             print(f"error: {earlier.parent} already holds a run (run.json), and the demo would resume from its "
                   "checkpoints instead of showing a crash and its recovery; pass a new --output-dir, or none "
-                  "for a temporary one", file=sys.stderr)
+                  "for a new one", file=sys.stderr)
             return 1
     crash = not args.no_crash
-    run = submit(demo_workload(args.ddp, crash), output_dir=args.output_dir, max_restarts=2, watch=False)
+    run = submit(demo_workload(args.ddp, crash), output_dir=args.output_dir, max_restarts=2, watch=False,
+                 quiet=True)
     events = [e for e in run.events if e["type"] in SHOWN_EVENTS]
     recovered = any(e["type"] == "RESUME_SELECTED" for e in events)
     ok = str(run.state) == "SUCCEEDED" and (recovered or not crash)

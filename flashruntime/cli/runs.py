@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,9 @@ from typing import Any
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("runs", help="list local runs under a directory")
-    parser.add_argument("--root", default=None, help="directory to search (default: the system temp dir)")
+    parser.add_argument("--root", default=None,
+                        help="directory to search (default: $FLASHML_RUNS_DIR, else ~/.local/share/flashruntime/runs "
+                             "or the platform's user data directory)")
     parser.add_argument("--json", action="store_true", help="print a JSON list")
     parser.set_defaults(handler=handle)
 
@@ -94,7 +95,15 @@ def find_runs(root: Path) -> list[dict[str, Any]]:
 
 
 def handle(args: argparse.Namespace) -> int:
-    root = Path(args.root) if args.root else Path(tempfile.gettempdir())
+    from flashruntime.local.run_dirs import runs_root
+
+    if args.root is None:
+        root = runs_root()
+        if not root.exists():  # nothing has run yet: no runs, not an error
+            print("[]" if args.json else f"no runs under {root}")
+            return 0
+    else:
+        root = Path(args.root)
     if not root.is_dir():
         print(f"error: --root {str(root)!r} is not a directory", file=sys.stderr)
         return 2

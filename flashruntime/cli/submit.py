@@ -1,4 +1,6 @@
-"""``flashruntime submit CMD``: flash.submit from a shell, with a live progress line."""
+"""``flashruntime submit CMD``: flash.submit from a shell. The job's output streams to the
+terminal as it runs; a failed run ends with its failure summary; a sweep ends with its
+table of trials, best first."""
 
 from __future__ import annotations
 
@@ -11,21 +13,44 @@ from typing import Any
 EXIT_OK, EXIT_FAILED, EXIT_BAD_PARAMS = 0, 1, 2
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "submit", help="run a command with checkpoints, recovery and output collection",
-        description="Run CMD locally (never through a shell) with flash.submit.",
+        description="Run CMD locally (never through a shell) with flash.submit. Its output streams to the "
+                    "terminal as it runs; a failed run ends with what failed and why.",
     )
     parser.add_argument("cmd", metavar="CMD", help='the command, e.g. "python train.py --lr 0.1"')
     parser.add_argument("--source", default=".", help="source directory the command runs in (default .)")
     parser.add_argument("--task-params", default=None,
                         help='JSON list of objects; fans out one trial per object, e.g. \'[{"lr": 0.1}]\'')
+    parser.add_argument("--metric", default=None,
+                        help="the metrics.json key that ranks a sweep's trials, e.g. loss")
+    parser.add_argument("--mode", choices=("min", "max"), default=None,
+                        help="whether the best trial has the lowest (min, default) or highest (max) --metric")
+    parser.add_argument("--parallel", type=_positive_int, default=1, metavar="N",
+                        help="run up to N trials of a sweep at once (default 1: one after another)")
+    parser.add_argument("--fail-fast", action="store_true",
+                        help="stop the sweep at the first failed trial (default: run every trial)")
     parser.add_argument("--max-restarts", type=int, default=0, help="relaunches allowed after a failure (default 0)")
-    parser.add_argument("--output-dir", default=None, help="run directory (default: a new temporary directory)")
+    parser.add_argument("--output-dir", default=None,
+                        help="run directory (default: a new directory under the runs root; see `flashruntime runs`)")
     watch = parser.add_mutually_exclusive_group()
     watch.add_argument("--watch", dest="watch", action="store_true", default=None, help="open the live run page")
     watch.add_argument("--no-watch", dest="watch", action="store_false", help="do not open the live run page")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    parser.add_argument("--quiet", action="store_true",
+                        help="do not stream the job's output and progress (the summary is still printed)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object instead of the summary (the job's output goes to stderr)")
     parser.set_defaults(handler=handle)
 
 
@@ -48,15 +73,43 @@ def in_cli_terms(message: str) -> str:
 
 
 def summary(run: Any) -> dict[str, Any]:
-    best = None
-    if run.workload.outputs.primary_metric:
-        best = run.best_trial()
+    best = run.best_trial() if run.metric else None
     return {"state": str(run.state), "trials": len(run.trials), "best": best,
-            "output_dir": str(run.output_dir), "viewer_url": run.viewer_url}
+            "output_dir": str(run.output_dir), "viewer_url": run.viewer_url,
+            "metric": run.metric, "mode": run.mode, "table": run.trial_table(),
+            "failure": run.failure_summary()}
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def trial_table_text(rows: list[dict[str, Any]], metric: str | None) -> str:
+    """The sweep's trials as aligned columns, best first (``*`` marks the best)."""
+    keys: list[str] = []
+    for row in rows:
+        for key in row["params"] if isinstance(row["params"], dict) else {}:
+            if key not in keys:
+                keys.append(key)
+    headers = ["", "trial", *keys, "state", metric or "metric", "duration", "attempts"]
+    table = [
+        ["*" if row["best"] else "", row["trial_id"], *(_cell(row["params"].get(key)) for key in keys),
+         row["state"], _cell(row["metric"]),
+         "-" if row["duration_s"] is None else f"{row['duration_s']:.1f}s", str(row["attempts"])]
+        for row in rows
+    ]
+    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(headers)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
+             for line in [headers, *table]]
+    return "\n".join(lines)
 
 
 def handle(args: argparse.Namespace) -> int:
-    from flashruntime.cli._progress import watch
+    from flashruntime.cli._progress import Terminal, watch
     from flashruntime.errors import LaunchError
     from flashruntime.local.submit import submit
     from flashruntime.workloads.command import CommandWorkload, Source
@@ -67,31 +120,41 @@ def handle(args: argparse.Namespace) -> int:
         print(f"error: invalid --task-params: {exc}", file=sys.stderr)
         return EXIT_BAD_PARAMS
     workload = CommandWorkload(command=args.cmd, source=Source(path=args.source), task_params=task_params)
-    # --json promises one JSON object on stdout: what submit itself prints (the viewer's
-    # address) goes to stderr then.
+    # --json promises one JSON object on stdout: the job's output, and what submit itself
+    # prints (the viewer's address), go to stderr then.
+    lines = sys.stderr if args.json else sys.stdout
+    status = sys.stderr if sys.stderr.isatty() and not args.quiet else None
+    terminal = Terminal(lines, status)
     printed = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    run = None
     try:
         with printed:
             run = submit(workload, output_dir=args.output_dir, wait=False, max_restarts=args.max_restarts,
-                         watch=args.watch)
-        if sys.stderr.isatty() and not args.json:
-            watch(run, sys.stderr)
+                         watch=args.watch, metric=args.metric, mode=args.mode,
+                         max_concurrent_trials=args.parallel, fail_fast=args.fail_fast,
+                         quiet=args.quiet, stream=terminal)
+        if status is not None:
+            watch(run, terminal)
         run.wait()
     except (LaunchError, ValueError) as exc:
         print(f"error: {in_cli_terms(str(exc))}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
+        if run is None:
+            raise
         run.cancel()
         run.wait()
-    if run.events and run.events[-1]["type"] == "LAUNCH_FAILED":
-        print(f"error: {in_cli_terms(run.events[-1]['message'])}", file=sys.stderr)
     result = summary(run)
+    if result["failure"]:
+        print(in_cli_terms(result["failure"]), file=sys.stderr)
     if args.json:
         print(json.dumps(result, default=str))
     else:
+        if result["table"]:
+            print(trial_table_text(result["table"], run.metric))
         print(f"state: {result['state']}")
         print(f"trials: {result['trials']}")
-        if run.workload.outputs.primary_metric:
+        if run.metric:
             print(f"best: {json.dumps(result['best'], default=str)}")
         print(f"output: {result['output_dir']}")
     return EXIT_OK if result["state"] == "SUCCEEDED" else EXIT_FAILED

@@ -14,6 +14,7 @@ from pathlib import Path, PurePosixPath
 from flashruntime.launchers import Launcher, LaunchError, LaunchHandle, LaunchState
 from flashruntime.launchers._sweep import attempt_processes, proc_available, sweep
 from flashruntime.strategies import LaunchSpec
+from flashruntime.strategies.command import torchrun_options
 
 __all__ = ["LocalLaunchHandle", "LocalProcessLauncher", "proc_available"]
 
@@ -181,6 +182,29 @@ def _move_aside(attempt_dir: Path) -> Path | None:
     return target
 
 
+RANK_LOGS_DIR = "rank-logs"
+# torchrun's own options that already say where the ranks' output goes.
+_TORCHRUN_OUTPUT_OPTIONS = ("-t", "--tee", "-r", "--redirects", "--log-dir", "--log_dir", "--logs-specs", "--logs_specs")
+
+
+def _is_torchrun(argv: list[str]) -> bool:
+    return bool(argv) and os.path.basename(argv[0]) == "torchrun"
+
+
+def torchrun_output_env(argv: list[str], attempt_dir: Path) -> dict[str, str]:
+    """For a torchrun command, ask torchrun (through the ``PET_*`` variables its options read)
+    to tag every rank's lines ``[default<N>]:`` and keep each rank's own log under
+    ``<attempt>/rank-logs/``, as ``--tee 3 --log-dir`` would. The command's own output
+    options, and ``PET_*`` variables already set, win. Empty for any other command."""
+    if not _is_torchrun(argv):
+        return {}
+    if any(option in _TORCHRUN_OUTPUT_OPTIONS for option in torchrun_options(argv)):
+        return {}
+    if any(name in os.environ for name in ("PET_TEE", "PET_REDIRECTS", "PET_LOG_DIR", "PET_LOGS_SPECS")):
+        return {}
+    return {"PET_TEE": "3", "PET_LOG_DIR": str(attempt_dir / RANK_LOGS_DIR)}
+
+
 def _safe_relative(name: str) -> PurePosixPath:
     path = PurePosixPath(name)
     if path.is_absolute() or ".." in path.parts or not path.parts:
@@ -232,6 +256,7 @@ class LocalProcessLauncher(Launcher):
             target.write_text(text)
         env = {
             **os.environ,
+            **torchrun_output_env(spec.argv, attempt_dir),
             **spec.env,
             "FLASHML_OUTPUT_DIR": str(attempt_dir),
             "FLASHML_CKPT_DIR": str(self.checkpoint_root(job_id)),

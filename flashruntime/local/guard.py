@@ -32,7 +32,7 @@ __all__ = [
     "on_main_thread",
     "restore_handlers",
     "signals_deferred",
-    "stop_active_attempt",
+    "stop_active_attempts",
     "track",
     "untrack",
     "wind_down_and_die",
@@ -190,9 +190,9 @@ def _kill_live_runs(current: Run | None = None) -> None:
         if run.state.terminal:
             continue
         run.recorder.request_cancel()
-        handle = run.recorder.active[0]
-        if isinstance(handle, LocalLaunchHandle):
-            handle.cancel(grace_s=0)
+        for _attempt_id, handle in run.recorder.active:
+            if isinstance(handle, LocalLaunchHandle):
+                handle.cancel(grace_s=0)
         _settle_interrupted(run)
 
 
@@ -211,17 +211,18 @@ def signals_deferred() -> Iterator[None]:
         raise Terminated(GUARD.received)
 
 
-def stop_active_attempt(run: Run) -> str | None:
-    """Cancel the attempt still running, if any, and settle it; returns its id when the
-    cancel stopped it (None when it had already ended by itself)."""
-    handle, attempt_id = run.recorder.active
-    if handle is None or attempt_id is None:
-        return None
-    handle.cancel()
-    state = handle.poll()
-    state = state if state.terminal else LaunchState.CANCELLED
-    finish_attempt(run, handle, attempt_id, state)
-    return attempt_id if state is LaunchState.CANCELLED else None
+def stop_active_attempts(run: Run) -> list[str]:
+    """Cancel the attempts still running, if any, and settle them; returns the ids of those
+    the cancel stopped (not of those that had already ended by themselves)."""
+    stopped = []
+    for attempt_id, handle in run.recorder.active:
+        handle.cancel()
+        state = handle.poll()
+        state = state if state.terminal else LaunchState.CANCELLED
+        finish_attempt(run, handle, attempt_id, state)
+        if state is LaunchState.CANCELLED:
+            stopped.append(attempt_id)
+    return stopped
 
 
 def finish_attempt(run: Run, handle: Any, attempt_id: str, state: LaunchState) -> None:
@@ -244,7 +245,7 @@ def _settle_interrupted(run: Run) -> None:
     Then write run.json once more: the signal may have cut its last write short."""
     if not run.state.terminal:
         run.recorder.request_cancel()
-        run.recorder.end_cancelled(stop_active_attempt(run))
+        run.recorder.end_cancelled(stop_active_attempts(run))
     with run.recorder.lock:
         run.recorder.write()
 

@@ -8,23 +8,39 @@ One lock guards the state, the event log, the attempt rows and the file write, s
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flashruntime.files import write_atomic
 from flashruntime.launchers import LaunchState
+from flashruntime.local.failure_summary import render_failure_summary
 
 if TYPE_CHECKING:
     from flashruntime.launchers import LaunchHandle
     from flashruntime.workloads.command import CommandWorkload
 
-__all__ = ["Run"]
+__all__ = ["Run", "metric_value", "trial_id"]
 
 RUN_JSON = "run.json"
 CONTRACT = "viewer_v1"
+
+
+def trial_id(index: int) -> str:
+    """A sweep trial's id: its job id, the directory its attempts and checkpoints live in."""
+    return f"local-{index:03d}"
+
+
+def metric_value(metrics: dict[str, Any], metric: str) -> float | None:
+    """``metrics[metric]`` when it is a number (not a bool, not NaN), else None."""
+    value = metrics.get(metric)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return float(value)
 
 
 def _event(type: str, message: str) -> dict[str, Any]:
@@ -51,14 +67,18 @@ class Run:
         self.viewer_url: str | None = None
         self.started_at = time.time()
         self.finished_at: float | None = None
+        self.metric: str | None = workload.outputs.primary_metric
+        self.mode: str = "max" if workload.outputs.maximize else "min"
         self._events: list[dict[str, Any]] = []
         self._attempts: list[dict[str, Any]] = []
         self._log_blocks: list[str] = []
+        self._sweep: dict[str, Any] | None = None
+        self._trial_slots: dict[int, dict[str, Any]] = {}
         self._lock = threading.RLock()
         self._done = threading.Event()
         self._cancel_requested = threading.Event()
-        self._active_handle: LaunchHandle | None = None
-        self._active_attempt: str | None = None
+        self._active: dict[str, LaunchHandle] = {}  # attempt id -> handle, of the attempts in flight
+        self._on_end: list[Callable[[], None]] = []
         self._driver: threading.Thread | None = None
         self.recorder = RunRecorder(self)
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -82,23 +102,67 @@ class Run:
     def logs(self, tail_lines: int = 200) -> str:
         with self._lock:
             blocks = list(self._log_blocks)
-        if self._active_handle is not None and self._active_attempt is not None:
-            blocks.append(f"--- {self._active_attempt} (RUNNING) ---\n{self._active_handle.logs(tail_lines)}")
+            active = list(self._active.items())
+        for attempt_id, handle in active:
+            blocks.append(f"--- {attempt_id} (RUNNING) ---\n{handle.logs(tail_lines)}")
         lines = "\n".join(blocks).splitlines()
         return "\n".join(lines[-tail_lines:]) if tail_lines > 0 else ""
 
     def best_trial(self, metric: str | None = None, maximize: bool | None = None) -> dict[str, Any] | None:
-        metric = metric or self.workload.outputs.primary_metric
+        """The trial (its metrics.json, with ``params``) with the best ``metric``: by default the
+        run's metric and mode (``submit(metric=, mode=)``, else ``OutputSpec``). None when no
+        trial reported the metric as a number."""
+        metric = metric or self.metric
         if metric is None:
             raise ValueError(
-                "best_trial needs a metric: pass best_trial(metric='accuracy') or set "
-                "OutputSpec(primary_metric=...)"
+                "best_trial needs a metric: pass best_trial(metric='accuracy'), submit(..., metric='accuracy') "
+                "or set OutputSpec(primary_metric=...)"
             )
-        maximize = self.workload.outputs.maximize if maximize is None else maximize
-        scored = [t for t in self.trials if isinstance(t.get(metric), (int, float)) and not isinstance(t.get(metric), bool)]
+        maximize = (self.mode == "max") if maximize is None else maximize
+        scored = [t for t in self.trials if metric_value(t, metric) is not None]
         if not scored:
             return None
         return (max if maximize else min)(scored, key=lambda t: t[metric])
+
+    @property
+    def sweep(self) -> dict[str, Any] | None:
+        """The sweep's table when the run fans out over ``task_params`` (None otherwise): metric,
+        mode, ``best_trial_id`` and one row per trial, in trial order (see ``trial_table``)."""
+        with self._lock:
+            return json.loads(json.dumps(self._sweep, default=str)) if self._sweep is not None else None
+
+    def trial_table(self) -> list[dict[str, Any]]:
+        """One row per trial of a sweep, best first when the metric is known (trials without
+        it after, in trial order): ``trial_id``, ``index``, ``params``, ``state``, ``metric``
+        (its value or None), ``duration_s``, ``attempts``, ``best``. Empty for a single command."""
+        sweep = self.sweep
+        if sweep is None:
+            return []
+        rows = []
+        for trial in sweep["trials"]:
+            started, finished = trial.get("started_at"), trial.get("finished_at")
+            rows.append({
+                "trial_id": trial["trial_id"], "index": trial["index"], "params": trial["params"],
+                "state": trial["state"], "metric": trial["metric"],
+                "duration_s": None if started is None or finished is None else round(finished - started, 3),
+                "attempts": len(trial["attempt_ids"]), "best": trial["trial_id"] == sweep["best_trial_id"],
+            })
+        sign = -1.0 if sweep["mode"] == "max" else 1.0
+        rows.sort(key=lambda r: (r["metric"] is None, 0.0 if r["metric"] is None else sign * r["metric"], r["index"]))
+        return rows
+
+    def failure_summary(self) -> str | None:
+        """What went wrong, for a run that ended FAILED (None otherwise): for each failed
+        trial (the command, for a single one), its last attempt, the failure class, the
+        recovery policy's decision with its reason, the exception line and the last lines of
+        its traceback, and the attempt's log file."""
+        with self._lock:
+            if self.state is not LaunchState.FAILED:
+                return None
+            attempts = [dict(row) for row in self._attempts]
+            events = list(self._events)
+            sweep = json.loads(json.dumps(self._sweep, default=str)) if self._sweep is not None else None
+        return render_failure_summary(attempts, events, sweep, self.max_restarts)
 
     def wait(self, timeout: float | None = None) -> LaunchState:
         self._done.wait(timeout)
@@ -111,25 +175,27 @@ class Run:
             self._write()
 
     def cancel(self) -> None:
-        """Stop the running attempt (its process group and every rank) and every later restart."""
+        """Stop the running attempts (each one's process group and every rank) and every later
+        restart and trial."""
         with self._lock:
             if self.state.terminal:
                 return
             self._cancel_requested.set()
-            handle, attempt = self._active_handle, self._active_attempt
+            active = list(self._active.items())
             driving = self._driver is not None and self._driver.is_alive()
-        if handle is not None:
+        for _attempt_id, handle in active:
             handle.cancel()
         if driving and threading.current_thread() is not self._driver:
-            return  # the drive loop settles the attempt, records RUN_CANCELLED and ends the run
-        # Named only when this cancel stopped it, not when it had already ended by itself.
-        stopped = handle is not None and handle.poll() in (LaunchState.CANCELLED, LaunchState.RUNNING)
-        self._end_cancelled(attempt if stopped else None)
+            return  # the drive loop settles the attempts, records RUN_CANCELLED and ends the run
+        # Named only when this cancel stopped them, not when they had already ended by themselves.
+        stopped = [attempt_id for attempt_id, handle in active
+                   if handle.poll() in (LaunchState.CANCELLED, LaunchState.RUNNING)]
+        self._end_cancelled(stopped)
 
-    def _end_cancelled(self, attempt: str | None) -> None:
-        """Record RUN_CANCELLED (naming the attempt that was stopped) and end CANCELLED, unless
+    def _end_cancelled(self, attempts: list[str]) -> None:
+        """Record RUN_CANCELLED (naming the attempts that were stopped) and end CANCELLED, unless
         the run has ended already (the drive loop and the signal guard may both get here)."""
-        message = f"run cancelled ({attempt} stopped)" if attempt else "run cancelled"
+        message = f"run cancelled ({', '.join(attempts)} stopped)" if attempts else "run cancelled"
         self._finish(LaunchState.CANCELLED, _event("RUN_CANCELLED", message))
 
     @property
@@ -155,11 +221,15 @@ class Run:
             try:
                 self._write()
             finally:
-                self._done.set()
+                try:
+                    for callback in self._on_end:
+                        callback()  # e.g. the live output's last lines, before wait() returns
+                finally:
+                    self._done.set()
 
-    def _set_active(self, handle: LaunchHandle | None, attempt: str | None) -> None:
+    def _add_active(self, attempt_id: str, handle: LaunchHandle) -> None:
         with self._lock:
-            self._active_handle, self._active_attempt = handle, attempt
+            self._active[attempt_id] = handle
 
     def _add_attempt(self, row: dict[str, Any]) -> None:
         with self._lock:
@@ -174,20 +244,58 @@ class Run:
         half recorded nor have it recorded twice. False when ``attempt_id`` is not the
         active attempt (recorded already)."""
         with self._lock:
-            if self._active_attempt != attempt_id:
+            if attempt_id not in self._active:
                 return False
             self._log_blocks.append(log_block)
             for row in self._attempts:
                 if row["attempt_id"] == attempt_id:
                     row.update(changes)
             self._events.append(event)
-            self._active_handle, self._active_attempt = None, None
+            del self._active[attempt_id]
             self._write()
         return True
 
-    def _add_trial(self, trial: dict[str, Any]) -> None:
+    def _update_attempt(self, attempt_id: str, changes: dict[str, Any]) -> None:
         with self._lock:
-            self.trials.append(trial)
+            for row in self._attempts:
+                if row["attempt_id"] == attempt_id:
+                    row.update(changes)
+            self._write()
+
+    def _add_trial(self, trial: dict[str, Any], index: int | None = None) -> None:
+        """A param set's metrics: ``run.trials`` stays in trial order, whatever order the
+        trials finish in."""
+        with self._lock:
+            self._trial_slots[len(self._trial_slots) if index is None else index] = trial
+            self.trials[:] = [self._trial_slots[i] for i in sorted(self._trial_slots)]
+            self._write()
+
+    def _start_sweep(self, param_sets: list[dict[str, Any]], max_concurrent_trials: int, fail_fast: bool) -> None:
+        with self._lock:
+            self._sweep = {
+                "metric": self.metric, "mode": self.mode, "max_concurrent_trials": max_concurrent_trials,
+                "fail_fast": fail_fast, "best_trial_id": None,
+                "trials": [
+                    {"trial_id": trial_id(index), "index": index, "params": params, "state": str(LaunchState.PENDING),
+                     "attempt_ids": [], "started_at": None, "finished_at": None, "metric": None, "metrics": None}
+                    for index, params in enumerate(param_sets)
+                ],
+            }
+            self._write()
+
+    def _update_trial(self, index: int, changes: dict[str, Any], attempt_id: str | None = None) -> None:
+        with self._lock:
+            if self._sweep is None:
+                return
+            trial = self._sweep["trials"][index]
+            trial.update(changes)
+            if attempt_id is not None:
+                trial["attempt_ids"].append(attempt_id)
+            if "metrics" in changes:
+                trial["metric"] = None if self.metric is None else metric_value(trial["metrics"] or {}, self.metric)
+                scored = [t for t in self._sweep["trials"] if t["metric"] is not None]
+                pick = max if self.mode == "max" else min
+                self._sweep["best_trial_id"] = pick(scored, key=lambda t: t["metric"])["trial_id"] if scored else None
             self._write()
 
     def _add_artifacts(self, paths: list[Path]) -> None:
@@ -210,6 +318,7 @@ class Run:
             "attempts": self._attempts,
             "events": self._events,
             "trials": self.trials,
+            "sweep": self._sweep,
         }
 
     def _write(self) -> None:
@@ -247,16 +356,39 @@ class RunRecorder:
         self._run._driver = thread
 
     @property
-    def active(self) -> tuple[LaunchHandle | None, str | None]:
-        """The attempt in flight: its handle and id, or (None, None)."""
-        return self._run._active_handle, self._run._active_attempt
+    def active(self) -> list[tuple[str, LaunchHandle]]:
+        """The attempts in flight: (attempt id, handle), in launch order."""
+        with self._run._lock:
+            return list(self._run._active.items())
 
     def request_cancel(self) -> None:
         """No further relaunch, whatever else still runs."""
         self._run._cancel_requested.set()
 
-    def set_active(self, handle: LaunchHandle | None, attempt: str | None) -> None:
-        self._run._set_active(handle, attempt)
+    def add_active(self, attempt_id: str, handle: LaunchHandle) -> None:
+        """``attempt_id`` is in flight until ``record_attempt_end`` settles it."""
+        self._run._add_active(attempt_id, handle)
+
+    def on_end(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the run ends, after run.json is written, before ``wait()`` returns."""
+        with self._run._lock:
+            self._run._on_end.append(callback)
+
+    def set_metric(self, metric: str | None, mode: str) -> None:
+        with self._run._lock:
+            self._run.metric, self._run.mode = metric, mode
+            self._run._write()
+
+    def start_sweep(self, param_sets: list[dict[str, Any]], max_concurrent_trials: int, fail_fast: bool) -> None:
+        """The run fans out over ``param_sets``: one PENDING trial row each."""
+        self._run._start_sweep(param_sets, max_concurrent_trials, fail_fast)
+
+    def update_trial(self, index: int, changes: dict[str, Any], attempt_id: str | None = None) -> None:
+        """Change trial ``index``'s row (and the best trial, when ``metrics`` changes); add ``attempt_id``."""
+        self._run._update_trial(index, changes, attempt_id)
+
+    def update_attempt(self, attempt_id: str, changes: dict[str, Any]) -> None:
+        self._run._update_attempt(attempt_id, changes)
 
     def set_state(self, state: LaunchState) -> None:
         self._run._set_state(state)
@@ -264,8 +396,8 @@ class RunRecorder:
     def finish(self, state: LaunchState, event: dict[str, Any] | None = None) -> None:
         self._run._finish(state, event)
 
-    def end_cancelled(self, attempt: str | None) -> None:
-        self._run._end_cancelled(attempt)
+    def end_cancelled(self, attempts: list[str]) -> None:
+        self._run._end_cancelled(attempts)
 
     def add_attempt(self, row: dict[str, Any]) -> None:
         self._run._add_attempt(row)
@@ -274,8 +406,8 @@ class RunRecorder:
                            event: dict[str, Any]) -> bool:
         return self._run._record_attempt_end(attempt_id, log_block, changes, event)
 
-    def add_trial(self, trial: dict[str, Any]) -> None:
-        self._run._add_trial(trial)
+    def add_trial(self, trial: dict[str, Any], index: int | None = None) -> None:
+        self._run._add_trial(trial, index)
 
     def add_artifacts(self, paths: list[Path]) -> None:
         self._run._add_artifacts(paths)

@@ -1,7 +1,9 @@
 """``flash.submit``: run the user's command locally, collect what it produced, and
 recover from failures by the recovery policy (classify -> decide), resuming from
-the job-scoped checkpoint directory. No attempt outlives the process driving it:
-a terminating signal or the interpreter's exit cancels and settles the runs first.
+the job-scoped checkpoint directory. A sweep (``task_params``) runs its trials one
+after another, or up to ``max_concurrent_trials`` at once, and ranks them by a metric.
+No attempt outlives the process driving it: a terminating signal or the interpreter's
+exit cancels and settles the runs first.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from flashruntime.checkpoint.local import latest_valid_manifest
-from flashruntime.errors import LaunchError
+from flashruntime.errors import InvalidSubmission, LaunchError
 from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LOG_NAME, LocalLaunchHandle, LocalProcessLauncher, read_log_tail
 from flashruntime.local.guard import (
@@ -27,17 +30,28 @@ from flashruntime.local.guard import (
     on_main_thread,
     restore_handlers,
     signals_deferred,
-    stop_active_attempt,
+    stop_active_attempts,
     track,
     untrack,
     wind_down_and_die,
 )
-from flashruntime.local.run import Run
+from flashruntime.local.live_output import LiveOutput
+from flashruntime.local.run import Run, trial_id
+from flashruntime.local.run_dirs import new_run_dir
 from flashruntime.recovery import classify, decide, describe_launch, from_local_launch
+from flashruntime.recovery.signals import failure_excerpt
 from flashruntime.strategies.command import compile_workload
 from flashruntime.workloads.command import CommandWorkload, collect_pattern_problem, task_params_problem
 
 __all__ = ["Run", "submit"]
+
+
+@dataclass(frozen=True)
+class _Sweep:
+    """How the trials of a fan-out are run."""
+
+    max_concurrent_trials: int = 1
+    fail_fast: bool = False
 
 
 def submit(
@@ -48,38 +62,72 @@ def submit(
     watch: bool | None = None,
     *,
     checkpoint_dir: str | Path | None = None,
+    metric: str | None = None,
+    mode: str | None = None,
+    max_concurrent_trials: int = 1,
+    fail_fast: bool = False,
+    quiet: bool = False,
+    stream: TextIO | None = None,
 ) -> Run:
-    """Launch ``workload`` and drive it to a terminal state (inline, or on a thread with ``wait=False``)."""
+    """Launch ``workload`` and drive it to a terminal state (inline, or on a thread with ``wait=False``).
+
+    ``output_dir`` defaults to a new directory under the runs root (``$FLASHML_RUNS_DIR``,
+    else the platform's user data directory), where ``flashruntime runs`` finds it.
+
+    The job's output is copied to ``stream`` (default ``sys.stdout``) as it is written,
+    with the run's recovery events; ``quiet=True`` turns that off. For a sweep
+    (``task_params``), ``metric`` and ``mode`` ("min" or "max") rank the trials (defaults:
+    ``outputs.primary_metric`` and ``outputs.maximize``), ``max_concurrent_trials`` runs up
+    to that many at once, and ``fail_fast=True`` stops the sweep at the first failed trial
+    (otherwise every trial runs). Raises ``InvalidSubmission`` for arguments that cannot
+    describe a run, before anything starts.
+    """
     if not isinstance(workload, CommandWorkload):
         raise TypeError(f"submit() takes a CommandWorkload, got {type(workload).__name__}")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
+        raise InvalidSubmission(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
+    if (isinstance(max_concurrent_trials, bool) or not isinstance(max_concurrent_trials, int)
+            or max_concurrent_trials < 1):
+        raise InvalidSubmission(
+            f"max_concurrent_trials must be an integer >= 1 (1 runs the trials one after another), "
+            f"got {max_concurrent_trials!r}"
+        )
+    if metric is not None and (not isinstance(metric, str) or not metric.strip()):
+        raise InvalidSubmission(f"metric must be the name of a key of metrics.json, e.g. 'loss'; got {metric!r}")
+    if mode is not None and mode not in ("min", "max"):
+        raise InvalidSubmission(f"mode must be 'min' or 'max', got {mode!r}")
     fan_out = workload.resolved_mode() == "independent_tasks" and bool(workload.task_params)
     if checkpoint_dir is not None and fan_out:
-        raise ValueError(
+        raise InvalidSubmission(
             "checkpoint_dir cannot be combined with a fan-out over task_params: each trial keeps its own "
             "checkpoint tree under output_dir; drop checkpoint_dir or submit one parameter set at a time"
         )
     for pattern in workload.outputs.collect:
         problem = collect_pattern_problem(pattern)
         if problem is not None:  # refused before anything runs, not after the attempt succeeded
-            raise ValueError(problem)
+            raise InvalidSubmission(problem)
     problem = task_params_problem(workload)
     if problem is not None:  # a trial's placeholder it cannot fill: refused here, not as a KeyError mid-run
-        raise ValueError(problem)
+        raise InvalidSubmission(problem)
     if output_dir is None:
-        output_dir = tempfile.mkdtemp(prefix="flashruntime-run-")
+        output_dir = new_run_dir()
     output_dir = Path(os.path.expanduser(str(output_dir))).resolve()
     run = Run(workload, output_dir, max_restarts, checkpoint_dir=checkpoint_dir)
+    if metric is not None or mode is not None:
+        run.recorder.set_metric(metric or run.metric, mode or run.mode)
     launcher = LocalProcessLauncher(output_dir, checkpoint_dir=checkpoint_dir)
+    sweep = _Sweep(max_concurrent_trials=max_concurrent_trials, fail_fast=bool(fail_fast)) if fan_out else None
     if _viewer_wanted(watch):
         _start_viewer(run)
+    if not quiet:
+        concurrent = sweep is not None and sweep.max_concurrent_trials > 1 and len(workload.task_params or []) > 1
+        LiveOutput(run, stream if stream is not None else sys.stdout, prefix_trials=concurrent).start()
     track(run)
     if wait:
         run.recorder.driver = threading.current_thread()
-        _drive_inline(run, launcher, fan_out)
+        _drive_inline(run, launcher, sweep)
     else:
-        thread = threading.Thread(target=_drive, args=(run, launcher, fan_out), kwargs={"reraise": False},
+        thread = threading.Thread(target=_drive, args=(run, launcher, sweep), kwargs={"reraise": False},
                                   name="flashruntime-run", daemon=True)
         run.recorder.driver = thread
         try:
@@ -115,10 +163,12 @@ def _start_viewer(run: Run) -> None:
         print(f"viewer: unavailable ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
 
 
-def _drive(run: Run, launcher: LocalProcessLauncher, fan_out: bool, *, reraise: bool) -> None:
+def _drive(run: Run, launcher: LocalProcessLauncher, sweep: _Sweep | None, *, reraise: bool) -> None:
     try:
-        _drive_all(run, launcher, fan_out)
+        _drive_all(run, launcher, sweep)
     except LaunchError as exc:
+        run.recorder.request_cancel()  # trials still running in a sweep: none of them goes on
+        stop_active_attempts(run)
         run.record_event("LAUNCH_FAILED", str(exc))
         run.recorder.finish(LaunchState.FAILED)
         if reraise:
@@ -128,7 +178,7 @@ def _drive(run: Run, launcher: LocalProcessLauncher, fan_out: bool, *, reraise: 
         # attempt may outlive the run, and its row is settled as a cancel() would settle it.
         if not isinstance(exc, Exception):
             run.recorder.request_cancel()  # no relaunch, whatever else is still running
-        stopped = stop_active_attempt(run)
+        stopped = stop_active_attempts(run)
         if isinstance(exc, Exception):
             run.record_event("RUN_ERROR", f"run stopped by {type(exc).__name__}: {exc}")
             run.recorder.finish(LaunchState.FAILED)
@@ -140,7 +190,7 @@ def _drive(run: Run, launcher: LocalProcessLauncher, fan_out: bool, *, reraise: 
         untrack(run)
 
 
-def _drive_inline(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> None:
+def _drive_inline(run: Run, launcher: LocalProcessLauncher, sweep: _Sweep | None) -> None:
     """``wait=True``: drive on this thread. On the main thread a terminating signal
     interrupts the drive like Ctrl-C (the attempt is stopped and settled), then this
     process dies of that signal, as it would have without a run."""
@@ -150,7 +200,7 @@ def _drive_inline(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> No
     interrupted_again = False
     try:
         try:
-            _drive(run, launcher, fan_out, reraise=True)
+            _drive(run, launcher, sweep, reraise=True)
         finally:
             if main:
                 GUARD.inline -= 1
@@ -167,36 +217,129 @@ def _drive_inline(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> No
         restore_handlers()
 
 
-def _stopped_attempt(run: Run) -> str | None:
-    """The attempt a cancel() stopped: the last one, if it settled CANCELLED. A cancel
-    that arrives after the last attempt ended by itself stopped nothing."""
-    rows = run.attempts
-    if rows and rows[-1]["state"] == str(LaunchState.CANCELLED):
-        return str(rows[-1]["attempt_id"])
-    return None
+def _stopped_attempts(run: Run) -> list[str]:
+    """The attempts a cancel() stopped: those that settled CANCELLED. A cancel that arrives
+    after the last attempt ended by itself stopped nothing."""
+    return [str(row["attempt_id"]) for row in run.attempts if row["state"] == str(LaunchState.CANCELLED)]
 
 
-def _drive_all(run: Run, launcher: LocalProcessLauncher, fan_out: bool) -> None:
+def _drive_all(run: Run, launcher: LocalProcessLauncher, sweep: _Sweep | None) -> None:
     run.recorder.set_state(LaunchState.RUNNING)
-    workload = run.workload
-    source_dir = Path(os.path.expanduser(workload.source.path))
-    mode = "independent_tasks" if fan_out else "coordinated_training"
-    param_sets: list[dict[str, Any] | None] = list(workload.task_params or []) if fan_out else [None]
-    all_succeeded = True
-    for index, params in enumerate(param_sets):
-        base_id = f"task-{index:03d}"
-        job_id = f"local-{index:03d}" if fan_out else "local"
-        spec = compile_workload(workload, params)
-        outcome, metrics = _run_param_set(run, launcher, spec, job_id, base_id, mode, source_dir, params, fan_out)
+    if sweep is None:
+        spec = compile_workload(run.workload, None)
+        outcome, metrics = _run_param_set(run, launcher, spec, "local", "task-000", "coordinated_training", None)
         if metrics is not None:
             run.recorder.add_trial(metrics)
-        if run.cancel_requested:
-            break
-        all_succeeded = all_succeeded and outcome is LaunchState.SUCCEEDED
+        all_succeeded = outcome is LaunchState.SUCCEEDED
+    else:
+        all_succeeded = _run_sweep(run, launcher, sweep)
     if run.cancel_requested:
-        run.recorder.end_cancelled(_stopped_attempt(run))
+        run.recorder.end_cancelled(_stopped_attempts(run))
     else:
         run.recorder.finish(LaunchState.SUCCEEDED if all_succeeded else LaunchState.FAILED)
+
+
+class _SweepState:
+    """The trials of one sweep being handed out to the threads that run them."""
+
+    def __init__(self, size: int) -> None:
+        self.lock = threading.Lock()
+        self.next_index = 0
+        self.size = size
+        self.stopped = threading.Event()  # fail-fast: no further trial starts, the running ones are stopped
+        self.failed = False
+        self.error: BaseException | None = None
+
+    def take(self) -> int | None:
+        with self.lock:
+            if self.stopped.is_set() or self.next_index >= self.size:
+                return None
+            index, self.next_index = self.next_index, self.next_index + 1
+            return index
+
+
+def _run_sweep(run: Run, launcher: LocalProcessLauncher, sweep: _Sweep) -> bool:
+    """Run every trial (or up to the first failure with fail_fast); True when all succeeded."""
+    param_sets = list(run.workload.task_params or [])
+    run.recorder.start_sweep(param_sets, sweep.max_concurrent_trials, sweep.fail_fast)
+    state = _SweepState(len(param_sets))
+
+    def trials() -> None:
+        while not run.cancel_requested:
+            index = state.take()
+            if index is None:
+                return
+            succeeded = _run_trial(run, launcher, param_sets[index], index, len(param_sets), state.stopped)
+            if not succeeded and sweep.fail_fast:
+                _stop_the_sweep(run, state, index)
+
+    def trials_on_a_thread() -> None:
+        try:
+            trials()
+        except BaseException as exc:  # handed to the driving thread; the other trials stop now
+            with state.lock:
+                state.error = state.error or exc
+            state.stopped.set()
+            for _attempt_id, handle in run.recorder.active:
+                handle.cancel()
+
+    workers = min(sweep.max_concurrent_trials, len(param_sets))
+    if workers == 1:
+        trials()
+    else:
+        threads = [threading.Thread(target=trials_on_a_thread, name=f"flashruntime-trials-{n}", daemon=True)
+                   for n in range(workers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.2)  # in short waits: a signal handler runs on this thread meanwhile
+    if state.error is not None:
+        raise state.error
+    for index, trial in enumerate(run.sweep["trials"] if run.sweep else []):
+        if trial["state"] == str(LaunchState.PENDING):  # never started: fail-fast or a cancel stopped the sweep
+            run.recorder.update_trial(index, {"state": str(LaunchState.CANCELLED)})
+    return not state.failed and all(t["state"] == str(LaunchState.SUCCEEDED) for t in run.sweep["trials"])
+
+
+def _stop_the_sweep(run: Run, state: _SweepState, failed_index: int) -> None:
+    """fail_fast: no trial starts after ``failed_index`` failed, and the running ones are stopped."""
+    with state.lock:
+        state.failed = True
+        if state.stopped.is_set():
+            return
+        state.stopped.set()
+    run.record_event("SWEEP_STOPPED", f"trial {trial_id(failed_index)} failed: stopping the sweep (fail_fast)")
+    for _attempt_id, handle in run.recorder.active:
+        handle.cancel()
+
+
+def _run_trial(
+    run: Run, launcher: LocalProcessLauncher, params: dict[str, Any], index: int, total: int,
+    stopped: threading.Event,
+) -> bool:
+    """One trial of a sweep, with its restarts; True when it succeeded."""
+    trial = trial_id(index)
+    label = f"trial {index + 1}/{total} {trial}"
+    started = time.time()
+    run.recorder.update_trial(index, {"state": str(LaunchState.RUNNING), "started_at": started})
+    run.record_event("TRIAL_STARTED", f"{label} started ({_describe_params(params)})")
+    outcome, metrics = _run_param_set(run, launcher, compile_workload(run.workload, params), trial,
+                                      f"task-{index:03d}", "independent_tasks", params, trial_index=index,
+                                      stopped=stopped)
+    if metrics is not None:
+        run.recorder.add_trial(metrics, index)
+    finished = time.time()
+    run.recorder.update_trial(index, {"state": str(outcome), "finished_at": finished, "metrics": metrics})
+    value = None if run.metric is None or metrics is None else metrics.get(run.metric)
+    scored = f", {run.metric}={value}" if value is not None else ""
+    run.record_event("TRIAL_FINISHED", f"{label} {outcome} in {finished - started:.1f} s{scored}")
+    return outcome is LaunchState.SUCCEEDED
+
+
+def _describe_params(params: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}"
+                     for key, value in params.items()) or "no parameters"
 
 
 def _run_param_set(
@@ -206,14 +349,21 @@ def _run_param_set(
     job_id: str,
     base_id: str,
     mode: str,
-    source_dir: Path,
     params: dict[str, Any] | None,
-    fan_out: bool,
+    *,
+    trial_index: int | None = None,
+    stopped: threading.Event | None = None,
 ) -> tuple[LaunchState, dict[str, Any] | None]:
+    """Run one param set with its restarts: (its last state, its last metrics.json). ``stopped``
+    (a fail-fast sweep) ends it like a cancel, without cancelling the run."""
+    source_dir = Path(os.path.expanduser(run.workload.source.path))
     metrics: dict[str, Any] | None = None
     state = LaunchState.FAILED
+    def halted() -> bool:
+        return run.cancel_requested or (stopped is not None and stopped.is_set())
+
     for restart in range(run.max_restarts + 1):
-        if run.cancel_requested:
+        if halted():
             break
         attempt_id = base_id if restart == 0 else f"{base_id}-r{restart}"
         if restart >= 1:
@@ -227,8 +377,10 @@ def _run_param_set(
         # A terminating signal waits until the attempt has its handle and its row; the run's lock,
         # held throughout, makes a cancel on another thread wait for the handle too.
         with run.recorder.lock, signals_deferred():
+            if halted():  # a cancel (or fail-fast) took the lock first: it could not see this attempt
+                break
             handle = launcher.launch(spec, job_id, attempt_id)
-            run.recorder.set_active(handle, attempt_id)
+            run.recorder.add_active(attempt_id, handle)
             launched = f"{attempt_id} launched (pid {handle.execution_id})"
             if handle.previous_dir is not None:
                 launched += f"; an earlier run's {attempt_id}/ was moved to {handle.previous_dir.name}/"
@@ -238,9 +390,9 @@ def _run_param_set(
                 "started_at": time.time(), "finished_at": None, "output_dir": str(handle.output_dir),
                 "exit_code": None,
             })
+            if trial_index is not None:
+                run.recorder.update_trial(trial_index, {}, attempt_id=attempt_id)
         sampler = _start_sampler(handle)
-        if run.cancel_requested:  # cancel() raced the launch: it could not see this handle
-            handle.cancel()
         try:
             state = handle.wait()
         finally:  # on an interrupt the attempt stays active: _drive stops and settles it
@@ -250,22 +402,32 @@ def _run_param_set(
         _collect_outputs(run, source_dir, handle.output_dir, started_ns)
         candidate = _read_metrics(handle.output_dir / "metrics.json", started_ns)
         if candidate is not None:
-            if fan_out and params is not None:
+            if params is not None:
                 candidate.setdefault("params", params)
             metrics = candidate
         if state is not LaunchState.FAILED:
             break
-        log_tail = read_log_tail(handle.output_dir / LOG_NAME)
-        failure = classify(from_local_launch(handle.exit_code, log_tail))
-        decision = decide(failure, mode)
-        run.record_event(
-            "FAILURE_CLASSIFIED",
-            f"{attempt_id}: {failure} (exit {handle.exit_code}; {describe_launch(handle.exit_code, log_tail)})",
-        )
-        run.record_event("RECOVERY_ACTION_SELECTED", f"{attempt_id}: {decision.action} — {decision.reason}")
+        decision = _classify_failure(run, handle, attempt_id, mode)
         if decision.action == "fail_job":
             break
     return state, metrics
+
+
+def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, mode: str) -> Any:
+    """Classify a failed attempt, record the class, the decision and the log lines that show
+    the error (for the failure summary), and return the decision."""
+    log_tail = read_log_tail(handle.output_dir / LOG_NAME)
+    failure = classify(from_local_launch(handle.exit_code, log_tail))
+    decision = decide(failure, mode)
+    evidence = describe_launch(handle.exit_code, log_tail)
+    excerpt = failure_excerpt(log_tail)
+    run.recorder.update_attempt(attempt_id, {"failure": {
+        "class": str(failure), "evidence": evidence, "action": str(decision.action), "reason": decision.reason,
+        "exception": excerpt.exception, "traceback": list(excerpt.traceback), "rank": excerpt.tag,
+    }})
+    run.record_event("FAILURE_CLASSIFIED", f"{attempt_id}: {failure} (exit {handle.exit_code}; {evidence})")
+    run.record_event("RECOVERY_ACTION_SELECTED", f"{attempt_id}: {decision.action} — {decision.reason}")
+    return decision
 
 
 def _filesystem_now_ns(directory: Path) -> int:

@@ -7,7 +7,7 @@ from typing import Any
 from flashruntime.strategies import LaunchSpec
 from flashruntime.workloads.command import CommandWorkload
 
-__all__ = ["compile_workload"]
+__all__ = ["compile_workload", "torchrun_options"]
 
 _NPROC_FLAGS = ("--nproc-per-node", "--nproc_per_node")
 # torchrun's options that take no value; every other option takes one (as --opt=V or --opt V).
@@ -17,21 +17,33 @@ _TORCHRUN_SWITCHES = frozenset({
 })
 
 
-def _torchrun_nproc(argv: list[str]) -> str | None:
-    """The per-node count from torchrun's own options: tokens after the script (or the
-    ``-m`` module) are the script's arguments, whatever they are called."""
+def torchrun_options(argv: list[str]) -> dict[str, str | None]:
+    """torchrun's own options in ``argv`` (``argv[0]`` is torchrun): name -> value (None for
+    a switch). Tokens after the script (or the ``-m`` module) are the script's arguments,
+    whatever they are called, and are not read."""
+    options: dict[str, str | None] = {}
     index = 1
     while index < len(argv):
         token = argv[index]
         if token == "--" or not token.startswith("-"):
-            return None  # the script (or module): torchrun's options end here
+            break  # the script (or module): torchrun's options end here
         name, has_value, value = token.partition("=")
-        if name in _NPROC_FLAGS:
-            if has_value:
-                return value
-            return argv[index + 1] if index + 1 < len(argv) else None
-        index += 1 if has_value or name in _TORCHRUN_SWITCHES else 2
-    return None
+        if has_value:
+            options[name] = value
+            index += 1
+        elif name in _TORCHRUN_SWITCHES:
+            options[name] = None
+            index += 1
+        else:
+            options[name] = argv[index + 1] if index + 1 < len(argv) else None
+            index += 2
+    return options
+
+
+def _torchrun_nproc(argv: list[str]) -> str | None:
+    """The per-node count from torchrun's own options."""
+    options = torchrun_options(argv)
+    return next((options[flag] for flag in _NPROC_FLAGS if flag in options), None)
 
 
 def compile_workload(workload: CommandWorkload, params: dict[str, Any] | None = None) -> LaunchSpec:

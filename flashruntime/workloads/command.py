@@ -164,13 +164,10 @@ def task_params_problem(workload: CommandWorkload) -> str | None:
 
 
 def to_jobspec(workload: CommandWorkload, name: str, image: ImageSpec | None = None) -> JobSpec:
-    """The coordinator JobSpec for ``workload`` (placeholders left intact for expansion)."""
+    """The coordinator JobSpec for ``workload`` (placeholders left intact for expansion). The
+    image is ``image``, else ``workload.image``, else none: the bundled worker runs the
+    command without a container."""
     chosen = image or workload.image
-    if chosen is None:
-        raise ValueError(
-            "to_jobspec needs a container image: pass image=ImageSpec(repository=..., tag=...) "
-            "or set CommandWorkload.image"
-        )
     parameters: dict[str, Any] = {"command": workload.argv(), "env": dict(workload.env), "inputs": dict(workload.inputs)}
     if workload.task_params is not None:
         parameters["task_params"] = [dict(p) for p in workload.task_params]

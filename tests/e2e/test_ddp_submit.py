@@ -3,6 +3,7 @@ multi-node through c10d, no orphans on cancel, fail-fast on bugs."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -68,10 +69,18 @@ def test_kill_and_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
 
 
 def test_deterministic_failure_in_ranks_is_not_relaunched(tmp_path: Path) -> None:
+    stream = io.StringIO()
     run = submit(ddp(str(SCRIPTS / "import_error_ddp.py"), nproc_per_node=2), output_dir=tmp_path,
-                 max_restarts=2, watch=False)
+                 max_restarts=2, watch=False, stream=stream)
     assert run.state is LaunchState.FAILED
     assert len(run.attempts) == 1
+    # The ranks' lines reach the stream tagged by torchrun, and each rank keeps its own log.
+    shown = stream.getvalue()
+    assert "[default0]:ModuleNotFoundError" in shown and "[default1]:ModuleNotFoundError" in shown
+    assert list((tmp_path / "local" / "task-000" / "rank-logs").rglob("stderr.log"))
+    summary = run.failure_summary()
+    assert "error     ModuleNotFoundError: No module named 'flashruntime_e2e_missing_module'" in summary
+    assert "rank      local rank " in summary and "ChildFailedError" not in summary
     events = json.loads(run.run_json_path.read_text())["events"]
     classified = [e["message"] for e in events if e["type"] == "FAILURE_CLASSIFIED"]
     actions = [e["message"] for e in events if e["type"] == "RECOVERY_ACTION_SELECTED"]

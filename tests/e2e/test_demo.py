@@ -83,5 +83,5 @@ def test_demo_refuses_a_directory_that_already_holds_a_run(tmp_path: Path) -> No
     )
     assert result.returncode == 1 and result.stdout == ""
     assert f"{tmp_path} already holds a run (run.json)" in result.stderr
-    assert "pass a new --output-dir, or none for a temporary one" in result.stderr
+    assert "pass a new --output-dir, or none for a new one" in result.stderr
     assert sorted(path.name for path in tmp_path.rglob("*")) == before  # nothing launched, nothing moved aside

@@ -32,7 +32,11 @@ def test_submit_json_and_failure_exit_code(tmp_path: Path) -> None:
     result = _cli("submit", f"{PY} -c 'raise SystemExit(4)'", "--output-dir", str(tmp_path), "--json", "--no-watch")
     assert result.returncode == 1
     summary = json.loads(result.stdout)
-    assert summary == {"state": "FAILED", "trials": 0, "best": None, "output_dir": str(tmp_path), "viewer_url": None}
+    failure = summary.pop("failure")
+    assert summary == {"state": "FAILED", "trials": 0, "best": None, "output_dir": str(tmp_path), "viewer_url": None,
+                       "metric": None, "mode": "max", "table": []}
+    assert failure.startswith("Run FAILED.\n  attempt   task-000 (1 of 1), exit 4\n")
+    assert failure in result.stderr  # the summary on stderr too, for whoever reads the terminal
 
 
 def test_submit_json_with_watch_keeps_stdout_one_json_object(tmp_path: Path) -> None:
@@ -72,8 +76,9 @@ def test_submit_launch_error_exit_1(tmp_path: Path) -> None:
     assert result.returncode == 1 and "does not exist" in result.stderr
     # the fix is named in this command's terms, not the SDK's Source(path=...)
     missing = str(tmp_path / "nope")
-    expected = f"error: working directory {missing!r} does not exist; point --source at your project directory"
+    expected = f"  error     working directory {missing!r} does not exist; point --source at your project directory"
     assert expected in result.stderr
+    assert "failure   application_error (the command could not start)" in result.stderr
     assert "Source(" not in result.stderr
 
 

@@ -182,14 +182,14 @@ def test_argument_errors(tmp_path: Path) -> None:
         submit("python t.py", output_dir=tmp_path)  # type: ignore[arg-type]
 
 
-def test_default_output_dir_is_a_fresh_temp_dir() -> None:
-    run = submit(CommandWorkload(command=[PY, "-c", "pass"]), watch=False)
-    try:
-        assert run.output_dir.name.startswith("flashruntime-run-") and run.run_json_path.exists()
-    finally:
-        import shutil
-
-        shutil.rmtree(run.output_dir, ignore_errors=True)
+def test_without_an_output_dir_each_run_gets_a_new_directory_under_the_runs_root(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLASHML_RUNS_DIR", str(tmp_path / "runs"))
+    first = submit(CommandWorkload(command=[PY, "-c", "pass"]), watch=False, quiet=True)
+    second = submit(CommandWorkload(command=[PY, "-c", "pass"]), watch=False, quiet=True)
+    assert first.output_dir.parent == second.output_dir.parent == tmp_path / "runs"
+    assert first.output_dir != second.output_dir
+    assert first.run_json_path.exists() and second.run_json_path.exists()
 
 
 def test_a_viewer_that_cannot_start_never_fails_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -10,6 +10,7 @@ EXPECTED_BASES = {
     "LeaseError": (),
     "CheckpointError": (),
     "LaunchError": (),
+    "InvalidSubmission": (ValueError,),
     "CompileError": (),
     "WeightShapeMismatch": (ValueError,),
     "NonFiniteWeights": (ValueError,),

@@ -232,9 +232,9 @@ def test_image_strings_need_repository_and_tag(image: str) -> None:
         independent_jobspec(make_plan("independent_tasks"), CommandWorkload(command="python t.py"), image=image)
 
 
-def test_no_image_at_all_is_the_to_jobspec_error() -> None:
-    with pytest.raises(ValueError, match="needs a container image"):
-        independent_jobspec(make_plan("independent_tasks"), CommandWorkload(command="python t.py"))
+def test_without_an_image_the_job_carries_none() -> None:
+    spec = independent_jobspec(make_plan("independent_tasks"), CommandWorkload(command="python t.py"))
+    assert spec.spec.image is None
 
 
 def test_a_planner_plan_maps_to_a_jobspec() -> None:

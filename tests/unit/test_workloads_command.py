@@ -150,9 +150,8 @@ def test_to_jobspec() -> None:
     assert set(plain) == {"command", "env", "inputs"}
 
 
-def test_to_jobspec_needs_an_image() -> None:
-    with pytest.raises(ValueError, match="needs a container image"):
-        to_jobspec(CommandWorkload(command="x"), "a")
+def test_to_jobspec_without_an_image_leaves_it_out_and_checks_the_name() -> None:
+    assert to_jobspec(CommandWorkload(command="x"), "a").spec.image is None
     with pytest.raises(ValidationError, match="DNS-1123"):
         to_jobspec(CommandWorkload(command="x"), "Bad_Name", IMAGE)
 

@@ -1,0 +1,96 @@
+"""The failure summary of a local run: which attempt failed, how the recovery policy
+classified it and what it decided, the lines of its log that show the error, and where
+the whole log is. Pure: built from the run's attempt rows, events and sweep table."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = ["MAX_TRIALS_SHOWN", "render_failure_summary"]
+
+MAX_TRIALS_SHOWN = 5  # a sweep's failed trials shown in full; the rest are counted
+_LABEL = 10
+
+
+def _line(label: str, text: str) -> str:
+    return f"  {label.ljust(_LABEL)}{text}"
+
+
+def _rank(tag: str) -> str:
+    """``[default1]:`` (torchrun --tee: role, local rank) or ``[rank3]:`` (global rank), in words."""
+    match = re.match(r"\[([A-Za-z]+)([0-9]+)\]:", tag)
+    if match is None:
+        return tag
+    role, number = match.groups()
+    return f"rank {number} {tag}" if role == "rank" else f"local rank {number} {tag}"
+
+
+def _attempt_block(row: dict[str, Any], attempt_number: int, attempts: int, max_restarts: int) -> list[str]:
+    failure = row.get("failure") or {}
+    exit_code = row.get("exit_code")
+    lines = [_line("attempt", f"{row['attempt_id']} ({attempt_number} of {attempts}), exit {exit_code}")]
+    if failure:
+        lines.append(_line("failure", f"{failure['class']} ({failure['evidence']})"))
+        decision = f"{failure['action']} — {failure['reason']}"
+        if failure["action"] != "fail_job" and attempt_number == attempts and attempts >= max_restarts + 1:
+            decision += f"; no restarts left (max_restarts={max_restarts})"
+        lines.append(_line("decision", decision))
+        if failure.get("exception"):
+            lines.append(_line("error", failure["exception"]))
+            lines += [" " * (_LABEL + 2) + frame for frame in failure.get("traceback") or []]
+        if failure.get("rank"):
+            lines.append(_line("rank", _rank(failure["rank"])))
+    log = row.get("output_dir")
+    if log:
+        lines.append(_line("log", f"{log}/launcher.log"))
+    return lines
+
+
+def _job_block(job_id: str, attempts: list[dict[str, Any]], max_restarts: int) -> list[str]:
+    rows = [row for row in attempts if row.get("job_id") == job_id]
+    failed = [row for row in rows if row.get("state") == "FAILED"]
+    if not failed:
+        return []
+    last = failed[-1]
+    return _attempt_block(last, rows.index(last) + 1, len(rows), max_restarts)
+
+
+def _launch_failure(events: list[dict[str, Any]]) -> list[str]:
+    message = next((e["message"] for e in reversed(events) if e.get("type") == "LAUNCH_FAILED"), None)
+    if message is None:
+        return []
+    return [
+        _line("failure", "application_error (the command could not start)"),
+        _line("decision", "fail_job — a relaunch would fail the same way"),
+        _line("error", message),
+    ]
+
+
+def _params(params: Any) -> str:
+    if isinstance(params, dict):
+        return ", ".join(f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}"
+                         for key, value in params.items())
+    return str(params)
+
+
+def render_failure_summary(
+    attempts: list[dict[str, Any]], events: list[dict[str, Any]], sweep: dict[str, Any] | None, max_restarts: int
+) -> str:
+    """The summary of a run that ended FAILED (see ``Run.failure_summary``)."""
+    if sweep is None:
+        lines = ["Run FAILED."]
+        block = _job_block("local", attempts, max_restarts)
+        lines += block or _launch_failure(events) or ["  no attempt failed; see the run's events"]
+        return "\n".join(lines)
+    trials = sweep.get("trials") or []
+    failed = [trial for trial in trials if trial.get("state") == "FAILED"]
+    lines = [f"Run FAILED: {len(failed)} of {len(trials)} trials failed."]
+    for trial in failed[:MAX_TRIALS_SHOWN]:
+        lines.append(f"trial {trial['trial_id']} ({_params(trial.get('params'))})")
+        lines += _job_block(trial["trial_id"], attempts, max_restarts) or _launch_failure(events)
+    if len(failed) > MAX_TRIALS_SHOWN:
+        lines.append(f"... and {len(failed) - MAX_TRIALS_SHOWN} more failed trials: see run.json")
+    if not failed:
+        lines += _launch_failure(events) or ["  no trial failed; see the run's events"]
+    return "\n".join(lines)
