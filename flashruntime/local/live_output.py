@@ -51,11 +51,11 @@ class LiveOutput:
         return self
 
     def close(self) -> None:
-        """Copy what is left and stop following (idempotent)."""
+        """Copy what is left and stop following (idempotent). Called as the run ends, under
+        the run's lock: the follower thread may be waiting for that lock, so it is not
+        joined; it finds nothing left to copy and ends."""
         self._stop.set()
         self.pump()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5)
 
     def _follow(self) -> None:
         while not self._stop.wait(self._period_s):
@@ -71,12 +71,13 @@ class LiveOutput:
         attempts = self._run.attempts  # snapshots, taken before our own lock (never both at once)
         events = self._run.events
         with self._lock:
-            for event in events[self._events_seen:]:
+            for event in events[self._events_seen:]:  # a stale, shorter snapshot yields none
                 if event.get("type") not in EVENTS_SHOWN:
                     continue
                 self._copy_attempts([row for row in attempts if (row.get("started_at") or 0) <= event["ts"]])
                 self._write(f"flashruntime: {event.get('message')}\n")
-            self._events_seen = len(events)
+            # A pass that took its snapshot before another one ran never goes back over its events.
+            self._events_seen = max(self._events_seen, len(events))
             self._copy_attempts(attempts)
 
     def _copy_attempts(self, rows: list[dict[str, Any]]) -> None:

@@ -1,8 +1,9 @@
-"""``Run``: the live record of one ``flash.submit`` — state, attempts, events, trials —
-mirrored to ``run.json`` (contract ``viewer_v1``) after every change.
+"""``Run``: the live record of one ``flash.submit`` — state, attempts, events, trials and,
+for a sweep, its table — mirrored to ``run.json`` (contract ``viewer_v1``) after every change.
 
-One lock guards the state, the event log, the attempt rows and the file write, so
-``run.json`` is always a consistent snapshot; it is replaced atomically.
+One lock guards the state, the event log, the attempt rows, the sweep table and the file
+write, so ``run.json`` is always a consistent snapshot; it is replaced atomically. Several
+attempts may be in flight at once (a sweep's trials side by side); a cancel stops them all.
 """
 
 from __future__ import annotations

@@ -359,6 +359,7 @@ def _run_param_set(
     source_dir = Path(os.path.expanduser(run.workload.source.path))
     metrics: dict[str, Any] | None = None
     state = LaunchState.FAILED
+
     def halted() -> bool:
         return run.cancel_requested or (stopped is not None and stopped.is_set())
 

@@ -49,3 +49,9 @@ def test_launch_overhead_smoke() -> None:
     row = rows["submit_vs_torchrun"]
     assert row["status"] == "measured" and row["comparator"]["name"] == "bare torchrun"
     assert row["ratio"] > 0 and rows["overhead_s"]["repeats"] == 1
+
+
+def test_sweep_parallel_smoke() -> None:
+    row = _rows("sweep_parallel")["parallel_2_vs_1"]
+    assert row["status"] == "measured" and row["comparator"]["name"] == "--parallel 1"
+    assert row["target"] == targets.SWEEP_PARALLEL_OVER_SERIAL.as_dict() and row["ratio"] > 0

@@ -22,16 +22,13 @@ with open(os.path.join(out, "metrics.jsonl"), "a") as f:
 """
 
 
-def test_progress_line_on_a_tty(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(TRAINER)
+def _on_a_tty(args: list[str]) -> tuple[int, str, str]:
+    """Run ``flashruntime ARGS`` with stderr on a terminal: (exit code, what the terminal
+    showed, stdout)."""
     primary, secondary = pty.openpty()
     env = {k: v for k, v in os.environ.items() if k != "CI"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "flashruntime.cli", "submit", f"{sys.executable} {script}",
-         "--output-dir", str(tmp_path / "out"), "--no-watch"],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=secondary, env=env,
-    )
+    process = subprocess.Popen([sys.executable, "-m", "flashruntime.cli", *args], cwd=REPO_ROOT,
+                               stdout=subprocess.PIPE, stderr=secondary, env=env)
     os.close(secondary)
     chunks = []
     while True:
@@ -44,9 +41,27 @@ def test_progress_line_on_a_tty(tmp_path: Path) -> None:
         chunks.append(data)
     stdout, _ = process.communicate(timeout=120)
     os.close(primary)
-    screen = b"".join(chunks).decode(errors="replace")
-    assert process.returncode == 0
+    return process.returncode, b"".join(chunks).decode(errors="replace"), stdout.decode()
+
+
+def test_progress_line_on_a_tty(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TRAINER)
+    code, screen, stdout = _on_a_tty(["submit", f"{sys.executable} {script}", "--output-dir", str(tmp_path / "out"),
+                                      "--no-watch"])
+    assert code == 0
     assert "\r[task-000] RUNNING" in screen
     assert "step 15  loss 0.06667" in screen  # the last line logged, shown at the end
     assert "[task-000] SUCCEEDED" in screen
-    assert stdout.decode().splitlines()[0] == "state: SUCCEEDED"
+    assert stdout.splitlines()[0] == "state: SUCCEEDED"
+
+
+def test_a_sweep_shows_which_trial_of_how_many_is_running(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TRAINER)
+    code, screen, stdout = _on_a_tty(["submit", f"{sys.executable} {script} {{n}}", "--task-params",
+                                      '[{"n": 1}, {"n": 2}]', "--output-dir", str(tmp_path / "out"), "--no-watch"])
+    assert code == 0
+    assert "\rtrial 1/2 [local-000] RUNNING" in screen and "\rtrial 2/2 [local-001] RUNNING" in screen
+    assert "SUCCEEDED  trials 2/2 done" in screen
+    assert stdout.splitlines()[-1].startswith("output: ")
