@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from flashruntime.cli._api import resolve_api
+from flashruntime.cli._arguments import whole_number
 from flashruntime.cli.jobs import (
     EXIT_HTTP_ERROR,
     EXIT_OK,
@@ -53,7 +54,7 @@ def register(subparsers: Any) -> None:
     )
     add_job_id(parser)
     parser.add_argument("--task", default=None, metavar="T", help="only this task's log")
-    parser.add_argument("--tail", type=_lines, default=None, metavar="N", help="only the last N lines of each log")
+    parser.add_argument("--tail", type=whole_number("--tail", 0), default=None, metavar="N", help="only the last N lines of each log")
     parser.add_argument("--follow", "-f", action="store_true",
                         help=f"keep printing new lines (asking every {FOLLOW_POLL_S:g} s) until the job has ended")
     parser.add_argument("--json", action="store_true", help="print the coordinator's answer as JSON")
@@ -82,16 +83,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print the coordinator's listing as JSON")
     add_token_option(parser)
     parser.set_defaults(handler=handle_artifacts)
-
-
-def _lines(value: str) -> int:
-    try:
-        count = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--tail must be a whole number of lines, got {value!r}") from None
-    if count < 0:
-        raise argparse.ArgumentTypeError(f"--tail must be >= 0, got {count}")
-    return count
 
 
 def _command(name: str, body: Callable[[str, CoordinatorClient, argparse.Namespace], int]) -> Callable[

@@ -10,17 +10,9 @@ import json
 import sys
 from typing import Any
 
+from flashruntime.cli._arguments import whole_number
+
 EXIT_OK, EXIT_FAILED, EXIT_BAD_PARAMS = 0, 1, 2
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
 
 
 def register(subparsers: Any) -> None:
@@ -37,7 +29,7 @@ def register(subparsers: Any) -> None:
                         help="the metrics.json key that ranks a sweep's trials, e.g. loss")
     parser.add_argument("--mode", choices=("min", "max"), default=None,
                         help="whether the best trial has the lowest (min, default) or highest (max) --metric")
-    parser.add_argument("--parallel", type=_positive_int, default=1, metavar="N",
+    parser.add_argument("--parallel", type=whole_number("--parallel", 1), default=1, metavar="N",
                         help="run up to N trials of a sweep at once (default 1: one after another)")
     parser.add_argument("--fail-fast", action="store_true",
                         help="stop the sweep at the first failed trial (default: run every trial)")
