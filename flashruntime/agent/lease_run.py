@@ -408,7 +408,12 @@ class LeaseRunner:
             logger.info("lease %s: child exited %s%s", lease.lease_id, exit_code,
                         "" if has_metrics else " without out/metrics.json")
             shipper.ship(final=True)  # before fail: after it the lease, and the right to write, is gone
-            return self._fail(lease, f"exit {exit_code}: {last_log_line(dirs.log)}", Outcome.FAILED)
+            if exit_code == 0:  # it ran fine but left no result: say so, not just its last line
+                reason = ("exit 0 without out/metrics.json: a task must write metrics.json into "
+                          f"$FLASHML_OUTPUT_DIR; its last line: {last_log_line(dirs.log)}")
+            else:
+                reason = f"exit {exit_code}: {last_log_line(dirs.log)}"
+            return self._fail(lease, reason, Outcome.FAILED)
         prefix = payload_prefix(lease)
         if _is_regular(dirs.out / TASK_LOG_NAME):
             logger.warning("lease %s: the task wrote out/%s, which the task's own log replaces on the coordinator",

@@ -49,9 +49,12 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--token", default=None, help=TOKEN_HELP)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMAND_MODULES:
-        importlib.import_module(module_name).register(subparsers)
-    for subparser in subparsers.choices.values():
-        _accept_global_options(subparser)
+        before = set(subparsers.choices)
+        module = importlib.import_module(module_name)
+        module.register(subparsers)
+        if getattr(module, "TALKS_TO_A_COORDINATOR", False):  # local commands do not offer --api
+            for name in set(subparsers.choices) - before:
+                _accept_global_options(subparsers.choices[name])
     return parser
 
 

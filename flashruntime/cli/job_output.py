@@ -40,6 +40,10 @@ __all__ = ["FOLLOW_POLL_S", "new_text", "register", "safe_destination"]
 # How often ``logs --follow`` asks again. A worker uploads a running task's log every 10 s
 # when it grew, so asking much more often would only repeat the same answer.
 FOLLOW_POLL_S = 2.0
+
+# Every command here asks the coordinator: --api is accepted after the command too.
+TALKS_TO_A_COORDINATOR = True
+
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 _ANCHOR_LINES = 64  # the most final lines of the last answer looked for in the next

@@ -31,6 +31,9 @@ from flashruntime.errors import (
     CoordinatorUnavailable,
 )
 
+# Every command here asks the coordinator: --api is accepted after the command too.
+TALKS_TO_A_COORDINATOR = True
+
 EXIT_OK, EXIT_HTTP_ERROR, EXIT_UNREACHABLE = 0, 1, 2
 EXIT_BAD_SPEC, EXIT_NO_YAML = 1, 2
 

@@ -11,7 +11,10 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("runs", help="list local runs under a directory")
+    parser = subparsers.add_parser(
+        "runs", help="list local runs under a directory",
+        description="List the local runs (directories holding a run.json) under the runs root, newest first: "
+                    "state, mode, attempts, start, duration and command.")
     parser.add_argument("--root", default=None,
                         help="directory to search (default: $FLASHML_RUNS_DIR, else ~/.local/share/flashruntime/runs "
                              "or the platform's user data directory)")
@@ -27,7 +30,7 @@ def _describe(directory: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     row: dict[str, Any] = {"path": str(directory), "state": UNKNOWN, "mode": None, "attempts": None,
-                           "started": None, "duration_s": None, "_sort": path.stat().st_mtime}
+                           "started": None, "duration_s": None, "command": None, "_sort": path.stat().st_mtime}
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -42,7 +45,10 @@ def _describe(directory: Path) -> dict[str, Any] | None:
     workload = doc.get("workload") or {}
     mode = workload.get("mode") if isinstance(workload, dict) else UNKNOWN
     attempts = doc.get("attempts") or []
+    command = workload.get("command") if isinstance(workload, dict) else None
     row.update(
+        command=(" ".join(command) if isinstance(command, list) and all(isinstance(t, str) for t in command)
+                 else None if command is None else UNKNOWN),
         state=state if isinstance(state, str) else UNKNOWN,
         mode=mode if mode is None or isinstance(mode, str) else UNKNOWN,
         attempts=len(attempts) if isinstance(attempts, list) else UNKNOWN,
@@ -114,14 +120,21 @@ def handle(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no runs under {root}")
         return 0
-    headers = ("path", "state", "mode", "attempts", "started", "duration")
+    headers = ("path", "state", "mode", "attempts", "started", "duration", "command")
     table = [(r["path"], r["state"], r["mode"] or "-", "-" if r["attempts"] is None else str(r["attempts"]),
-              r["started"] or "-", _duration(r["duration_s"])) for r in rows]
+              r["started"] or "-", _duration(r["duration_s"]), _shortened(r["command"] or "-")) for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
     for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     return 0
+
+
+COMMAND_SHOWN = 60  # characters of a run's command in the table; --json has all of it
+
+
+def _shortened(text: str) -> str:
+    return text if len(text) <= COMMAND_SHOWN else text[:COMMAND_SHOWN - 1] + "…"
 
 
 def _duration(seconds: float | str | None) -> str:

@@ -51,7 +51,7 @@ def parse_task_params(raw: str | None) -> list[dict[str, Any]] | None:
         return None
     value = json.loads(raw)
     if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
-        raise ValueError("--task-params must be a JSON list of objects, e.g. '[{\"lr\": 0.1}, {\"lr\": 0.01}]'")
+        raise ValueError("expected a JSON list of objects, e.g. '[{\"lr\": 0.1}, {\"lr\": 0.01}]'")
     return value
 
 
@@ -68,7 +68,7 @@ def summary(run: Any) -> dict[str, Any]:
     best = run.best_trial() if run.metric else None
     return {"state": str(run.state), "trials": len(run.trials), "best": best,
             "output_dir": str(run.output_dir), "viewer_url": run.viewer_url,
-            "metric": run.metric, "mode": run.mode, "table": run.trial_table(),
+            "metric": run.metric, "mode": run.mode if run.metric else None, "table": run.trial_table(),
             "failure": run.failure_summary()}
 
 
@@ -122,7 +122,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         with printed:
             run = submit(workload, output_dir=args.output_dir, wait=False, max_restarts=args.max_restarts,
-                         watch=args.watch, metric=args.metric, mode=args.mode,
+                         watch=args.watch, metric=args.metric, mode=args.mode or "min",
                          max_concurrent_trials=args.parallel, fail_fast=args.fail_fast,
                          quiet=args.quiet, stream=terminal)
         if status is not None:

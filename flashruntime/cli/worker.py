@@ -9,6 +9,9 @@ from flashruntime.agent.command import DESCRIPTION, add_arguments, handle
 
 __all__ = ["register"]
 
+# The worker asks the coordinator: --api is accepted after the command too.
+TALKS_TO_A_COORDINATOR = True
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(

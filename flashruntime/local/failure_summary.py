@@ -11,6 +11,11 @@ __all__ = ["MAX_TRIALS_SHOWN", "render_failure_summary"]
 
 MAX_TRIALS_SHOWN = 5  # a sweep's failed trials shown in full; the rest are counted
 _LABEL = 10
+# What a bare signal most often means, for the evidence that names it.
+_HINTS = {
+    "killed by SIGKILL": "a SIGKILL is most often the kernel's out-of-memory killer (see `dmesg`), or a kill -9",
+    "exit 137 (128 + SIGKILL)": "a SIGKILL is most often the kernel's out-of-memory killer (see `dmesg`), or a kill -9",
+}
 
 
 def _line(label: str, text: str) -> str:
@@ -33,14 +38,20 @@ def _attempt_block(row: dict[str, Any], attempt_number: int, attempts: int, max_
     if failure:
         lines.append(_line("failure", f"{failure['class']} ({failure['evidence']})"))
         decision = f"{failure['action']} — {failure['reason']}"
-        if failure["action"] != "fail_job" and attempt_number == attempts and attempts >= max_restarts + 1:
+        if failure.get("restarts_spent"):
             decision += f"; no restarts left (max_restarts={max_restarts})"
         lines.append(_line("decision", decision))
         if failure.get("exception"):
             lines.append(_line("error", failure["exception"]))
             lines += [" " * (_LABEL + 2) + frame for frame in failure.get("traceback") or []]
+        elif failure.get("last_lines"):
+            lines.append(_line("output", failure["last_lines"][0]))  # its last lines
+            lines += [" " * (_LABEL + 2) + line for line in failure["last_lines"][1:]]
         if failure.get("rank"):
             lines.append(_line("rank", _rank(failure["rank"])))
+        hint = _HINTS.get(failure.get("evidence", ""))
+        if hint:
+            lines.append(_line("hint", hint))
     log = row.get("output_dir")
     if log:
         lines.append(_line("log", f"{log}/launcher.log"))

@@ -11,15 +11,18 @@ Once the run ends, the last lines are copied before ``Run.wait()`` returns.
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 from typing import Any, TextIO
 
 from flashruntime.launchers.local import LOG_NAME
+from flashruntime.local.run import trial_id
 
 __all__ = ["EVENTS_SHOWN", "LiveOutput"]
 
 POLL_S = 0.1
+_ATTEMPT_OF_A_TRIAL = re.compile(r"task-([0-9]{3,})(?:-r[0-9]+)?[: ]")
 _CHUNK = 1 << 20  # read at most this much of one log per pass, so every attempt gets its turn
 # The events a user watching the terminal needs; the others are in run.json.
 EVENTS_SHOWN = frozenset({
@@ -31,10 +34,12 @@ EVENTS_SHOWN = frozenset({
 class LiveOutput:
     """Copy ``run``'s attempts' output and recovery events onto ``stream`` as they come."""
 
-    def __init__(self, run: Any, stream: TextIO, *, prefix_trials: bool = False, period_s: float = POLL_S) -> None:
+    def __init__(self, run: Any, stream: TextIO, *, prefix_trials: bool = False, sweep: bool = False,
+                 period_s: float = POLL_S) -> None:
         self._run = run
         self._stream = stream
         self._prefix_trials = prefix_trials
+        self._sweep = sweep
         self._period_s = period_s
         self._offsets: dict[str, int] = {}
         self._partial: dict[str, bytes] = {}
@@ -75,10 +80,15 @@ class LiveOutput:
                 if event.get("type") not in EVENTS_SHOWN:
                     continue
                 self._copy_attempts([row for row in attempts if (row.get("started_at") or 0) <= event["ts"]])
-                self._write(f"flashruntime: {event.get('message')}\n")
+                self._write(f"flashruntime: {self._event_text(str(event.get('message')))}\n")
             # A pass that took its snapshot before another one ran never goes back over its events.
             self._events_seen = max(self._events_seen, len(events))
             self._copy_attempts(attempts)
+
+    def _event_text(self, message: str) -> str:
+        """In a sweep, an attempt's event names its trial first: ``[local-001] task-001: ...``."""
+        match = _ATTEMPT_OF_A_TRIAL.match(message) if self._sweep else None
+        return f"[{trial_id(int(match.group(1)))}] {message}" if match else message
 
     def _copy_attempts(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:

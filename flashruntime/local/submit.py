@@ -121,7 +121,8 @@ def submit(
         _start_viewer(run)
     if not quiet:
         concurrent = sweep is not None and sweep.max_concurrent_trials > 1 and len(workload.task_params or []) > 1
-        LiveOutput(run, stream if stream is not None else sys.stdout, prefix_trials=concurrent).start()
+        LiveOutput(run, stream if stream is not None else sys.stdout, prefix_trials=concurrent,
+                   sweep=sweep is not None).start()
     track(run)
     if wait:
         run.recorder.driver = threading.current_thread()
@@ -408,26 +409,36 @@ def _run_param_set(
             metrics = candidate
         if state is not LaunchState.FAILED:
             break
-        decision = _classify_failure(run, handle, attempt_id, mode)
+        decision = _classify_failure(run, handle, attempt_id, mode, last_attempt=restart == run.max_restarts)
         if decision.action == "fail_job":
             break
     return state, metrics
 
 
-def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, mode: str) -> Any:
+_LAST_LINES = 5  # of a failed attempt's log, shown when it names no exception
+
+
+def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, mode: str, *, last_attempt: bool) -> Any:
     """Classify a failed attempt, record the class, the decision and the log lines that show
-    the error (for the failure summary), and return the decision."""
+    the error (for the failure summary), and return the decision. On the last attempt the
+    budget allows, a decision to relaunch says that none is left."""
     log_tail = read_log_tail(handle.output_dir / LOG_NAME)
     failure = classify(from_local_launch(handle.exit_code, log_tail))
     decision = decide(failure, mode)
     evidence = describe_launch(handle.exit_code, log_tail)
     excerpt = failure_excerpt(log_tail)
+    spent = last_attempt and decision.action != "fail_job"
+    last_lines = [] if excerpt.exception else [line for line in log_tail.splitlines() if line.strip()][-_LAST_LINES:]
     run.recorder.update_attempt(attempt_id, {"failure": {
         "class": str(failure), "evidence": evidence, "action": str(decision.action), "reason": decision.reason,
         "exception": excerpt.exception, "traceback": list(excerpt.traceback), "rank": excerpt.tag,
+        "last_lines": last_lines, "restarts_spent": spent,
     }})
     run.record_event("FAILURE_CLASSIFIED", f"{attempt_id}: {failure} (exit {handle.exit_code}; {evidence})")
-    run.record_event("RECOVERY_ACTION_SELECTED", f"{attempt_id}: {decision.action} — {decision.reason}")
+    action = f"{attempt_id}: {decision.action} — {decision.reason}"
+    if spent:
+        action += f"; no restarts left (max_restarts={run.max_restarts})"
+    run.record_event("RECOVERY_ACTION_SELECTED", action)
     return decision
 
 

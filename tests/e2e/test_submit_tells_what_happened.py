@@ -169,6 +169,7 @@ def test_a_failed_trial_does_not_stop_the_sweep_unless_fail_fast(project: Path, 
     assert states == {"local-000": "FAILED", "local-001": "CANCELLED", "local-002": "CANCELLED"}
     assert [a["attempt_id"] for a in run["attempts"]] == ["task-000"]
     assert "stopping the sweep (fail_fast)" in fast.stdout
+    assert "flashruntime: [local-000] task-000: application_error" in fast.stdout  # the trial named first
 
 
 def test_runs_are_kept_in_the_runs_directory_and_listed_from_there(project: Path, tmp_path: Path) -> None:

@@ -177,10 +177,12 @@ def test_an_unreachable_coordinator_exits_2(command: str, capsys: pytest.Capture
     assert "cannot reach the coordinator at http://127.0.0.1:9" in capsys.readouterr().err
 
 
-def test_the_new_commands_and_global_options_have_help(capsys: pytest.CaptureFixture[str]) -> None:
-    for command in ("logs", "tasks", "artifacts", "runs", "worker"):
+def test_the_commands_that_ask_a_coordinator_take_api_after_them_and_local_ones_do_not_offer_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("logs", "tasks", "artifacts", "status", "worker", "runs", "submit", "view", "serve"):
         with pytest.raises(SystemExit) as exit_info:
             run_cli(command, "--help")
         assert exit_info.value.code == 0
-        assert "--api API" in capsys.readouterr().out
+        offered = "--api API" in capsys.readouterr().out
+        assert offered is (command in ("logs", "tasks", "artifacts", "status", "worker")), command
 

@@ -34,7 +34,7 @@ def test_submit_json_and_failure_exit_code(tmp_path: Path) -> None:
     summary = json.loads(result.stdout)
     failure = summary.pop("failure")
     assert summary == {"state": "FAILED", "trials": 0, "best": None, "output_dir": str(tmp_path), "viewer_url": None,
-                       "metric": None, "mode": "max", "table": []}
+                       "metric": None, "mode": None, "table": []}
     assert failure.startswith("Run FAILED.\n  attempt   task-000 (1 of 1), exit 4\n")
     assert failure in result.stderr  # the summary on stderr too, for whoever reads the terminal
 
@@ -138,9 +138,10 @@ def test_runs_lists_newest_first_and_marks_unreadable(tmp_path: Path) -> None:
     ordered = [Path(r["path"]).name for r in rows if r["state"] != "?"]
     assert ordered == ["new", "old"]
     assert by_name["new"] == {"path": str(tmp_path / "new"), "state": "SUCCEEDED", "mode": "local", "attempts": 2,
-                              "started": "1970-01-01T00:33:20Z", "duration_s": 12.5}
+                              "started": "1970-01-01T00:33:20Z", "duration_s": 12.5, "command": "x"}
     table = _cli("runs", "--root", str(tmp_path))
-    assert table.stdout.splitlines()[0].split() == ["path", "state", "mode", "attempts", "started", "duration"]
+    assert table.stdout.splitlines()[0].split() == ["path", "state", "mode", "attempts", "started", "duration",
+                                                    "command"]
 
 
 def test_runs_shows_malformed_fields_as_question_marks_and_exits_0(tmp_path: Path) -> None:
@@ -159,6 +160,8 @@ def test_runs_shows_malformed_fields_as_question_marks_and_exits_0(tmp_path: Pat
     result = _cli("runs", "--root", str(tmp_path), "--json")
     assert result.returncode == 0, result.stderr
     by_name = {Path(r.pop("path")).name: r for r in json.loads(result.stdout)}
+    for row in by_name.values():
+        assert row.pop("command") is None  # none of them names its command
     assert by_name == {
         "workload_str": {"state": "SUCCEEDED", "mode": "?", "attempts": 0, "started": None, "duration_s": None},
         "attempts_int": {"state": "RUNNING", "mode": None, "attempts": "?", "started": "1970-01-01T00:16:40Z",
@@ -171,9 +174,9 @@ def test_runs_shows_malformed_fields_as_question_marks_and_exits_0(tmp_path: Pat
     table = _cli("runs", "--root", str(tmp_path))
     assert table.returncode == 0 and table.stderr == ""
     rows = {Path(line.split()[0]).name: line.split()[1:] for line in table.stdout.splitlines()[1:]}
-    assert rows["huge_start"] == ["RUNNING", "-", "0", "?", "?"]
-    assert rows["attempts_int"] == ["RUNNING", "-", "?", "1970-01-01T00:16:40Z", "10s"]
-    assert rows["good"] == ["SUCCEEDED", "local", "1", "1970-01-01T00:33:20Z", "12.5s"]
+    assert rows["huge_start"] == ["RUNNING", "-", "0", "?", "?", "-"]
+    assert rows["attempts_int"] == ["RUNNING", "-", "?", "1970-01-01T00:16:40Z", "10s", "-"]
+    assert rows["good"] == ["SUCCEEDED", "local", "1", "1970-01-01T00:33:20Z", "12.5s", "-"]
 
 
 def test_runs_on_a_missing_root_exit_2(tmp_path: Path) -> None:

@@ -66,6 +66,11 @@ def test_the_summary_of_a_crash_says_the_restarts_are_spent(tmp_path: Path) -> N
     assert "failure   worker_crash (killed by SIGKILL)" in summary
     assert "; no restarts left (max_restarts=1)" in summary
     assert "\n  error " not in summary  # no exception line to show: none is made up
+    assert "output    dying" in summary  # the log's last lines instead
+    assert "hint      a SIGKILL is most often the kernel's out-of-memory killer" in summary
+    decisions = [e["message"] for e in run.events if e["type"] == "RECOVERY_ACTION_SELECTED"]
+    assert not decisions[0].endswith("no restarts left (max_restarts=1)")
+    assert decisions[1].endswith("; no restarts left (max_restarts=1)")  # said as it happens, not only at the end
     assert summary.rstrip().endswith(f"{tmp_path / 'out'}/local/task-000-r1/launcher.log")
 
 

@@ -168,7 +168,11 @@ def test_failing_child_is_failed_with_exit_code_and_last_log_line(coordinator, t
                                                     output_prefix="jobs/job1/t-empty/"), task_id="t-empty")
     agent = make_agent(coordinator, tmp_path, runner="trusted", max_tasks=2)
     assert run_agent(agent) == 0
-    assert coordinator.failed == {crash: "exit 3: boom: bad thing", no_metrics: "exit 0: done, but wrote nothing"}
+    assert coordinator.failed == {
+        crash: "exit 3: boom: bad thing",
+        no_metrics: "exit 0 without out/metrics.json: a task must write metrics.json into $FLASHML_OUTPUT_DIR; "
+                    "its last line: done, but wrote nothing",
+    }
     assert coordinator.completed == {}
     # no output of a failed attempt is kept, but its log is: uploaded before the fail, stdout and stderr
     assert coordinator.artifacts == {"jobs/job1/t-crash/task.log": b"starting\nboom: bad thing\n",
