@@ -28,6 +28,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "CommandWorkload": ("flashruntime.workloads.command", "CommandWorkload"),
     "OutputSpec": ("flashruntime.workloads.command", "OutputSpec"),
     "Source": ("flashruntime.workloads.command", "Source"),
+    "ChaosPlan": ("flashruntime.local.chaos", "ChaosPlan"),
+    "Fault": ("flashruntime.local.chaos", "Fault"),
     "integrations": ("flashruntime.integrations", None),
 }
 

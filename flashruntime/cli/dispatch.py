@@ -22,6 +22,7 @@ Handler = Callable[[argparse.Namespace], int]
 # cheap. Order = order in ``flashruntime --help``.
 COMMAND_MODULES: tuple[str, ...] = (
     "flashruntime.cli.submit",
+    "flashruntime.cli.chaos",
     "flashruntime.cli.runs",
     "flashruntime.cli.view",
     "flashruntime.cli.demo",

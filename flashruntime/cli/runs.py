@@ -18,7 +18,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--root", default=None,
                         help="directory to search (default: $FLASHML_RUNS_DIR, else ~/.local/share/flashruntime/runs "
                              "or the platform's user data directory)")
-    parser.add_argument("--json", action="store_true", help="print a JSON list")
+    parser.add_argument("--show", default=None, metavar="RUN",
+                        help="show one run (a directory, or a name under the root): its state and goodput ledger "
+                             "(useful step time, lost work, recoveries with MTTD and MTTR)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(handler=handle)
 
 
@@ -100,8 +103,38 @@ def find_runs(root: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def show(run: str, root: str | None, as_json: bool) -> int:
+    """``--show RUN``: one run's row and its goodput ledger."""
+    from flashruntime.local.goodput import ledger_lines, ledger_of_run
+    from flashruntime.local.run_dirs import runs_root
+
+    directory = Path(run)
+    if not (directory / "run.json").is_file():
+        directory = (Path(root) if root else runs_root()) / run
+    row = _describe(directory) if (directory / "run.json").is_file() else None
+    if row is None or row["state"] == UNKNOWN:
+        print(f"error: {run!r} is not a run directory (no readable run.json there or under the runs root); "
+              "`flashruntime runs` lists them", file=sys.stderr)
+        return 2
+    del row["_sort"]
+    ledger = ledger_of_run(directory)
+    if as_json:
+        print(json.dumps({**row, "goodput": ledger.as_json()}, indent=1))
+        return 0
+    print(f"run       {row['path']}")
+    print(f"state     {row['state']} ({row['mode'] or '-'}; {row['attempts']} attempts; started {row['started'] or '-'}; "
+          f"{_duration(row['duration_s'])})")
+    print(f"command   {row['command'] or '-'}")
+    for line in ledger_lines(ledger, label_width=10):
+        print(line[2:])
+    return 0
+
+
 def handle(args: argparse.Namespace) -> int:
     from flashruntime.local.run_dirs import runs_root
+
+    if args.show is not None:
+        return show(args.show, args.root, args.json)
 
     if args.root is None:
         root = runs_root()

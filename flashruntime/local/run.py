@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from flashruntime.files import write_atomic
 from flashruntime.launchers import LaunchState
 from flashruntime.local.failure_summary import render_failure_summary
+from flashruntime.local.goodput import GoodputLedger, ledger_of_run
 
 if TYPE_CHECKING:
     from flashruntime.launchers import LaunchHandle
@@ -74,6 +75,7 @@ class Run:
         self._attempts: list[dict[str, Any]] = []
         self._log_blocks: list[str] = []
         self._sweep: dict[str, Any] | None = None
+        self._chaos: dict[str, Any] | None = None
         self._trial_slots: dict[int, dict[str, Any]] = {}
         self._lock = threading.RLock()
         self._done = threading.Event()
@@ -151,6 +153,10 @@ class Run:
         sign = -1.0 if sweep["mode"] == "max" else 1.0
         rows.sort(key=lambda r: (r["metric"] is None, 0.0 if r["metric"] is None else sign * r["metric"], r["index"]))
         return rows
+
+    def goodput(self) -> GoodputLedger:
+        """The run's goodput ledger so far (see ``flashruntime.local.goodput``)."""
+        return ledger_of_run(self.output_dir, now=time.time())
 
     def failure_summary(self) -> str | None:
         """What went wrong, for a run that ended FAILED (None otherwise): for each failed
@@ -284,6 +290,17 @@ class Run:
             }
             self._write()
 
+    def _set_chaos(self, chaos: dict[str, Any]) -> None:
+        with self._lock:
+            self._chaos = chaos
+            self._write()
+
+    def _add_chaos_injection(self, injection: dict[str, Any]) -> None:
+        with self._lock:
+            if self._chaos is not None:
+                self._chaos["injected"].append(injection)
+                self._write()
+
     def _update_trial(self, index: int, changes: dict[str, Any], attempt_id: str | None = None) -> None:
         with self._lock:
             if self._sweep is None:
@@ -320,6 +337,7 @@ class Run:
             "events": self._events,
             "trials": self.trials,
             "sweep": self._sweep,
+            "chaos": self._chaos,
         }
 
     def _write(self) -> None:
@@ -390,6 +408,14 @@ class RunRecorder:
 
     def update_attempt(self, attempt_id: str, changes: dict[str, Any]) -> None:
         self._run._update_attempt(attempt_id, changes)
+
+    def set_chaos(self, chaos: dict[str, Any]) -> None:
+        """The run injects faults on purpose: ``{"plan", "steps", "injected": []}``."""
+        self._run._set_chaos(chaos)
+
+    def add_chaos_injection(self, injection: dict[str, Any]) -> None:
+        """One fault injected: ``{"kind", "step", "reached_step", "attempt_id", "ts", "done", "detail"}``."""
+        self._run._add_chaos_injection(injection)
 
     def set_state(self, state: LaunchState) -> None:
         self._run._set_state(state)

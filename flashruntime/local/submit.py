@@ -35,6 +35,7 @@ from flashruntime.local.guard import (
     untrack,
     wind_down_and_die,
 )
+from flashruntime.local.chaos import ChaosInjector, ChaosPlan
 from flashruntime.local.live_output import LiveOutput
 from flashruntime.local.run import Run, trial_id
 from flashruntime.local.run_dirs import new_run_dir
@@ -68,6 +69,7 @@ def submit(
     fail_fast: bool = False,
     quiet: bool = False,
     stream: TextIO | None = None,
+    chaos: ChaosPlan | None = None,
 ) -> Run:
     """Launch ``workload`` and drive it to a terminal state (inline, or on a thread with ``wait=False``).
 
@@ -79,8 +81,9 @@ def submit(
     (``task_params``), ``metric`` and ``mode`` ("min" or "max") rank the trials (defaults:
     ``outputs.primary_metric`` and ``outputs.maximize``), ``max_concurrent_trials`` runs up
     to that many at once, and ``fail_fast=True`` stops the sweep at the first failed trial
-    (otherwise every trial runs). Raises ``InvalidSubmission`` for arguments that cannot
-    describe a run, before anything starts.
+    (otherwise every trial runs). ``chaos`` injects a ``ChaosPlan``'s faults into the run on
+    purpose (see ``flashruntime.local.chaos``). Raises ``InvalidSubmission`` for arguments
+    that cannot describe a run, before anything starts.
     """
     if not isinstance(workload, CommandWorkload):
         raise TypeError(f"submit() takes a CommandWorkload, got {type(workload).__name__}")
@@ -96,6 +99,8 @@ def submit(
         raise InvalidSubmission(f"metric must be the name of a key of metrics.json, e.g. 'loss'; got {metric!r}")
     if mode is not None and mode not in ("min", "max"):
         raise InvalidSubmission(f"mode must be 'min' or 'max', got {mode!r}")
+    if chaos is not None and not isinstance(chaos, ChaosPlan):
+        raise InvalidSubmission(f"chaos must be a ChaosPlan, got {type(chaos).__name__}")
     fan_out = workload.resolved_mode() == "independent_tasks" and bool(workload.task_params)
     if checkpoint_dir is not None and fan_out:
         raise InvalidSubmission(
@@ -123,6 +128,8 @@ def submit(
         concurrent = sweep is not None and sweep.max_concurrent_trials > 1 and len(workload.task_params or []) > 1
         LiveOutput(run, stream if stream is not None else sys.stdout, prefix_trials=concurrent,
                    sweep=sweep is not None).start()
+    if chaos is not None:
+        ChaosInjector(run, chaos, launcher.checkpoint_root).start()
     track(run)
     if wait:
         run.recorder.driver = threading.current_thread()

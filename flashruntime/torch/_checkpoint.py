@@ -11,6 +11,7 @@ import json
 import numbers
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -111,13 +112,16 @@ def _jsonable(value: Any) -> Any:
 
 def log_metrics(metrics: dict[str, Any]) -> None:
     """Heartbeat with ``metrics["step"]`` when it is an integer; rank 0 appends the
-    metrics as one JSON line to ``<output dir>/metrics.jsonl``. Never raises."""
+    metrics as one JSON line to ``<output dir>/metrics.jsonl``, with ``ts`` (seconds since
+    the epoch) added unless given. Never raises."""
     try:
         step = metrics.get("step") if isinstance(metrics, dict) else None
         integral = isinstance(step, numbers.Integral) and not isinstance(step, bool)
         _heartbeat.beat(int(step) if integral else None)
         if not _state.is_main():
             return
+        if "ts" not in metrics:  # when the step ended: the goodput ledger times steps by it
+            metrics = {**metrics, "ts": time.time()}
         line = json.dumps(metrics, default=_jsonable, allow_nan=True)
         directory = _state.output_dir()
         directory.mkdir(parents=True, exist_ok=True)

@@ -421,6 +421,15 @@ const V = {
       tiles.push(["restarts", e(`${H.restartsUsed(s.attempts)} / ${s.max_restarts ?? "—"}`)]);
     }
     tiles.push(["verified checkpoints", e(H.verifiedCount(s.checkpoints))]);
+    const g = H.obj(s.goodput);
+    const lost = H.num(g.lost_work_s) ? ` · lost ${H.fmtDuration(g.lost_work_s)}` : "";
+    tiles.push(["goodput", `<span data-goodput="${H.num(g.goodput) ? g.goodput : ""}">` +
+      e(H.num(g.goodput) ? `${(100 * g.goodput).toFixed(1)}%${lost}` : "—") + "</span>"]);
+    const r = H.list(g.recoveries), last = H.obj(r[r.length - 1]);
+    if (r.length) {
+      tiles.push(["MTTD / MTTR", e(`${H.num(last.mttd_s) ? last.mttd_s.toFixed(2) + " s" : "—"} / ` +
+        `${H.num(last.mttr_s) ? last.mttr_s.toFixed(2) + " s" : "—"}`)]);
+    }
     return `<div class="kpis">${tiles.map(([k, v]) => `<div class="kpi"><div class="k">${e(k)}</div>` +
       `<div class="v">${v}</div></div>`).join("")}</div>`;
   },

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flashruntime.checkpoint.local import MANIFEST_NAME, latest_valid_manifest, read_manifest, verify_manifest
+from flashruntime.local.goodput import goodput_ledger, step_records
 from flashruntime.protocol.v1alpha1 import CheckpointValidation
 from flashruntime.viewer.series import MetricsCache, MetricsView, ReadBudget, strict_loads
 from flashruntime.viewer.tasks import task_view
@@ -94,8 +95,42 @@ def _collect(run_dir: Path) -> dict[str, Any]:
     )
     doc["monitor"] = newest_tick
     doc["view"] = task_view(doc, attempts, views, lambda index: _trial_file(run_dir, attempts[index]))
+    doc["goodput"] = _goodput(run_dir, doc, attempt_dirs, now)
     doc["now"] = now
     return doc
+
+
+# The goodput ledger reads every metrics.jsonl whole: for a live run it is worked out on each
+# poll only while they are small; a finished run's is worked out once and kept.
+GOODPUT_LIVE_BYTES = 8 * 1024 * 1024
+_GOODPUT_CACHE: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
+
+
+def _goodput(run_dir: Path, doc: dict[str, Any], attempt_dirs: list[Path], now: float) -> dict[str, Any] | None:
+    """The run's goodput ledger (``flashruntime.local.goodput``), or None while a live run's
+    metrics are too large to read whole on every poll."""
+    sizes = []
+    for attempt_dir in attempt_dirs:
+        try:
+            sizes.append((attempt_dir / "metrics.jsonl").stat().st_size)
+        except OSError:
+            sizes.append(-1)
+    finished = isinstance(doc.get("finished_at"), (int, float))
+    key = (int(finished), len(doc.get("events") or []), *sizes)
+    cached = _GOODPUT_CACHE.get(str(run_dir))
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    if not finished and sum(max(0, size) for size in sizes) > GOODPUT_LIVE_BYTES:
+        return None
+    def records(row: dict[str, Any]) -> Any:
+        attempt_dir = _attempt_dir(run_dir, row)
+        return iter(()) if attempt_dir is None else step_records(attempt_dir / "metrics.jsonl")
+
+    ledger = goodput_ledger(doc, records, now=now).as_json()
+    if len(_GOODPUT_CACHE) > 64:
+        _GOODPUT_CACHE.clear()
+    _GOODPUT_CACHE[str(run_dir)] = (key, ledger)
+    return ledger
 
 
 def _attempt_dir(run_dir: Path, attempt: dict[str, Any]) -> Path | None:

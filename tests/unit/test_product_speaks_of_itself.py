@@ -59,7 +59,7 @@ def test_no_pointer_to_an_outside_document_and_no_development_history() -> None:
     assert not hits, "\n".join(hits[:40])
 
 
-@pytest.mark.parametrize("command", ["", "submit", "runs", "view", "demo", "plan", "submit-spec", "status", "events",
+@pytest.mark.parametrize("command", ["", "submit", "chaos", "runs", "view", "demo", "plan", "submit-spec", "status", "events",
                                      "logs", "tasks", "artifacts", "cancel", "serve", "worker"])
 def test_help_texts_speak_of_the_product(command: str) -> None:
     argv = [sys.executable, "-m", "flashruntime.cli", *([command] if command else []), "--help"]

@@ -30,6 +30,8 @@ EXPECTED_ALL = [
     "CommandWorkload",
     "OutputSpec",
     "Source",
+    "ChaosPlan",
+    "Fault",
     "integrations",
 ]
 

@@ -143,6 +143,9 @@ def test_log_metrics_appends_json_lines_on_rank_zero(fresh_helper: Path) -> None
     assert [(d["step"], d["loss"]) for d in lines] == [(1, 0.5), (2, 0.25)]
     assert lines[1]["note"].startswith("<object object")
     assert _beat_file(fresh_helper)["step"] == 1  # the second call fell inside the throttle window
+    assert 0 < lines[0]["ts"] <= lines[1]["ts"]  # when each step ended, for the goodput ledger
+    ft.log_metrics({"step": 3, "ts": 12.5})
+    assert json.loads((fresh_helper / "metrics.jsonl").read_text().splitlines()[-1])["ts"] == 12.5  # the caller's
 
 
 def test_log_metrics_on_other_ranks_only_beats(monkeypatch: pytest.MonkeyPatch, fresh_helper: Path) -> None:

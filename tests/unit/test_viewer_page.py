@@ -69,6 +69,7 @@ SAMPLE: dict[str, Any] = {
     "monitor": None,
 }
 SAMPLE["monitor"] = SAMPLE["attempts"][1]["telemetry"][1]
+SAMPLE["goodput"] = {"goodput": 0.714, "lost_work_s": 18.6, "recoveries": [{"mttd_s": 0.75, "mttr_s": 4.98}]}
 SAMPLE["view"] = {
     "fan_out": False, "derived": False, "metric": None, "mode": None, "best_trial_id": None,
     "loss": {"key": "loss", "x": "step", "points_per_series": 600},
@@ -298,7 +299,8 @@ def test_view_contents(helpers: dict[str, Any]) -> None:
     assert 'class="badge state st-RUNNING"' in v["header"]
     assert "1 / 2" in v["header"]                                  # restarts used / max
     for text in ("1m 05s", ">30<", "steps/s", ">2<", "step latency", "500 ms", "12.5%", "16.0 / 64.0 GiB (25%)",
-                 "GPU ×2", "85% · 41000 / 163118 MB", "verified checkpoints"):
+                 "GPU ×2", "85% · 41000 / 163118 MB", "verified checkpoints", 'data-goodput="0.714"',
+                 "71.4% · lost 18s", "MTTD / MTTR", "0.75 s / 4.98 s"):
         assert text in v["kpis"], text
     assert 'data-node="machine"' in v["topology"] and ">box<" in v["topology"]
     assert 'data-node="attempt:0"' in v["topology"] and 'data-node="rank:1:1"' in v["topology"]

@@ -1,0 +1,144 @@
+"""``flashruntime chaos CMD``: run CMD with faults injected on purpose, then the same
+command without them, and report what the run did: detection and recovery times, steps
+recomputed, goodput, and whether the result is the fault-free one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_ARGUMENTS = 0, 1, 2
+
+
+def _step(text: str) -> dict[str, Any]:
+    """``N`` or ``LOW-HIGH`` (a random step in that range, drawn with --seed)."""
+    low, dash, high = text.partition("-")
+    try:
+        if dash:
+            return {"between": (int(low), int(high))}
+        return {"at_step": int(text)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a step is N or LOW-HIGH, got {text!r}") from None
+
+
+def _rank_at(text: str) -> dict[str, Any]:
+    rank, at, step = text.partition("@")
+    if not at:
+        raise argparse.ArgumentTypeError(f"expected RANK@STEP, e.g. 1@30, got {text!r}")
+    try:
+        return {"rank": int(rank), **_step(step)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected RANK@STEP, e.g. 1@30, got {text!r}") from None
+
+
+def _with_seconds(parse: Any) -> Any:
+    def parse_with_seconds(text: str) -> dict[str, Any]:
+        head, colon, seconds = text.rpartition(":")
+        if not colon:
+            raise argparse.ArgumentTypeError(f"expected ...:SECONDS, e.g. 1@30:5, got {text!r}")
+        try:
+            return {**parse(head), "seconds": float(seconds)}
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"SECONDS must be a number, got {seconds!r}") from None
+
+    return parse_with_seconds
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "chaos", help="run a command with faults injected on purpose, and report how it recovered",
+        description="Run CMD (as `flashruntime submit` does) while injecting faults, then run it again without "
+                    "them, and report detection time (MTTD), recovery time (MTTR), steps recomputed, goodput and "
+                    "whether the result equals the fault-free one. A STEP is N, or LOW-HIGH for a random step "
+                    "drawn with --seed. Ranks are found by the torch helper's heartbeats (flashruntime.torch).",
+    )
+    parser.add_argument("cmd", metavar="CMD", help='the command, e.g. "torchrun --nproc-per-node 2 train.py"')
+    parser.add_argument("--kill-rank", type=_rank_at, action="append", default=[], metavar="RANK@STEP",
+                        help="SIGKILL that rank when the run reaches STEP")
+    parser.add_argument("--kill-attempt", type=_step, action="append", default=[], metavar="STEP",
+                        help="SIGKILL the whole attempt (torchrun, or the command) at STEP, as a lost machine")
+    parser.add_argument("--hang-rank", type=_with_seconds(_rank_at), action="append", default=[],
+                        metavar="RANK@STEP:SECONDS", help="stop that rank for SECONDS at STEP")
+    parser.add_argument("--slow", type=_with_seconds(_step), action="append", default=[], metavar="STEP:SECONDS",
+                        help="stop every rank half of each 200 ms for SECONDS from STEP")
+    parser.add_argument("--corrupt-checkpoint", type=_step, action="append", default=[], metavar="STEP",
+                        help="at STEP, corrupt a part of the newest valid checkpoint (before a kill at the same step)")
+    parser.add_argument("--seed", type=int, default=0, help="draws the random steps (default 0)")
+    parser.add_argument("--max-restarts", type=int, default=2, help="relaunches allowed (default 2)")
+    parser.add_argument("--metric", default=None,
+                        help="the metrics.json key to compare with the fault-free run (default: every float)")
+    parser.add_argument("--tolerance", type=float, default=1e-6, help="largest difference called equal (1e-6)")
+    parser.add_argument("--no-compare", action="store_true", help="skip the fault-free run")
+    parser.add_argument("--source", default=".", help="source directory the command runs in (default .)")
+    parser.add_argument("--output-dir", default=None,
+                        help="where both runs go, as DIR/chaos and DIR/reference (default: two new run directories)")
+    parser.add_argument("--quiet", action="store_true", help="do not stream the runs' output")
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    parser.set_defaults(handler=handle)
+
+
+def _plan(args: argparse.Namespace) -> Any:
+    from flashruntime.local.chaos import ChaosPlan, Fault
+
+    # Corruption first: a kill at the same step must find the checkpoint already corrupted.
+    faults = [Fault(kind="corrupt_checkpoint", **f) for f in args.corrupt_checkpoint]
+    faults += [Fault(kind="kill_rank", **f) for f in args.kill_rank]
+    faults += [Fault(kind="kill_attempt", **f) for f in args.kill_attempt]
+    faults += [Fault(kind="hang_rank", **f) for f in args.hang_rank]
+    faults += [Fault(kind="slow", **f) for f in args.slow]
+    return ChaosPlan(faults=faults, seed=args.seed)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from flashruntime.errors import LaunchError
+    from flashruntime.local.chaos import compare_results, render_report
+    from flashruntime.local.submit import submit
+    from flashruntime.workloads.command import CommandWorkload, Source
+
+    try:
+        plan = _plan(args)
+    except ValidationError as exc:
+        problems = "; ".join(error["msg"] for error in exc.errors())
+        print(f"error: {problems or 'give at least one fault, e.g. --kill-rank 1@30'}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
+    workload = CommandWorkload(command=args.cmd, source=Source(path=args.source))
+    base = None if args.output_dir is None else Path(args.output_dir)
+    stream = sys.stderr if args.json else sys.stdout
+    try:
+        run = submit(workload, output_dir=None if base is None else base / "chaos", max_restarts=args.max_restarts,
+                     watch=False, chaos=plan, quiet=args.quiet, stream=stream)
+        reference = None
+        if not args.no_compare:
+            print("flashruntime: the same command without faults, to compare results ...", file=sys.stderr)
+            reference = submit(workload, output_dir=None if base is None else base / "reference", watch=False,
+                               quiet=True, max_restarts=args.max_restarts)
+    except (LaunchError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    document = json.loads(run.run_json_path.read_text())
+    chaos = document.get("chaos") or {}
+    injected = chaos.get("injected") or []
+    fired = {(i["kind"], i["step"]) for i in injected}
+    not_reached = [{"kind": fault["kind"], "step": step}
+                   for fault, step in zip(chaos.get("plan", {}).get("faults", []), chaos.get("steps", []))
+                   if (fault["kind"], step) not in fired]
+    result = None
+    if reference is not None:
+        result = compare_results(run.trials[-1] if run.trials else None,
+                                 reference.trials[-1] if reference.trials else None,
+                                 metric=args.metric, tolerance=args.tolerance)
+    report = {
+        "run_dir": str(run.output_dir), "reference_dir": None if reference is None else str(reference.output_dir),
+        "state": str(run.state), "faults": injected, "not_reached": not_reached,
+        "goodput": run.goodput().as_json(), "result": result, "tolerance": args.tolerance,
+    }
+    if run.failure_summary():
+        print(run.failure_summary(), file=sys.stderr)
+    print(json.dumps(report, default=str) if args.json else render_report(report))
+    ok = str(run.state) == "SUCCEEDED" and (result is None or result["equal"])
+    return EXIT_OK if ok else EXIT_FAILED

@@ -1,0 +1,293 @@
+"""Chaos mode: faults injected into a real local run on purpose, and a report of what the
+run did about them.
+
+A ``ChaosPlan`` lists faults, each fired once, in the first attempt that reaches its step
+(``at_step``, or a step drawn from ``between`` with the plan's ``seed``):
+
+- ``kill_rank``: SIGKILL one rank (found by its heartbeat file, which the torch helper
+  writes), as a crashed GPU or an OOM kill would;
+- ``kill_attempt``: SIGKILL the attempt's leader (torchrun, or the plain command), as a
+  lost machine would; the launcher's sweep then reaps the ranks;
+- ``hang_rank``: stop one rank (SIGSTOP) for ``seconds``, then let it go on (SIGCONT);
+- ``slow``: for ``seconds``, stop every rank for ``factor`` of each 200 ms, as a
+  throttled or shared machine would;
+- ``corrupt_checkpoint``: flip a byte in a part of the newest valid checkpoint, so its
+  sha256 no longer verifies and a resume must pick the one before it.
+
+Faults due at the same step fire in the plan's order (so a checkpoint corrupted "at the
+kill" is corrupted first). Each injection is recorded in ``run.json`` (``chaos.injected``)
+and as a ``CHAOS_INJECTED`` event; the goodput ledger then times detection and recovery
+from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from flashruntime.checkpoint.local import MANIFEST_NAME, latest_valid_manifest
+
+__all__ = ["ChaosInjector", "ChaosPlan", "Fault"]
+
+FaultKind = Literal["kill_rank", "kill_attempt", "hang_rank", "slow", "corrupt_checkpoint"]
+POLL_S = 0.05
+_SLOW_PERIOD_S = 0.2
+
+
+class Fault(BaseModel):
+    """One fault: what, when (``at_step``, else a step drawn from ``between``), and how."""
+
+    kind: FaultKind
+    at_step: int | None = Field(default=None, ge=1)
+    between: tuple[int, int] | None = None  # a random step in [low, high], drawn with the plan's seed
+    rank: int = Field(default=0, ge=0)  # kill_rank, hang_rank
+    seconds: float = Field(default=5.0, gt=0, le=3600)  # hang_rank, slow
+    factor: float = Field(default=0.5, gt=0, lt=1)  # slow: the share of each period the ranks are stopped
+
+    @model_validator(mode="after")
+    def _when(self) -> Fault:
+        if self.at_step is None and self.between is None:
+            raise ValueError(f"a {self.kind} fault needs at_step=N or between=(low, high)")
+        if self.between is not None and not 1 <= self.between[0] <= self.between[1]:
+            raise ValueError(f"between must be (low, high) with 1 <= low <= high, got {self.between}")
+        return self
+
+    def describe(self, step: int) -> str:
+        what = {
+            "kill_rank": f"SIGKILL rank {self.rank}",
+            "kill_attempt": "SIGKILL the attempt's leader",
+            "hang_rank": f"stop rank {self.rank} for {self.seconds:g} s",
+            "slow": f"stop every rank {self.factor:.0%} of the time for {self.seconds:g} s",
+            "corrupt_checkpoint": "corrupt a part of the newest valid checkpoint",
+        }[self.kind]
+        return f"{self.kind} at step {step}: {what}"
+
+
+class ChaosPlan(BaseModel):
+    """The faults to inject into one run, and the seed that draws their random steps."""
+
+    faults: list[Fault] = Field(min_length=1)
+    seed: int = 0
+
+    def steps(self) -> list[int]:
+        """The step each fault fires at, in plan order (random ones drawn with ``seed``)."""
+        draw = random.Random(self.seed)
+        return [fault.at_step if fault.at_step is not None else draw.randint(*fault.between)  # type: ignore[misc]
+                for fault in self.faults]
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _last_step(attempt_dir: Path) -> int | None:
+    """The newest step the attempt reported: its ranks' heartbeats and rank 0's last record."""
+    steps = []
+    for beat in (attempt_dir / "ranks").glob("rank-*.json"):
+        record = _read_json(beat)
+        if record and isinstance(record.get("step"), int):
+            steps.append(record["step"])
+    try:
+        with open(attempt_dir / "metrics.jsonl", "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 4096))
+            for line in reversed(handle.read().splitlines()):
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and isinstance(record.get("step"), int):
+                    steps.append(record["step"])
+                    break
+    except OSError:
+        pass
+    return max(steps) if steps else None
+
+
+def _rank_pids(attempt_dir: Path) -> dict[int, int]:
+    pids = {}
+    for beat in (attempt_dir / "ranks").glob("rank-*.json"):
+        record = _read_json(beat)
+        if record and isinstance(record.get("rank"), int) and isinstance(record.get("pid"), int):
+            pids[record["rank"]] = record["pid"]
+    return pids
+
+
+def _signal(pid: int, signum: int) -> bool:
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        return False
+    return True
+
+
+class ChaosInjector:
+    """Fires ``plan``'s faults into ``run``'s attempts from a background thread."""
+
+    def __init__(self, run: Any, plan: ChaosPlan, checkpoint_root: Any) -> None:
+        self._run = run
+        self._plan = plan
+        self._checkpoint_root = checkpoint_root  # job_id -> the job's checkpoint directory
+        self._due = list(zip(plan.steps(), plan.faults))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="flashruntime-chaos", daemon=True)
+        self._timers: list[threading.Thread] = []
+
+    def start(self) -> ChaosInjector:
+        self._run.recorder.set_chaos({"plan": self._plan.model_dump(mode="json"),
+                                      "steps": [step for step, _ in self._due], "injected": []})
+        self._run.recorder.on_end(self._stop.set)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while self._due and not self._stop.wait(POLL_S):
+            for attempt_id, handle in self._run.recorder.active:
+                attempt_dir = Path(handle.output_dir)
+                reached = _last_step(attempt_dir)
+                while self._due and reached is not None and reached >= self._due[0][0]:
+                    step, fault = self._due.pop(0)
+                    self._inject(fault, step, reached, attempt_id, handle, attempt_dir)
+
+    def _inject(self, fault: Fault, step: int, reached: int, attempt_id: str, handle: Any, attempt_dir: Path) -> None:
+        row = next((r for r in self._run.attempts if r["attempt_id"] == attempt_id), {})
+        detail = ""
+        done = True
+        if fault.kind == "kill_rank":
+            pid = _rank_pids(attempt_dir).get(fault.rank)
+            done = pid is not None and _signal(pid, signal.SIGKILL)
+            detail = f"pid {pid}" if done else f"rank {fault.rank} has no heartbeat (is flashruntime.torch used?)"
+        elif fault.kind == "kill_attempt":
+            done = _signal(int(handle.execution_id), signal.SIGKILL)
+            detail = f"pid {handle.execution_id}"
+        elif fault.kind == "hang_rank":
+            pid = _rank_pids(attempt_dir).get(fault.rank)
+            done = pid is not None and _signal(pid, signal.SIGSTOP)
+            if done:
+                self._later(fault.seconds, lambda: _signal(pid, signal.SIGCONT))  # type: ignore[arg-type]
+            detail = f"pid {pid}" if done else f"rank {fault.rank} has no heartbeat (is flashruntime.torch used?)"
+        elif fault.kind == "slow":
+            pids = sorted(_rank_pids(attempt_dir).values()) or [int(handle.execution_id)]
+            self._later(0.0, lambda: self._throttle(pids, fault.seconds, fault.factor))
+            detail = f"pids {pids}"
+        elif fault.kind == "corrupt_checkpoint":
+            detail, done = self._corrupt(str(row.get("job_id", "local")))
+        self._run.recorder.add_chaos_injection({
+            "kind": fault.kind, "step": step, "reached_step": reached, "attempt_id": attempt_id, "ts": time.time(),
+            "done": done, "detail": detail,
+        })
+        verb = "injected" if done else "could not be injected"
+        self._run.record_event("CHAOS_INJECTED", f"{attempt_id}: {fault.describe(step)} — {verb} ({detail})")
+
+    def _corrupt(self, job_id: str) -> tuple[str, bool]:
+        root = Path(self._checkpoint_root(job_id))
+        manifest = latest_valid_manifest(root)
+        if manifest is None or not manifest.parts:
+            return f"no valid checkpoint under {root} yet", False
+        step_dir = next((path.parent for path in sorted(root.glob(f"step-*/{MANIFEST_NAME}"))
+                         if (_read_json(path) or {}).get("manifest_id") == manifest.manifest_id), None)
+        part = manifest.parts[0]
+        path = None if step_dir is None else step_dir / part.key
+        if path is None or not path.is_file():
+            return f"part {part.key} of step {manifest.step} not found", False
+        with open(path, "r+b") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            middle = size // 2
+            handle.seek(middle)
+            byte = handle.read(1) or b"\0"
+            handle.seek(middle)
+            handle.write(bytes([byte[0] ^ 0xFF]))
+            handle.flush()
+            os.fsync(handle.fileno())
+        return f"step {manifest.step}, part {part.key}, byte {middle}", True
+
+    def _later(self, delay: float, action: Any) -> None:
+        def run() -> None:
+            if delay:
+                time.sleep(delay)
+            action()
+
+        timer = threading.Thread(target=run, name="flashruntime-chaos-timer", daemon=True)
+        timer.start()
+        self._timers.append(timer)
+
+    def _throttle(self, pids: list[int], seconds: float, factor: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self._stop.is_set():
+            for pid in pids:
+                _signal(pid, signal.SIGSTOP)
+            time.sleep(_SLOW_PERIOD_S * factor)
+            for pid in pids:
+                _signal(pid, signal.SIGCONT)
+            time.sleep(_SLOW_PERIOD_S * (1 - factor))
+
+
+def compare_results(chaos: dict[str, Any] | None, reference: dict[str, Any] | None, *, metric: str | None,
+                    tolerance: float) -> dict[str, Any]:
+    """Whether the run with faults reached the fault-free run's result: ``metric`` of both
+    ``metrics.json`` (else every floating-point value they share), each within
+    ``tolerance``. Integer values (steps, the step a run started from) are not results."""
+    if chaos is None or reference is None:
+        missing = "the run with faults" if chaos is None else "the fault-free run"
+        return {"equal": False, "values": {}, "why": f"{missing} wrote no metrics.json"}
+    if metric is not None:
+        keys = [metric]
+    else:
+        keys = sorted(key for key, value in reference.items()
+                      if isinstance(value, float) and isinstance(chaos.get(key), float))
+    if not keys:
+        return {"equal": False, "values": {}, "why": "no floating-point value to compare; name one with --metric"}
+    values = {}
+    for key in keys:
+        a, b = chaos.get(key), reference.get(key)
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
+        difference = abs(float(a) - float(b)) if numeric else None  # type: ignore[arg-type]
+        values[key] = {"with_faults": a, "without": b, "difference": difference,
+                       "equal": difference is not None and difference <= tolerance}
+    return {"equal": all(v["equal"] for v in values.values()), "values": values, "why": None}
+
+
+def render_report(report: dict[str, Any]) -> str:
+    """The chaos report as text (``flashruntime chaos`` prints it)."""
+    from flashruntime.local.goodput import GoodputLedger, Recovery, ledger_lines
+
+    def line(label: str, text: str) -> str:
+        return f"  {label.ljust(10)}{text}"
+
+    lines = [f"Chaos report: {report['run_dir']}"]
+    for fault in report["faults"]:
+        verb = "injected" if fault["done"] else "NOT injected"
+        lines.append(line("fault", f"{fault['kind']} at step {fault['step']} in {fault['attempt_id']}: {verb} "
+                                   f"({fault['detail']})"))
+    for missed in report["not_reached"]:
+        lines.append(line("fault", f"{missed['kind']} at step {missed['step']}: not injected, the run never "
+                                   "reached that step"))
+    restarts = report["goodput"]["restarts"]
+    lines.append(line("outcome", f"{report['state']} after {restarts} restart{'s' if restarts != 1 else ''}"))
+    ledger = dict(report["goodput"])
+    ledger["recoveries"] = tuple(Recovery(**r) for r in ledger["recoveries"])
+    lines += ledger_lines(GoodputLedger(**ledger))
+    result = report.get("result")
+    if result is None:
+        lines.append(line("result", "not compared (--no-compare)"))
+    elif result["why"]:
+        lines.append(line("result", f"not comparable: {result['why']}"))
+    else:
+        for key, value in result["values"].items():
+            verdict = "equal" if value["equal"] else "DIFFERENT"
+            difference = "-" if value["difference"] is None else f"{value['difference']:.3g}"
+            lines.append(line("result", f"{key} {value['with_faults']!r} with faults, {value['without']!r} without "
+                                        f"(|difference| {difference}, tolerance {report['tolerance']:g}): {verdict}"))
+    return "\n".join(lines)
