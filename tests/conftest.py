@@ -36,7 +36,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
 
 @pytest.fixture(autouse=True, scope="session")
 def _runs_dir_of_the_suite(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Runs started without an output directory go to the user's data directory: the suite
-    keeps them in a temporary one instead (its subprocesses inherit it)."""
+    """Runs started without an output directory go to the user's data directory, and a
+    coordinator without settings to ``/data``: the suite keeps both in temporary
+    directories instead (its subprocesses inherit them)."""
     if not os.environ.get("FLASHML_RUNS_DIR"):
         os.environ["FLASHML_RUNS_DIR"] = str(tmp_path_factory.mktemp("runs"))
+    # A coordinator built from defaults (an import of the app module) would write to /data.
+    if not os.environ.get("FLASHML_LEDGER_PATH"):
+        data = tmp_path_factory.mktemp("coordinator-data")
+        os.environ["FLASHML_LEDGER_PATH"] = str(data / "flashruntime.db")
+        os.environ.setdefault("FLASHML_LOCAL_ARTIFACTS_DIR", str(data / "artifacts"))

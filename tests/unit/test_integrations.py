@@ -259,6 +259,7 @@ def test_callback_forwards_logs_with_the_step(
     callback.on_log(None, state, None, logs={"loss": 0.75, "learning_rate": 1e-4})
     callback.on_log(None, state, None)
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(isinstance(line.pop("ts"), float) for line in lines)  # every record is stamped
     assert lines == [{"loss": 0.75, "learning_rate": 1e-4, "step": 12}, {"step": 12}]
 
 
