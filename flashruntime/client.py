@@ -306,6 +306,14 @@ class CoordinatorClient:
         return self.request_json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/fail", {"reason": reason},
                                  idempotent=False) or {}
 
+    def release(self, lease_id: str, reason: str, *, abandoned: bool = False) -> dict[str, Any]:
+        """``POST /v1alpha1/attempts/{lease_id}/release`` → ``{"status": "requeued" | "exhausted"}``:
+        the lease given back without failing its task (its worker is shutting down), or, with
+        ``abandoned``, reported lost by the restarted worker that held it (counted as an
+        expiry). A coordinator without the route answers 404."""
+        return self.request_json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/release",
+                                 {"reason": reason, "abandoned": abandoned}, idempotent=False) or {}
+
     # artifacts -----------------------------------------------------------------
     def get_artifact(self, key: str) -> bytes:
         """``GET /v1alpha1/artifacts/{key}`` → the bytes; a missing one raises ``ArtifactNotFound``."""

@@ -31,9 +31,10 @@ that built-in as a second base::
     │   └── RateLimited                  too many requests from one credential
     ├── TaskRefused                      a lease the worker agent will not run
     ├── TaskInterrupted                  a lease's preparation stopped by a shutdown or a lost lease
+    ├── WorkDirInUse                     a worker's work directory is held by another running worker
     └── CommandError                     a ``flashruntime`` command that cannot succeed (its exit code)
 
-The coordinator, the agent and the CLI raise the last ten inside their own flows and
+The coordinator, the agent and the CLI raise the last eleven inside their own flows and
 answer them (an HTTP status, a failed lease, an exit code); they are defined here so that
 one ``except FlashRuntimeError`` catches everything this project raises. One member lives
 elsewhere: ``flashruntime.coordinator.body_limit.BodyTooLarge`` (413) must also be
@@ -72,6 +73,7 @@ __all__ = [
     "TaskRefused",
     "UnplannableRequest",
     "WeightShapeMismatch",
+    "WorkDirInUse",
 ]
 
 
@@ -227,6 +229,16 @@ class TaskRefused(FlashRuntimeError):
 
 class TaskInterrupted(FlashRuntimeError):
     """A lease's preparation stopped because the agent is shutting down or the lease was lost."""
+
+
+class WorkDirInUse(FlashRuntimeError):
+    """Another worker holds the work directory's lock: two workers in one directory would
+    each stop what the other runs, so the second one refuses to start. ``pid`` is the
+    holder's process id when it could be read."""
+
+    def __init__(self, message: str, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid
 
 
 class CommandError(FlashRuntimeError):

@@ -43,6 +43,9 @@ class FakeCoordinator:
         self.leases: dict[str, dict[str, Any]] = {}  # lease_id -> lease JSON as handed out
         self.completed: dict[str, dict[str, Any]] = {}
         self.failed: dict[str, str] = {}
+        self.released: dict[str, dict[str, Any]] = {}  # lease_id -> the release body
+        self.supports_release = True  # False: a coordinator older than the release route (404)
+        self.on_claim: Callable[[], None] | None = None  # called before a claim is answered
         self.artifacts: dict[str, bytes] = {}
         self.lost: set[str] = set()  # lease ids whose heartbeats answer 410 from now on
         self.register_statuses: deque[int] = deque()
@@ -138,6 +141,8 @@ class FakeCoordinator:
             if r.method == "POST" and path == "/v1alpha1/leases/claim":
                 if self.claim_statuses:
                     return self.claim_statuses.popleft(), {"detail": "forced"}
+                if self.on_claim is not None:
+                    self.on_claim()
                 node_id = r.json()["node_id"]
                 if node_id not in self.registered:
                     return 403, {"detail": "node not registered"}
@@ -150,12 +155,20 @@ class FakeCoordinator:
                               lease_seconds=item["lease_seconds"]).model_dump(mode="json")
                 self.leases[item["lease_id"]] = lease
                 return 200, lease
-            match = re.fullmatch(r"/v1alpha1/attempts/([^/]+)/(heartbeat|complete|fail)", path)
+            match = re.fullmatch(r"/v1alpha1/attempts/([^/]+)/(heartbeat|complete|fail|release)", path)
             if r.method == "POST" and match:
                 lease_id, action = match.groups()
+                if action == "release" and not self.supports_release:
+                    return 404, {"detail": "Not Found"}
                 if lease_id not in self.leases:
                     return 404, {"detail": "unknown lease"}
-                live = lease_id not in self.lost and lease_id not in self.completed and lease_id not in self.failed
+                live = lease_id not in self.lost and lease_id not in self.completed and lease_id not in self.failed \
+                    and lease_id not in self.released
+                if action == "release":
+                    if not live:
+                        return 410, {"detail": "lease is no longer live"}
+                    self.released[lease_id] = r.json()
+                    return 200, {"status": "requeued"}
                 if action == "heartbeat":
                     return (200, self.leases[lease_id]) if live else (410, {"detail": "lease is no longer live"})
                 if action == "complete":

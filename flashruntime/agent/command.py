@@ -1,7 +1,9 @@
 """The worker agent's command line: ``flashruntime worker`` and ``python -m flashruntime.agent``.
 
-Exit codes: 0 stopped after ``--max-tasks`` or by SIGINT/SIGTERM; 1 registration refused
-(401/403); 2 coordinator unreachable at startup, or invalid options.
+Exit codes: 0 stopped after ``--max-tasks``, by SIGINT/SIGTERM or by a drain; 1 registration
+refused (401/403); 2 coordinator unreachable at startup, the work directory unusable or held
+by another worker, or invalid options. ``--drain --work-dir D`` asks the worker running in D
+to finish its current task and exit (SIGUSR1): 0 when asked, 1 when no worker runs there.
 """
 
 from __future__ import annotations
@@ -9,11 +11,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 DEFAULT_API = "http://localhost:8100"
 EXIT_INVALID = 2
+EXIT_NO_WORKER = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pools", default="", metavar="a,b", help="team pools this node serves, comma-separated")
     parser.add_argument("--dataset", action="append", default=[], metavar="NAME=PATH",
                         help="a local dataset offered to tasks as local_inputs (repeatable)")
+    parser.add_argument("--drain", action="store_true",
+                        help="start no worker: ask the one running with this --work-dir to finish its current task "
+                             "and exit (it is sent SIGUSR1); exit 1 when none runs there")
 
 
 DESCRIPTION = "Register with a coordinator, claim leases, run them, upload outputs."
@@ -77,7 +86,103 @@ def _configure_logging() -> None:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+class _EarlySignals:
+    """Stop and drain signals that arrive before the agent listens (while it is imported and
+    built): kept, and handed to the agent, instead of killing the process by the signal."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.agent: Any = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        signals = [signal.SIGINT, signal.SIGTERM]
+        if hasattr(signal, "SIGUSR1"):
+            signals.append(signal.SIGUSR1)
+        for sig in signals:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.agent is None:
+            self.received.append(signum)
+        else:  # after run() returned, on the way out: nothing left to stop, and no death by signal
+            self._forward(signum)
+
+    def _forward(self, signum: int) -> None:
+        if signum == getattr(signal, "SIGUSR1", None):
+            self.agent.drain()
+        else:
+            self.agent.stop()
+
+    def hand_over(self, agent: Any) -> None:
+        self.agent = agent
+        for signum in self.received:
+            self._forward(signum)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def drain_running_worker(work_dir: str | None, *, send: Callable[[int, int], None] = os.kill) -> int:
+    """``--drain``: SIGUSR1 to the worker holding ``work_dir``'s lock; the exit code."""
+    from flashruntime.agent.state import lock_holder
+
+    if not work_dir:
+        print("error: --drain needs the --work-dir of the worker to drain", file=sys.stderr)
+        return EXIT_INVALID
+    drain_signal = getattr(signal, "SIGUSR1", None)
+    if drain_signal is None:
+        print("error: --drain needs SIGUSR1, which this platform does not have; stop the worker with Ctrl-C "
+              "instead (its lease is released, not failed)", file=sys.stderr)
+        return EXIT_INVALID
+    directory = Path(os.path.expanduser(work_dir))
+    holder = lock_holder(directory)
+    if holder is None:
+        print(f"error: no worker is running in {directory}", file=sys.stderr)
+        return EXIT_NO_WORKER
+    if holder.pid is None:
+        print(f"error: a worker holds {directory}, but its lock file does not say which process; try again",
+              file=sys.stderr)
+        return EXIT_NO_WORKER
+    if not holder.drains_on_sigusr1:
+        print(f"error: the worker in {directory} (pid {holder.pid}) does not take signals (it runs off the main "
+              "thread of its program); call its WorkerAgent.drain() instead", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        send(holder.pid, drain_signal)
+    except ProcessLookupError:
+        print(f"error: no worker is running in {directory} (pid {holder.pid} has ended)", file=sys.stderr)
+        return EXIT_NO_WORKER
+    except PermissionError:
+        print(f"error: not allowed to signal the worker in {directory} (pid {holder.pid}); run --drain as its "
+              "user", file=sys.stderr)
+        return EXIT_INVALID
+    node = f", node {holder.node_id}" if holder.node_id else ""
+    print(f"worker pid {holder.pid}{node} in {directory} is draining: it finishes its current task, then exits")
+    return 0
+
+
 def handle(args: argparse.Namespace) -> int:
+    if getattr(args, "drain", False):
+        return drain_running_worker(args.work_dir)
+    early = _EarlySignals()
+    if _on_main_thread():
+        early.install()
+    try:
+        return _run_worker(args, early)
+    finally:
+        if _on_main_thread():
+            early.restore()
+
+
+def _on_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _run_worker(args: argparse.Namespace, early: _EarlySignals) -> int:
     from flashruntime.agent.worker import WorkerAgent
 
     try:
@@ -97,6 +202,7 @@ def handle(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID
     _configure_logging()
+    early.hand_over(agent)
     return agent.run()
 
 

@@ -6,6 +6,9 @@ launcher's own handle, whose sweep also reaches ranks that left the group. Lease
 run on a thread from claim until the outcome is reported; a 410 or 403 abandons the lease.
 The child's log goes to the coordinator as ``task.log`` under the task's output prefix: while
 it runs, every ``log_upload_s`` when it grew, and once more before the outcome is reported.
+An agent that stops gives the lease back (``release``): stopping is not the task's failure.
+Each attempt is in the work directory's journal from before its child starts until its
+outcome is reported, so a restart after ``kill -9`` can stop what it left running.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from flashruntime.agent.inputs import (
     prepare_inputs,
     write_spec,
 )
+from flashruntime.agent.state import AttemptEntry, AttemptJournal
 from flashruntime.client import CoordinatorClient, is_transient
 from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable
 from flashruntime.launchers.local import LocalLaunchHandle, proc_available, read_log_tail
@@ -47,6 +51,9 @@ logger = logging.getLogger("flashruntime.worker")
 RUNNERS = ("subprocess", "trusted")
 LOST_STATUSES = (403, 410)  # the lease is no longer ours: stop and walk away without further calls
 SHUTDOWN_REASON = "agent shutdown"
+DRAIN_REASON = "agent draining: the lease arrived after the drain began"
+# A coordinator older than the release route answers it so; the lease is then failed, as before.
+_NO_RELEASE_ROUTE = (404, 405)
 _REASON_LIMIT = 500
 
 
@@ -72,7 +79,7 @@ class Outcome(enum.Enum):
     COMPLETED = "completed"  # complete was sent (accepted or not)
     FAILED = "failed"  # fail was sent with a reason
     ABANDONED = "abandoned"  # the lease was lost (410/403) or the coordinator stayed unreachable
-    SHUTDOWN = "shutdown"  # the agent is stopping; the lease was failed with "agent shutdown"
+    SHUTDOWN = "shutdown"  # the agent is stopping; the lease was released (no budget spent)
 
     @property
     def counts(self) -> bool:
@@ -317,8 +324,10 @@ class LeaseRunner:
         timing: WorkerTiming,
         stopping: threading.Event,
         require_code_grant: bool = False,
+        journal: AttemptJournal | None = None,
     ) -> None:
         self._client = client
+        self._journal = journal
         self._require_code_grant = require_code_grant
         self._work_root = work_root
         self._runner = runner
@@ -340,6 +349,28 @@ class LeaseRunner:
             return Outcome.ABANDONED
         finally:
             heartbeat.stop()
+            self._forget(lease)
+
+    def give_back(self, lease: Lease, reason: str) -> Outcome:
+        """Release a lease this agent will not run (it arrived while the agent was stopping)."""
+        try:
+            return self._release(lease, reason)
+        except _LeaseLost:
+            return Outcome.ABANDONED
+
+    def _record(self, lease: Lease, dirs: LeaseDirs, pid: int | None = None) -> None:
+        if self._journal is not None:
+            self._journal.add(AttemptEntry(lease.lease_id, lease.job_id, lease.task_id, lease.node_id,
+                                           os.fsdecode(dirs.out), pid))
+
+    def _forget(self, lease: Lease) -> None:
+        """Out of the journal once the outcome is reported and every process has been stopped."""
+        if self._journal is None:
+            return
+        try:
+            self._journal.forget(lease.lease_id)
+        except OSError as exc:  # a restart sweeps an attempt already gone and reports a lease already ended
+            logger.warning("lease %s: cannot update %s: %s", lease.lease_id, self._journal.path, exc)
 
     def _interrupted(self, heartbeat: LeaseHeartbeat) -> bool:
         return heartbeat.lost.is_set() or self._stopping.is_set()
@@ -358,6 +389,9 @@ class LeaseRunner:
             write_spec(dirs, lease.task_id, params, inputs)
             if self._interrupted(heartbeat):
                 raise TaskInterrupted("stopped before the child started")
+            # Journaled before the child exists: a kill -9 from here on leaves a record of
+            # what to sweep, found by the marker even before the child's pid is known.
+            self._record(lease, dirs)
             handle = start_child(argv, child_env(payload_env, dirs, lease), dirs, self._timing.term_grace_s)
         except TaskRefused as exc:
             return self._fail(lease, str(exc), Outcome.FAILED)
@@ -367,6 +401,10 @@ class LeaseRunner:
             return self._fail(lease, f"agent error preparing the task: {exc}", Outcome.FAILED)
         logger.info("lease %s (%s/%s) started pid %s", lease.lease_id, lease.job_id, lease.task_id,
                     handle.execution_id)
+        try:
+            self._record(lease, dirs, int(handle.execution_id))
+        except OSError as exc:  # the marker is journaled already, which is what a restart sweeps by
+            logger.warning("lease %s: cannot journal pid %s: %s", lease.lease_id, handle.execution_id, exc)
         started = self._timing.clock()
         shipper = TaskLogShipper(self._client, task_log_key(payload_prefix(lease)), dirs.log,
                                  self._timing.log_upload_s)
@@ -382,7 +420,9 @@ class LeaseRunner:
             state = handle.wait(timeout_seconds=0)
             while not state.terminal and not self._interrupted(heartbeat):
                 state = handle.wait(timeout_seconds=self._timing.child_poll_s)
-            if not state.terminal:
+            # A child that failed while the agent was stopping may have died of the same stop
+            # (a supervisor signals the whole service): not the task's failure either.
+            if not state.terminal or (self._stopping.is_set() and handle.exit_code != 0):
                 handle.cancel()
                 shipper.stop()
                 return self._after_interrupt(lease, heartbeat, shipper)
@@ -398,7 +438,7 @@ class LeaseRunner:
             raise _LeaseLost()
         if shipper is not None:
             shipper.ship(final=True)  # while the lease is still ours: a stopped task's log is kept too
-        return self._fail(lease, SHUTDOWN_REASON, Outcome.SHUTDOWN)
+        return self._release(lease, SHUTDOWN_REASON)
 
     def _finish(self, lease: Lease, heartbeat: LeaseHeartbeat, dirs: LeaseDirs, exit_code: int | None,
                 wall_seconds: float, shipper: TaskLogShipper) -> Outcome:
@@ -418,7 +458,9 @@ class LeaseRunner:
         if _is_regular(dirs.out / TASK_LOG_NAME):
             logger.warning("lease %s: the task wrote out/%s, which the task's own log replaces on the coordinator",
                            lease.lease_id, TASK_LOG_NAME)
-        for relative, path in output_files(dirs.out):
+        files = output_files(dirs.out)
+        logger.info("lease %s: uploading %d output file(s)", lease.lease_id, len(files))
+        for relative, path in files:
             if self._interrupted(heartbeat):
                 return self._after_interrupt(lease, heartbeat, shipper)
             try:
@@ -457,6 +499,28 @@ class LeaseRunner:
             logger.warning("lease %s: fail refused: %s", lease.lease_id, exc)
             return Outcome.ABANDONED
         return outcome if sent is not None else Outcome.ABANDONED
+
+    def _release(self, lease: Lease, reason: str) -> Outcome:
+        """Give the lease back without failing its task; against a coordinator without the
+        release route, fail it instead, as agents did before there was one."""
+        logger.info("lease %s released: %s", lease.lease_id, reason)
+
+        def release() -> Any:
+            try:
+                return self._client.release(lease.lease_id, reason)
+            except CoordinatorHTTPError as exc:
+                if exc.status not in _NO_RELEASE_ROUTE:
+                    raise
+            logger.info("lease %s: the coordinator cannot release leases: failing it instead", lease.lease_id)
+            return self._client.fail(lease.lease_id, reason)
+
+        try:
+            # Repeated like fail: a repeat of an applied release gets 410, which ends it just the same.
+            sent = self._settled(lambda: self._client.retry.run(release))
+        except CoordinatorHTTPError as exc:
+            logger.warning("lease %s: release refused: %s", lease.lease_id, exc)
+            return Outcome.ABANDONED
+        return Outcome.SHUTDOWN if sent is not None else Outcome.ABANDONED
 
     def _settled(self, call: Callable[[], Any]) -> Any:
         """``call()`` (which the client retries by its policy while the coordinator is unreachable

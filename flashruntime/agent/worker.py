@@ -1,9 +1,12 @@
 """The built-in worker agent: register, heartbeat, claim, run, report — HTTP only.
 
 ``WorkerAgent(...).run()`` returns the exit code of ``flashruntime worker``: 0 after
-``max_tasks`` tasks or a stop signal, 1 when registration is refused (401/403), 2 when the
-coordinator is unreachable at startup or the work directory is unusable. Standard library
-and pydantic only; psutil is used when present.
+``max_tasks`` tasks, a stop (SIGTERM, SIGINT) or a drain (SIGUSR1), 1 when registration is
+refused (401/403), 2 when the coordinator is unreachable at startup or the work directory is
+unusable or held by another worker. Before it registers, a worker stops whatever an earlier
+worker in the same work directory left running (see ``agent.state``), and once registered
+tells the coordinator those leases are abandoned. Standard library and pydantic only; psutil
+is used when present.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from pydantic import ValidationError
 
 import flashruntime
 from flashruntime.agent.inputs import TaskRefused, safe_segment
-from flashruntime.agent.lease_run import RUNNERS, LeaseRunner, WorkerTiming
+from flashruntime.agent.lease_run import DRAIN_REASON, RUNNERS, SHUTDOWN_REASON, LeaseRunner, WorkerTiming
+from flashruntime.agent.state import AttemptEntry, AttemptJournal, WorkDirLock
 from flashruntime.client import CoordinatorClient, RetryPolicy
-from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable
+from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable, WorkDirInUse
+from flashruntime.launchers.local import proc_available, stop_leftover_attempt
 from flashruntime.monitor.gpus import query_gpus
 from flashruntime.protocol.v1alpha1 import GpuInfo, Lease, NodeCapabilities, NodeHeartbeat, NodeRegistration
 
@@ -36,6 +41,8 @@ __all__ = ["WorkerAgent"]
 logger = logging.getLogger("flashruntime.worker")
 
 EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE = 0, 1, 2
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+DRAIN_SIGNAL: signal.Signals | None = getattr(signal, "SIGUSR1", None)  # POSIX only
 _NO_DATASETS: Mapping[str, str] = MappingProxyType({})
 _ARCHITECTURES = {"x86_64": "amd64", "amd64": "amd64", "x64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
@@ -110,6 +117,9 @@ class WorkerAgent:
             resolved[name] = os.fspath(path)
         self.timing = timing or WorkerTiming()
         self._stopping = threading.Event()  # stop requested (signal, stop(), refused re-registration)
+        self._draining = threading.Event()  # drain requested: the running task finishes first
+        self._no_more_claims = threading.Event()  # set by either: the claim loop ends
+        self._takes_signals = False  # run() on the main thread: SIGUSR1 reaches drain()
         # The client repeats what is safe to repeat while the coordinator is unreachable or
         # busy, waiting between tries the way the claim loop does (a stop request ends a wait).
         self.client = CoordinatorClient(
@@ -158,8 +168,19 @@ class WorkerAgent:
         )
 
     def stop(self) -> None:
-        """Ask ``run`` to return: a running child is cancelled and its lease failed ("agent shutdown")."""
+        """Ask ``run`` to return now: a running child is stopped and its lease released ("agent
+        shutdown"), which spends none of the task's budgets (a coordinator without the release
+        route fails it instead)."""
         self._stopping.set()
+        self._no_more_claims.set()
+
+    def drain(self) -> None:
+        """Ask ``run`` to return once the running task, if any, has finished and its outcome is
+        reported; nothing new is claimed. A ``stop`` meanwhile still stops the task."""
+        if not self._draining.is_set():
+            logger.info("draining: no new tasks; exiting once the running one is reported")
+        self._draining.set()
+        self._no_more_claims.set()
 
     # lifecycle -------------------------------------------------------------------
     def run(self) -> int:
@@ -172,17 +193,26 @@ class WorkerAgent:
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():
-            return lambda: None  # signals reach only the main thread; callers elsewhere use stop()
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+            return lambda: None  # signals reach only the main thread; callers elsewhere use stop()/drain()
 
-        def on_signal(signum: int, frame: Any) -> None:
+        def on_stop(signum: int, frame: Any) -> None:
             logger.info("received %s: stopping", signal.Signals(signum).name)
             self.stop()
 
-        for sig in previous:
-            signal.signal(sig, on_signal)
+        def on_drain(signum: int, frame: Any) -> None:
+            logger.info("received %s: draining", signal.Signals(signum).name)
+            self.drain()
+
+        handlers: dict[signal.Signals, Callable[[int, Any], None]] = dict.fromkeys(STOP_SIGNALS, on_stop)
+        if DRAIN_SIGNAL is not None:
+            handlers[DRAIN_SIGNAL] = on_drain
+        previous = {sig: signal.getsignal(sig) for sig in handlers}
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        self._takes_signals = DRAIN_SIGNAL is not None
 
         def restore() -> None:
+            self._takes_signals = False
             for sig, handler in previous.items():
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
@@ -200,15 +230,41 @@ class WorkerAgent:
         except OSError as exc:
             logger.error("work directory %s is unusable: %s", self.work_dir, exc)
             return EXIT_UNREACHABLE
+        lock = WorkDirLock(work_root)
+        try:
+            lock.acquire(self.node_id, drains_on_sigusr1=self._takes_signals)
+        except WorkDirInUse as exc:
+            logger.error("%s", exc)
+            return EXIT_UNREACHABLE
+        except OSError as exc:
+            logger.error("work directory %s is unusable: %s", work_root, exc)
+            return EXIT_UNREACHABLE
+        try:
+            return self._run_locked(work_root)
+        finally:
+            lock.release()
+
+    def _run_locked(self, work_root: Path) -> int:
+        journal = AttemptJournal(work_root)
+        leftovers = journal.entries()
+        self._sweep_leftovers(leftovers)
+        if self._no_more_claims.is_set():
+            logger.info("node %s stopping before it registered", self.node_id)
+            return EXIT_OK
+        logger.info("registering node %s with %s", self.node_id, self.client.base_url)
         try:
             self._register()
         except CoordinatorHTTPError as exc:
+            if self._no_more_claims.is_set():  # asked to stop meanwhile: that is why it ends
+                return EXIT_OK
             if exc.status in (401, 403):
                 logger.error("registration refused by %s: %s", self.client.base_url, exc)
                 return EXIT_REFUSED
             logger.error("registration failed at %s: %s", self.client.base_url, exc)
             return EXIT_UNREACHABLE
         except CoordinatorUnavailable as exc:
+            if self._no_more_claims.is_set():
+                return EXIT_OK
             logger.error("coordinator unreachable: %s", exc)
             return EXIT_UNREACHABLE
         logger.info("node %s registered with %s (runner %s, work dir %s)", self.node_id, self.client.base_url,
@@ -219,14 +275,58 @@ class WorkerAgent:
         # submitter the coordinator says holds the code-execution permission.
         runner = LeaseRunner(self.client, work_root=work_root, runner=self.runner, datasets=self.datasets,
                              timing=self.timing, stopping=self._stopping,
-                             require_code_grant=self.client.authenticates)
+                             require_code_grant=self.client.authenticates, journal=journal)
         try:
+            self._report_abandoned(journal, leftovers)
             self._claim_loop(runner)
         finally:
             self._closing.set()
             beat.join()
-        logger.info("node %s stopping after %d task(s)", self.node_id, self.tasks_done)
+        how = "drained" if self._draining.is_set() and not self._stopping.is_set() else "stopping"
+        logger.info("node %s %s after %d task(s)", self.node_id, how, self.tasks_done)
         return self._exit_code
+
+    # what an earlier worker in this work directory left ------------------------------
+    def _sweep_leftovers(self, leftovers: list[AttemptEntry]) -> None:
+        """Stop every process of the attempts an earlier worker here was running when it died.
+        Before registering: nothing is claimed while they run, lest a task run twice at once."""
+        if leftovers and not proc_available():
+            logger.warning("an earlier worker in this work directory left %d attempt(s) in its journal; without "
+                           "/proc their processes cannot be found, so any still running are left alone",
+                           len(leftovers))
+            return
+        for entry in leftovers:
+            pids = stop_leftover_attempt(Path(entry.output_dir), self.timing.term_grace_s,
+                                         pgids=[entry.pid] if entry.pid else [])
+            if pids:
+                logger.warning("stopped what an earlier worker in this work directory left running of lease %s "
+                               "(%s/%s): pid(s) %s", entry.lease_id, entry.job_id, entry.task_id,
+                               ", ".join(str(pid) for pid in sorted(pids)))
+
+    def _report_abandoned(self, journal: AttemptJournal, leftovers: list[AttemptEntry]) -> None:
+        """Tell the coordinator that the earlier worker's leases are abandoned (each counts as an
+        expiry, as it would at its deadline), so their tasks requeue now; then forget them."""
+        for entry in leftovers:
+            reason = (f"the worker that ran it on node {entry.node_id} stopped without reporting (killed?); its "
+                      "restart stopped what it left running")
+            try:
+                answer = self.client.retry.run(
+                    lambda entry=entry, reason=reason: self.client.release(entry.lease_id, reason, abandoned=True))
+            except CoordinatorHTTPError as exc:
+                if exc.status == 410:
+                    logger.info("lease %s of an earlier worker here had already ended", entry.lease_id)
+                else:
+                    logger.warning("lease %s of an earlier worker here: the coordinator would not take it back "
+                                   "(%s); it ends at its deadline", entry.lease_id, exc)
+            except CoordinatorUnavailable as exc:
+                logger.warning("lease %s of an earlier worker here: %s; it ends at its deadline", entry.lease_id, exc)
+            else:
+                logger.warning("lease %s (%s/%s) of an earlier worker here reported abandoned: its task is %s",
+                               entry.lease_id, entry.job_id, entry.task_id, answer.get("status", "requeued"))
+            try:
+                journal.forget(entry.lease_id)
+            except OSError as exc:
+                logger.warning("cannot update %s: %s", journal.path, exc)
 
     # registration and node heartbeats ------------------------------------------------
     def _register(self) -> None:
@@ -274,6 +374,10 @@ class WorkerAgent:
     def _sleep(self, seconds: float) -> None:
         (self.timing.sleep or self._stopping.wait)(seconds)
 
+    def _idle(self, seconds: float) -> None:
+        """A wait of the claim loop, which a drain ends too."""
+        (self.timing.sleep or self._no_more_claims.wait)(seconds)
+
     def _jittered(self, seconds: float) -> float:
         return seconds * self.timing.rng.uniform(0.8, 1.2)
 
@@ -285,7 +389,7 @@ class WorkerAgent:
     def _claim_loop(self, runner: LeaseRunner) -> None:
         refused = 0  # consecutive claims answered 403
         errors = 0  # consecutive claims that failed otherwise
-        while not self._stopping.is_set():
+        while not self._no_more_claims.is_set():
             try:
                 data = self.client.claim(self.node_id)
             except CoordinatorHTTPError as exc:
@@ -295,28 +399,34 @@ class WorkerAgent:
                         logger.warning("claim refused (%s): re-registering", exc)
                         self._reregister()
                     else:
-                        self._sleep(self._backoff(refused - 1))
+                        self._idle(self._backoff(refused - 1))
                     continue
                 errors += 1
                 logger.warning("claim failed: %s", exc)
-                self._sleep(self._backoff(errors))
+                self._idle(self._backoff(errors))
                 continue
             except CoordinatorUnavailable as exc:
                 errors += 1
                 logger.warning("claim failed: %s", exc)
-                self._sleep(self._backoff(errors))
+                self._idle(self._backoff(errors))
                 continue
             refused = errors = 0
             if data is None:
-                self._sleep(self._jittered(self.poll_seconds))
+                self._idle(self._jittered(self.poll_seconds))
                 continue
             try:
                 lease = Lease.model_validate(data)
             except ValidationError as exc:
                 errors += 1
                 logger.warning("claim answer is not a Lease: %s", exc)
-                self._sleep(self._backoff(errors))
+                self._idle(self._backoff(errors))
                 continue
+            if self._no_more_claims.is_set():
+                # The answer to a claim sent before the stop or drain: not run, given back.
+                logger.info("lease %s arrived after the %s began: releasing it", lease.lease_id,
+                            "stop" if self._stopping.is_set() else "drain")
+                runner.give_back(lease, SHUTDOWN_REASON if self._stopping.is_set() else DRAIN_REASON)
+                return
             outcome = runner.run(lease)
             if outcome.counts:
                 self.tasks_done += 1

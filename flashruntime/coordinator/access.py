@@ -81,6 +81,7 @@ ROUTE_ACCESS: Mapping[tuple[str, str], RouteAccess] = {
     ("POST", "/v1alpha1/attempts/{lease_id}/heartbeat"): _access(NODE, scope=_HOLDER),
     ("POST", "/v1alpha1/attempts/{lease_id}/complete"): _access(NODE, scope=_HOLDER),
     ("POST", "/v1alpha1/attempts/{lease_id}/fail"): _access(NODE, scope=_HOLDER),
+    ("POST", "/v1alpha1/attempts/{lease_id}/release"): _access(NODE, scope=_HOLDER),
     ("PUT", "/v1alpha1/artifacts/{key}"): _access(
         NODE, SUBMITTER, OPERATOR,
         scope="a node: under jobs/<job>/<task>/ of its live leases; a submitter: under users/<name>/ and "

@@ -315,6 +315,7 @@ class Coordinator:
                 "failures": record.failures_seen,
                 "expiries": record.expiries_seen,
                 "max_expiries": spec.max_expiries,
+                "released": record.releases_seen,
                 "evidence": _accepted_evidence(record, evidence.get(spec.task_id)),
             })
         return sorted(rows, key=lambda row: row["task_id"])

@@ -46,7 +46,8 @@ aria-label="token"><button type="submit">use token</button><button type="button"
 <th>tasks</th></tr></thead><tbody></tbody></table>
 <section id="detail" hidden>
 <h2>Tasks of <code id="sel"></code></h2><table id="tasks"><thead><tr><th>task</th><th>state</th><th>attempts</th>
-<th>node</th><th>deadline</th><th>failures</th><th>expiries</th></tr></thead><tbody></tbody></table>
+<th>node</th><th>deadline</th><th>failures</th><th>expiries</th><th>released</th></tr></thead><tbody></tbody>
+</table>
 <h2>Events</h2><table id="events"><thead><tr><th>time</th><th>type</th><th>message</th></tr></thead><tbody></tbody>
 </table>
 <h2>Artifacts</h2><table id="artifacts"><thead><tr><th>key</th><th>size</th></tr></thead><tbody></tbody></table>
@@ -120,7 +121,7 @@ async function refresh() {
       document.getElementById("sel").textContent = selected;
       fill("tasks", tasks.map((t) => `<tr>${cell(t.task_id, "mono")}${cell(t.state, `st-${t.state}`)}` +
         cell(`${t.attempts} / ${t.max_attempts}`) + cell(t.node_id, "mono") + cell(t.deadline) + cell(t.failures) +
-        cell(`${t.expiries} / ${t.max_expiries}`) + "</tr>"));
+        cell(`${t.expiries} / ${t.max_expiries}`) + cell(t.released ?? 0) + "</tr>"));
       fill("events", events.slice(-200).reverse().map((e) => `<tr>${cell(e.timestamp, "mono")}${cell(e.type)}${cell(e.message)}</tr>`));
       fill("artifacts", artifacts.map((a) => `<tr><td><a href="/v1alpha1/artifacts/${keyPath(a.key)}" ` +
         `data-name="${esc(a.key.split("/").pop())}">${esc(a.key)}</a></td>` + cell(`${a.size_bytes} B`) + "</tr>"));

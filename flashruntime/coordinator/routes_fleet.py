@@ -28,6 +28,7 @@ from flashruntime.protocol.api_v1alpha1 import (
     FailResult,
     NodeRow,
     RegisterResult,
+    ReleaseResult,
     StatusResult,
     UncordonResult,
 )
@@ -39,6 +40,8 @@ from flashruntime.protocol.v1alpha1 import (
     Lease,
     NodeHeartbeat,
     NodeRegistration,
+    ReleaseRequest,
+    TaskState,
 )
 
 __all__ = ["JOIN_CODE_HEADER", "fleet_router"]
@@ -160,5 +163,21 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
         except LeaseError as exc:
             raise HTTPException(410, str(exc)) from None
         return {"status": "requeued-or-exhausted"}
+
+    @router.post("/v1alpha1/attempts/{lease_id}/release", response_model=ReleaseResult)
+    def release(lease_id: str, body: ReleaseRequest, identity: Identity = caller) -> dict[str, str]:
+        """A lease given back for a cause that is not the task's: its worker is shutting down
+        (requeued, no budget spent), or died (``abandoned``: counted as an expiry)."""
+        held_lease(identity, lease_id)
+        now = coordinator.now()
+        try:
+            if body.abandoned:
+                state = coordinator.manager.abandon(lease_id, body.reason, now=now)
+            else:
+                coordinator.manager.release(lease_id, body.reason, now=now)
+                state = TaskState.PENDING
+        except LeaseError as exc:
+            raise HTTPException(410, str(exc)) from None
+        return {"status": "requeued" if state is TaskState.PENDING else "exhausted"}
 
     return router

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
@@ -16,7 +16,7 @@ from flashruntime.launchers._sweep import attempt_processes, proc_available, swe
 from flashruntime.strategies import LaunchSpec
 from flashruntime.strategies.command import torchrun_options
 
-__all__ = ["LocalLaunchHandle", "LocalProcessLauncher", "proc_available"]
+__all__ = ["LocalLaunchHandle", "LocalProcessLauncher", "proc_available", "stop_leftover_attempt"]
 
 LOG_NAME = "launcher.log"
 
@@ -46,6 +46,30 @@ def _output_marker(attempt_dir: Path) -> bytes:
     that is not UTF-8 matches too. Raises UnicodeEncodeError for a path no filesystem
     call could take either."""
     return b"FLASHML_OUTPUT_DIR=" + os.fsencode(attempt_dir)
+
+
+def stop_leftover_attempt(output_dir: Path, grace_s: float, *, pgids: Iterable[int] = ()) -> set[int]:
+    """Stop what is left of an attempt whose driver died (its worker killed with ``kill -9``):
+    every process whose environment carries the attempt's marker (``FLASHML_OUTPUT_DIR=
+    <output_dir>``), and the other members of those ``pgids`` (the groups recorded for the
+    attempt) that such a process belongs to. A recorded group no marked process is in is
+    left alone: once the attempt's processes had gone, its id may name someone else's group.
+    SIGTERM, then SIGKILL after ``grace_s``; returns the pids signalled. Needs /proc (Linux):
+    elsewhere nothing can be told to be the attempt's, and nothing is stopped."""
+    if not proc_available():
+        return set()
+    marker = _output_marker(Path(output_dir))
+    recorded = set(pgids)
+    trusted: set[int] = set()
+
+    def find() -> dict[int, int | None]:
+        marked = attempt_processes(marker, ())
+        # A group proven the attempt's stays so while the sweep runs: its marked members may
+        # die first, and the rest (a child that cleared its environment) must still be found.
+        trusted.update(group for group in marked.values() if group in recorded)
+        return attempt_processes(marker, trusted) if trusted else marked
+
+    return sweep(find, _grace_seconds(grace_s))
 
 
 class LocalLaunchHandle(LaunchHandle):

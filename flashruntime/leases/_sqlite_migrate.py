@@ -1,10 +1,10 @@
-"""Migration of the single-document ``lease_tasks`` layout to schema 2.
+"""Migration of the single-document ``lease_tasks`` layout to the current schema.
 
 The old layout kept each record as a few JSON documents (``spec_json``,
 ``active_lease_json``, ``lease_history_json``) keyed by ``(job_id, task_id)`` or
 by ``task_id`` alone. The caller runs this inside its ``BEGIN IMMEDIATE``
 transaction, so the conversion is all or nothing. Queue order and in-flight
-leases are kept; both budget counters start at 0.
+leases are kept; the budget counters and the release count start at 0.
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ def migrate_single_document(conn: sqlite3.Connection) -> int:
                 lease_to_json(active) if active is not None else None,
                 row.get("accepted_attempt_id"),
                 row.get("accepted_output_sha256"),
+                0,
             ),
         )
         for lease in history:

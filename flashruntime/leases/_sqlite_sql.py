@@ -9,7 +9,9 @@ partial indexes' ``WHERE state = ...``.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
+# Schema 2 lacks only ``releases_seen``: it is added in place (every record had none).
+UPGRADE_FROM_2 = "ALTER TABLE lease_tasks ADD COLUMN releases_seen INTEGER NOT NULL DEFAULT 0"
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS lease_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -28,6 +30,7 @@ SCHEMA = (
         active_lease_json TEXT,
         accepted_attempt_id TEXT,
         accepted_output_sha256 TEXT,
+        releases_seen INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (job_id, task_id)
     )""",
     "CREATE INDEX IF NOT EXISTS lease_tasks_pending ON lease_tasks (seq) WHERE state = 'PENDING'",
@@ -57,6 +60,7 @@ MUTABLE = (
     "active_lease_json",
     "accepted_attempt_id",
     "accepted_output_sha256",
+    "releases_seen",
 )
 COLUMNS = "job_id, task_id, seq, spec_json, " + ", ".join(MUTABLE)
 _T_COLUMNS = ", ".join("t." + column.strip() for column in COLUMNS.split(","))
@@ -120,7 +124,7 @@ COUNTS_ALL = "SELECT state, COUNT(*) FROM lease_tasks GROUP BY state"
 INSERT = (
     "INSERT INTO lease_tasks (job_id, task_id, seq, spec_json, state, attempts_used, failures_seen, "
     "expiries_seen, active_lease_id, active_node_id, deadline, active_lease_json, accepted_attempt_id, "
-    "accepted_output_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "accepted_output_sha256, releases_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _UPDATES: dict[tuple[int, ...], str] = {}
 

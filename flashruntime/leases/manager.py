@@ -1,10 +1,11 @@
 """``LeaseManager``: the lease state machine.
 
 Pull a task (``claim``), prove liveness (``heartbeat``), lose it when silent
-(``sweep``), commit exactly once (``complete``). Pure: no threads, no I/O of its
-own, time passed in as ``now``. Each transition runs inside one store
-transaction; events are emitted after it commits, and none are built when
-``on_event`` is None.
+(``sweep``), commit exactly once (``complete``), or give it back early: ``fail``
+(the task's fault), ``release`` (its worker is shutting down) or ``abandon`` (its
+worker died). Pure: no threads, no I/O of its own, time passed in as ``now``. Each
+transition runs inside one store transaction; events are emitted after it commits,
+and none are built when ``on_event`` is None.
 """
 
 from __future__ import annotations
@@ -306,18 +307,7 @@ class LeaseManager:
         on_event = self.on_event
         events: list[Event] | None = [] if on_event is not None else None
         with self._tx:
-            record = self._find(lease_id) if _is_str(lease_id) else None
-            if record is None:
-                raise LeaseError(f"unknown lease id {lease_id!r}")
-            active = record.active_lease
-            if not (
-                record.state is _LEASED and active is not None and active.lease_id == lease_id and active.deadline > now
-            ):
-                why = _why_not_live(record, lease_id, now)
-                spec = record.spec
-                raise LeaseError(
-                    f"lease {lease_id} of task {spec.task_id} (job {spec.job_id}) is no longer live: {why}"
-                )
+            record, active = self._live(lease_id, now)
             record.failures_seen += 1
             if events is not None:
                 spec = record.spec
@@ -339,6 +329,88 @@ class LeaseManager:
             self._release(record, active, False, now, events)
         if events:
             _emit(on_event, events)  # type: ignore[arg-type]
+
+    def release(self, lease_id: str, reason: str = "", now: datetime | None = None) -> None:
+        """Give back a live lease whose worker is shutting down (a drain): the task is PENDING
+        again at once and spends neither budget; ``releases_seen`` counts it. Emits
+        LEASE_RELEASED and TASK_REQUEUED. A lease that is not live raises ``LeaseError``."""
+        now = coerce_now(now)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {type(reason).__name__}")
+        on_event = self.on_event
+        events: list[Event] | None = [] if on_event is not None else None
+        with self._tx:
+            record, active = self._live(lease_id, now)
+            record.releases_seen += 1
+            record.active_lease = None
+            record.state = _PENDING
+            self._save(record)
+            if events is not None:
+                spec = record.spec
+                base = {"task_id": spec.task_id, "node_id": active.node_id, "lease_id": lease_id}
+                events.append(
+                    make_event(
+                        EventType.LEASE_RELEASED,
+                        spec.job_id,
+                        now,
+                        f"lease {lease_id} (attempt {active.attempt_number}) of task {spec.task_id} on "
+                        f"{active.node_id} released by its worker" + (f": {reason}" if reason else ""),
+                        {**base, "attempt_number": active.attempt_number, "reason": reason},
+                    )
+                )
+                events.append(
+                    make_event(
+                        EventType.TASK_REQUEUED,
+                        spec.job_id,
+                        now,
+                        f"task {spec.task_id} requeued after a release (no budget spent; "
+                        f"{record.releases_seen} released)",
+                        {**base, "released": record.releases_seen},
+                    )
+                )
+        if events:
+            _emit(on_event, events)  # type: ignore[arg-type]
+
+    def abandon(self, lease_id: str, reason: str = "", now: datetime | None = None) -> TaskState:
+        """End a live lease whose worker died, as that worker's restarted self reports: what an
+        expiry does, without waiting for the deadline. It spends one of ``max_expiries``, then
+        the task is requeued or exhausted; emits LEASE_EXPIRED (``abandoned: true`` in its data)
+        and TASK_REQUEUED or TASK_EXHAUSTED. Returns the task's state after it. A lease that is
+        not live raises ``LeaseError``."""
+        now = coerce_now(now)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {type(reason).__name__}")
+        on_event = self.on_event
+        events: list[Event] | None = [] if on_event is not None else None
+        with self._tx:
+            record, active = self._live(lease_id, now)
+            record.expiries_seen += 1
+            if events is not None:
+                spec = record.spec
+                events.append(
+                    make_event(
+                        EventType.LEASE_EXPIRED,
+                        spec.job_id,
+                        now,
+                        f"lease {lease_id} (attempt {active.attempt_number}) of task {spec.task_id} on "
+                        f"{active.node_id} abandoned before its deadline ({active.deadline.isoformat()})"
+                        + (f": {reason}" if reason else ""),
+                        {
+                            "task_id": spec.task_id,
+                            "node_id": active.node_id,
+                            "lease_id": lease_id,
+                            "attempt_number": active.attempt_number,
+                            "deadline": active.deadline.isoformat(),
+                            "abandoned": True,
+                            "reason": reason,
+                        },
+                    )
+                )
+            self._release(record, active, True, now, events)
+            state = record.state
+        if events:
+            _emit(on_event, events)  # type: ignore[arg-type]
+        return state
 
     def sweep(self, now: datetime | None = None) -> int:
         """Expire every LEASED record whose deadline is at or before ``now``, in
@@ -449,6 +521,21 @@ class LeaseManager:
         return out
 
     # --- internals ----------------------------------------------------------
+
+    def _live(self, lease_id: str, now: datetime) -> tuple[TaskRecord, Lease]:
+        """(record, active lease) when ``lease_id`` is the task's live lease, inside the
+        caller's transaction; else ``LeaseError`` saying why, with nothing changed."""
+        record = self._find(lease_id) if _is_str(lease_id) else None
+        if record is None:
+            raise LeaseError(f"unknown lease id {lease_id!r}")
+        active = record.active_lease
+        if not (
+            record.state is _LEASED and active is not None and active.lease_id == lease_id and active.deadline > now
+        ):
+            why = _why_not_live(record, lease_id, now)
+            spec = record.spec
+            raise LeaseError(f"lease {lease_id} of task {spec.task_id} (job {spec.job_id}) is no longer live: {why}")
+        return record, active
 
     def _release(
         self,

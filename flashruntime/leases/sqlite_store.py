@@ -168,10 +168,14 @@ class SqliteLeaseStore(LeaseStore):
             version = self._version()
             if version == sql.SCHEMA_VERSION:
                 return
+            if version == "2":
+                conn.execute(sql.UPGRADE_FROM_2)
+                conn.execute(sql.PUT_VERSION, (sql.SCHEMA_VERSION,))
+                return
             if version is not None:
                 raise RuntimeError(
                     f"{self.path}: lease schema version {version!r} is not one this flashruntime reads "
-                    f"(it reads {sql.SCHEMA_VERSION!r}); open it with the version that wrote it"
+                    f"(it reads {sql.SCHEMA_VERSION!r}, and upgrades '2' in place); open it with the version that wrote it"
                 )
             if single_document_layout(conn):
                 migrate_single_document(conn)
@@ -223,6 +227,7 @@ class SqliteLeaseStore(LeaseStore):
                     lease_to_json(lease) if lease is not None else None,
                     record.accepted_attempt_id,
                     record.accepted_output_sha256,
+                    record.releases_seen,
                 ),
             )
             self._insert_history(record, record.lease_history.items())
@@ -257,6 +262,7 @@ class SqliteLeaseStore(LeaseStore):
             lease_json,
             record.accepted_attempt_id,
             record.accepted_output_sha256,
+            record.releases_seen,
         )
         if stored is None:
             changed: tuple[int, ...] | None = None
@@ -405,6 +411,7 @@ class SqliteLeaseStore(LeaseStore):
         record.active_lease = active
         record.accepted_attempt_id = row[12]
         record.accepted_output_sha256 = row[13]
+        record.releases_seen = row[14]
         record.seq = seq
         history = _History()
         history.stored = row[4:]

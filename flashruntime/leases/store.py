@@ -24,8 +24,9 @@ class TaskRecord:
 
     ``attempts_used`` counts claims (and numbers attempts); the two budgets are
     ``failures_seen`` against ``spec.max_attempts`` and ``expiries_seen`` against
-    ``spec.max_expiries``. ``lease_history`` keeps every lease as first issued;
-    ``active_lease`` is the current one, with its latest deadline.
+    ``spec.max_expiries``. ``releases_seen`` counts leases given back by a worker that was
+    shutting down, which spend neither. ``lease_history`` keeps every lease as first
+    issued; ``active_lease`` is the current one, with its latest deadline.
     """
 
     __slots__ = (
@@ -34,6 +35,7 @@ class TaskRecord:
         "attempts_used",
         "failures_seen",
         "expiries_seen",
+        "releases_seen",
         "active_lease",
         "accepted_attempt_id",
         "accepted_output_sha256",
@@ -47,6 +49,7 @@ class TaskRecord:
         self.attempts_used = 0
         self.failures_seen = 0
         self.expiries_seen = 0
+        self.releases_seen = 0
         self.active_lease: Lease | None = None
         self.accepted_attempt_id: str | None = None
         self.accepted_output_sha256: str | None = None
@@ -58,7 +61,7 @@ class TaskRecord:
         return (
             f"TaskRecord(job_id={self.spec.job_id!r}, task_id={self.spec.task_id!r}, state={self.state.value}, "
             f"seq={self.seq}, attempts_used={self.attempts_used}, failures_seen={self.failures_seen}, "
-            f"expiries_seen={self.expiries_seen}, active_lease={lease!r}, "
+            f"expiries_seen={self.expiries_seen}, releases_seen={self.releases_seen}, active_lease={lease!r}, "
             f"accepted_attempt_id={self.accepted_attempt_id!r})"
         )
 
@@ -85,7 +88,7 @@ class LeaseStore(Protocol):
         ...
 
     def save(self, record: TaskRecord) -> None:
-        """Persist the mutable state of a record obtained from this store (state, counters,
+        """Persist the mutable state of a record obtained from this store (state, the four counters,
         ``active_lease``, ``accepted_*``, ``lease_history``), so that every later read
         returns it. MUST NOT change ``seq``."""
         ...

@@ -26,6 +26,7 @@ __all__ = [
     "NodeRow",
     "PartRegistered",
     "RegisterResult",
+    "ReleaseResult",
     "StatusResult",
     "TaskLogEntry",
     "TaskRow",
@@ -84,6 +85,7 @@ class TaskRow(WireModel):
     failures: int = 0
     expiries: int = 0
     max_expiries: int = 0
+    released: int = 0  # leases its workers gave back while shutting down: no budget spent
     evidence: ExecutionEvidence | dict[str, Any] | None = None  # the accepted attempt's
 
 
@@ -137,6 +139,13 @@ class CompleteResult(WireModel):
 
 class FailResult(WireModel):
     status: Literal["requeued-or-exhausted"] = "requeued-or-exhausted"
+
+
+class ReleaseResult(WireModel):
+    """``requeued``: the task is pending again; ``exhausted``: an abandoned lease spent the
+    task's last expiry, and the task failed."""
+
+    status: Literal["requeued", "exhausted"]
 
 
 class PartRegistered(WireModel):

@@ -55,6 +55,7 @@ __all__ = [
     "RecoveryActionType",
     "RecoveryDecision",
     "RegisterPartRequest",
+    "ReleaseRequest",
     "ResourcesSpec",
     "RetryPolicySpec",
     "SubmittedBy",
@@ -246,6 +247,7 @@ class EventType(StrEnum):
     TASK_CANCELLED = "TASK_CANCELLED"
     LEASE_RENEWAL_REFUSED = "LEASE_RENEWAL_REFUSED"
     NODE_CORDONED = "NODE_CORDONED"
+    LEASE_RELEASED = "LEASE_RELEASED"
 
 
 class Event(WireModel):
@@ -510,6 +512,15 @@ class CompleteRequest(WireModel):
 
 class FailRequest(WireModel):
     reason: str
+
+
+class ReleaseRequest(WireModel):
+    """A lease given back for a cause that is not the task's. ``abandoned`` false: its worker
+    is shutting down (a drain), and the task is requeued without spending a budget; true: the
+    worker that held it died, as its restarted self reports, which counts as an expiry."""
+
+    reason: str = ""
+    abandoned: bool = False
 
 
 class RegisterPartRequest(WireModel):

@@ -192,7 +192,7 @@ def test_add_task_queues_pending_and_emits_task_created(hm: Harness) -> None:
     hm.mgr.add_task(spec(), now=at(0))
     record = state_of(hm)
     assert record.state is TaskState.PENDING
-    assert (record.attempts_used, record.failures_seen, record.expiries_seen) == (0, 0, 0)
+    assert (record.attempts_used, record.failures_seen, record.expiries_seen, record.releases_seen) == (0, 0, 0, 0)
     assert record.active_lease is None and record.lease_history == {}
     assert record.accepted_attempt_id is None and record.accepted_output_sha256 is None
     assert record.seq == 1
@@ -425,6 +425,126 @@ def test_fail_of_unknown_or_dead_lease_raises_and_changes_nothing(hm: Harness) -
     assert hm.take() == []
     record = state_of(hm)
     assert record.state is TaskState.LEASED and record.failures_seen == 0
+
+
+# --- release (a drain) and abandon (a worker that died) ----------------------------
+
+
+def test_release_requeues_at_once_and_spends_no_budget(hm: Harness) -> None:
+    hm.mgr.add_task(spec(max_attempts=1, max_expiries=1, lease_seconds=10), now=at(0))
+    hm.take()
+    for attempt in (1, 2, 3):  # more releases than either budget allows: none is spent
+        lease = hm.mgr.claim("n", now=at(attempt))
+        assert lease is not None and lease.attempt_number == attempt
+        assert hm.mgr.release(lease.lease_id, "agent shutdown", now=at(attempt)) is None
+        assert hm.take() == ["LEASE_CLAIMED", "LEASE_RELEASED", "TASK_REQUEUED"]
+        released, requeued = hm.taken[1:]
+        assert released.message == (f"lease {lease.lease_id} (attempt {attempt}) of task task-000 on n released by "
+                                    "its worker: agent shutdown")
+        assert released.data == {"task_id": "task-000", "node_id": "n", "lease_id": lease.lease_id,
+                                 "attempt_number": attempt, "reason": "agent shutdown"}
+        assert requeued.message == f"task task-000 requeued after a release (no budget spent; {attempt} released)"
+        assert requeued.data["released"] == attempt
+        record = state_of(hm)
+        assert record.state is TaskState.PENDING and record.active_lease is None
+        assert (record.failures_seen, record.expiries_seen, record.releases_seen) == (0, 0, attempt)
+        assert hm.mgr.lease_is_live(lease.lease_id, now=at(attempt)) is False
+    lease = hm.mgr.claim("n2", now=at(4))
+    assert lease is not None and lease.attempt_number == 4
+    assert hm.mgr.complete(lease.lease_id, SHA, now=at(5)) is True
+    record = state_of(hm)
+    assert record.state is TaskState.COMPLETED and record.releases_seen == 3 and record.attempts_used == 4
+    assert len(record.lease_history) == 4
+
+
+def test_a_released_lease_is_dead_and_a_repeat_is_refused(hm: Harness) -> None:
+    hm.mgr.add_task(spec(lease_seconds=10), now=at(0))
+    lease = hm.mgr.claim("n", now=at(0))
+    assert lease is not None
+    hm.mgr.release(lease.lease_id, now=at(1))
+    assert hm.take() == ["TASK_CREATED", "LEASE_CLAIMED", "LEASE_RELEASED", "TASK_REQUEUED"]
+    assert hm.taken[2].message.endswith("released by its worker")  # no reason given: none appended
+    with pytest.raises(LeaseError, match="no longer live"):
+        hm.mgr.release(lease.lease_id, "again", now=at(1))  # a repeat of an applied release
+    with pytest.raises(LeaseError, match="no longer live"):
+        hm.mgr.abandon(lease.lease_id, now=at(1))
+    with pytest.raises(LeaseError, match="no longer live"):
+        hm.mgr.fail(lease.lease_id, "late", now=at(1))
+    with pytest.raises(LeaseError, match="no longer live"):
+        hm.mgr.heartbeat(lease.lease_id, now=at(2))
+    assert hm.mgr.complete(lease.lease_id, SHA, now=at(2)) is False
+    assert hm.take() == ["LEASE_RENEWAL_REFUSED", "TASK_COMMIT_REJECTED"]
+    record = state_of(hm)
+    assert record.state is TaskState.PENDING and record.releases_seen == 1 and record.failures_seen == 0
+
+
+def test_release_and_abandon_of_unknown_expired_or_ended_leases_raise_and_change_nothing(hm: Harness) -> None:
+    hm.mgr.add_task(spec("done", lease_seconds=10), now=at(0))
+    hm.mgr.add_task(spec("late", lease_seconds=10), now=at(0))
+    done = hm.mgr.claim("n", now=at(0))
+    late = hm.mgr.claim("n", now=at(0))
+    assert done is not None and late is not None
+    assert hm.mgr.complete(done.lease_id, SHA, now=at(1)) is True
+    hm.take()
+    before = _snapshot(hm)
+    for operation in (hm.mgr.release, hm.mgr.abandon):
+        with pytest.raises(LeaseError, match="unknown lease"):
+            operation("ls-123456789abc", "x", now=at(1))
+        with pytest.raises(LeaseError, match="no longer live"):
+            operation(done.lease_id, "x", now=at(2))  # committed
+        with pytest.raises(LeaseError, match="no longer live"):
+            operation(late.lease_id, "x", now=at(10))  # its deadline passed, no sweep has run
+        with pytest.raises(TypeError):
+            operation(late.lease_id, None, now=at(1))  # type: ignore[arg-type]
+    assert hm.take() == []
+    assert _snapshot(hm) == before
+
+
+def test_abandon_is_an_early_expiry_and_spends_max_expiries(hm: Harness) -> None:
+    hm.mgr.add_task(spec(max_attempts=1, max_expiries=2, lease_seconds=10), now=at(0))
+    lease = hm.mgr.claim("n", now=at(0))
+    assert lease is not None
+    hm.take()
+    reason = "its worker restarted"
+    assert hm.mgr.abandon(lease.lease_id, reason, now=at(1)) is TaskState.PENDING
+    assert hm.take() == ["LEASE_EXPIRED", "TASK_REQUEUED"]
+    expired, requeued = hm.taken
+    assert expired.message == (f"lease {lease.lease_id} (attempt 1) of task task-000 on n abandoned before its "
+                               f"deadline ({at(10).isoformat()}): {reason}")
+    assert expired.data == {"task_id": "task-000", "node_id": "n", "lease_id": lease.lease_id, "attempt_number": 1,
+                            "deadline": at(10).isoformat(), "abandoned": True, "reason": reason}
+    assert requeued.message == "task task-000 requeued after an expiry (1 of 2 expiries used, max_expiries)"
+    record = state_of(hm)
+    assert record.state is TaskState.PENDING and (record.failures_seen, record.expiries_seen) == (0, 1)
+    assert record.releases_seen == 0 and record.active_lease is None
+    lease = hm.mgr.claim("n", now=at(2))
+    assert lease is not None and lease.attempt_number == 2
+    hm.take()
+    assert hm.mgr.abandon(lease.lease_id, now=at(3)) is TaskState.FAILED
+    assert hm.take() == ["LEASE_EXPIRED", "TASK_EXHAUSTED"]
+    assert hm.taken[1].message == "all 2 expiries used (max_expiries)"
+    record = state_of(hm)
+    assert record.state is TaskState.FAILED and (record.failures_seen, record.expiries_seen) == (0, 2)
+    assert hm.mgr.claim("n", now=at(4)) is None
+
+
+def test_releases_abandons_failures_and_expiries_count_apart(hm: Harness) -> None:
+    hm.mgr.add_task(spec(max_attempts=2, max_expiries=3, lease_seconds=5), now=at(0))
+    steps = [
+        lambda lease_id, t: hm.mgr.release(lease_id, "drain", now=at(t)),
+        lambda lease_id, t: hm.mgr.abandon(lease_id, "restart", now=at(t)),
+        lambda lease_id, t: hm.mgr.fail(lease_id, "exit 1", now=at(t)),
+        lambda lease_id, t: hm.mgr.sweep(now=at(t + 5)),
+        lambda lease_id, t: hm.mgr.release(lease_id, "drain", now=at(t)),
+    ]
+    for number, step in enumerate(steps):
+        t = 10 * number
+        lease = hm.mgr.claim("n", now=at(t))
+        assert lease is not None and lease.attempt_number == number + 1
+        step(lease.lease_id, t)
+    record = state_of(hm)
+    assert record.state is TaskState.PENDING and record.attempts_used == 5
+    assert (record.failures_seen, record.expiries_seen, record.releases_seen) == (1, 2, 2)
 
 
 # --- sweep and the max_expiries budget --------------------------------------------
@@ -916,6 +1036,10 @@ def test_bad_input_errors_are_typed_and_change_nothing(hm: Harness) -> None:
             hm.mgr.complete(bad_id, SHA, now=at(1))  # type: ignore[arg-type]
         with pytest.raises(LeaseError):
             hm.mgr.fail(bad_id, "x", now=at(1))  # type: ignore[arg-type]
+        with pytest.raises(LeaseError):
+            hm.mgr.release(bad_id, "x", now=at(1))  # type: ignore[arg-type]
+        with pytest.raises(LeaseError):
+            hm.mgr.abandon(bad_id, "x", now=at(1))  # type: ignore[arg-type]
         assert hm.mgr.lease_is_live(bad_id, now=at(1)) is False  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         hm.mgr.complete(lease.lease_id, None, now=at(1))  # type: ignore[arg-type]
@@ -942,6 +1066,7 @@ def _snapshot(h: Harness) -> list[tuple[Any, ...]]:
             r.attempts_used,
             r.failures_seen,
             r.expiries_seen,
+            r.releases_seen,
             r.active_lease,
             r.accepted_attempt_id,
             tuple(r.lease_history),
@@ -977,9 +1102,12 @@ def test_store_protocol_required_methods(h: Harness) -> None:
         assert record is not None
         record.state = TaskState.COMPLETED
         record.accepted_attempt_id = "ls-aaaaaaaaaaaa"
+        record.releases_seen = 2
         store.save(record)
     store = h.store()
     assert store.get("j1", "t0").state is TaskState.COMPLETED  # type: ignore[union-attr]
+    assert store.get("j1", "t0").releases_seen == 2  # type: ignore[union-attr]
+    assert [r.releases_seen for r in store.all()] == [2, 0, 0]
     assert store.next_pending().spec.task_id == "t1"  # type: ignore[union-attr]
     assert store.next_pending("j1").spec.task_id == "t2"  # type: ignore[union-attr]
     assert store.leased() == []

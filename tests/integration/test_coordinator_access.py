@@ -78,6 +78,7 @@ EXPECTED: dict[tuple[str, str], tuple[Any, ...]] = {
     ("POST", "/v1alpha1/attempts/{lease_id}/heartbeat"): NODE_ONLY,
     ("POST", "/v1alpha1/attempts/{lease_id}/complete"): NODE_ONLY,
     ("POST", "/v1alpha1/attempts/{lease_id}/fail"): NODE_ONLY,
+    ("POST", "/v1alpha1/attempts/{lease_id}/release"): NODE_ONLY,
     ("PUT", "/v1alpha1/artifacts/{key}"): ARTIFACT_IN_LEASE,
     ("GET", "/v1alpha1/artifacts/{key}"): ARTIFACT_IN_LEASE,
     ("POST", "/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/parts"): TASK_WRITE,
@@ -164,6 +165,8 @@ class World:
                 f"/v1alpha1/attempts/{self.leased_job()[1]}/complete", json={"output_sha256": "0" * 64}),
             ("POST", "/v1alpha1/attempts/{lease_id}/fail"): lambda: Call(
                 f"/v1alpha1/attempts/{self.leased_job()[1]}/fail", json={"reason": "access test"}),
+            ("POST", "/v1alpha1/attempts/{lease_id}/release"): lambda: Call(
+                f"/v1alpha1/attempts/{self.leased_job()[1]}/release", json={"reason": "access test"}),
             ("PUT", "/v1alpha1/artifacts/{key}"): lambda: Call(
                 f"/v1alpha1/artifacts/{self.prefix}written.txt", content=b"w"),
             ("GET", "/v1alpha1/artifacts/{key}"): lambda: Call(f"/v1alpha1/artifacts/{self.prefix}out.txt"),

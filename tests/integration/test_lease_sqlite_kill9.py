@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from flashruntime.leases import LeaseManager, SqliteLeaseStore
+from flashruntime.leases._sqlite_sql import SCHEMA_VERSION
 from flashruntime.protocol.v1alpha1 import TaskState
 
 KILLS = 32
@@ -207,7 +208,7 @@ def _check_invariants(db: Path, acks: list[list[str]], previous: dict[tuple[str,
     raw = sqlite3.connect(db)
     try:
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        assert raw.execute("SELECT value FROM lease_meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+        assert raw.execute("SELECT value FROM lease_meta WHERE key = 'schema_version'").fetchone()[0] == SCHEMA_VERSION
         assert raw.execute(
             "SELECT COUNT(*) FROM lease_tasks WHERE state != 'LEASED' "
             "AND (deadline IS NOT NULL OR active_lease_id IS NOT NULL)"

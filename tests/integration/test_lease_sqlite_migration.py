@@ -1,6 +1,6 @@
 """Migration of the single-document ``lease_tasks`` layout: converted in
-one transaction on open, queue order and in-flight leases kept, both new counters
-at 0; a newer schema is refused."""
+one transaction on open, queue order and in-flight leases kept, the new counters
+at 0; schema 2 gains the release count in place; a newer schema is refused."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flashruntime.leases import LeaseManager, SqliteLeaseStore
-from flashruntime.protocol.v1alpha1 import Lease, TaskState
+from flashruntime.protocol.v1alpha1 import Lease, TaskSpec, TaskState
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 SHA = "ef" * 32
@@ -99,7 +99,7 @@ def test_single_document_layout_is_migrated_on_open(tmp_path: Path, keyed_by_tas
 
     raw = sqlite3.connect(path)
     try:
-        assert raw.execute("SELECT value FROM lease_meta WHERE key = 'schema_version'").fetchone() == ("2",)
+        assert raw.execute("SELECT value FROM lease_meta WHERE key = 'schema_version'").fetchone() == ("3",)
         tables = {name for (name,) in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert tables == {"lease_meta", "lease_tasks", "lease_history", "lease_cordons"}
         indexes = {name for (name,) in raw.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")}
@@ -137,11 +137,39 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "future.db"
     SqliteLeaseStore(path).close()
     conn = sqlite3.connect(path)
-    conn.execute("UPDATE lease_meta SET value = '3' WHERE key = 'schema_version'")
+    conn.execute("UPDATE lease_meta SET value = '4' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
-    with pytest.raises(RuntimeError, match="schema version '3'"):
+    with pytest.raises(RuntimeError, match="schema version '4'"):
         SqliteLeaseStore(path)
+
+
+def test_schema_2_gains_the_release_count_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    manager = LeaseManager(SqliteLeaseStore(path))
+    for task_id in ("a", "b"):
+        manager.add_task(TaskSpec.model_validate_json(_spec_json(task_id, "job")), now=T0)
+    lease = manager.claim("n1", now=T0)
+    assert lease is not None
+    manager.store.close()  # type: ignore[attr-defined]
+    conn = sqlite3.connect(path)  # the file as schema 2 wrote it: no releases_seen column
+    conn.execute("ALTER TABLE lease_tasks DROP COLUMN releases_seen")
+    conn.execute("UPDATE lease_meta SET value = '2' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    upgraded = LeaseManager(SqliteLeaseStore(path))
+    records = {r.spec.task_id: r for r in upgraded.records()}
+    assert [r.releases_seen for r in records.values()] == [0, 0]
+    assert records["a"].active_lease == lease  # the lease in flight survives the upgrade
+    upgraded.release(lease.lease_id, "drain", now=T0)
+    assert upgraded.store.get("job", "a").releases_seen == 1  # type: ignore[union-attr]
+    upgraded.store.close()  # type: ignore[attr-defined]
+    raw = sqlite3.connect(path)
+    try:
+        assert raw.execute("SELECT value FROM lease_meta WHERE key = 'schema_version'").fetchone() == ("3",)
+        assert raw.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    finally:
+        raw.close()
 
 
 def test_constructor_creates_parent_directory_and_wal(tmp_path: Path) -> None:

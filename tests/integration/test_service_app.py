@@ -156,6 +156,39 @@ def test_an_expired_lease_is_swept_and_its_late_commit_rejected(api: Any) -> Non
     assert "flashruntime_lease_expiries_total 1" in api.get("/metrics").text
 
 
+def test_a_released_lease_requeues_without_a_budget_and_an_abandoned_one_is_an_expiry(api: Any) -> None:
+    spec = job_spec(trials=1)
+    spec["spec"]["retryPolicy"] = {"maxTaskAttempts": 1}
+    job_id = api.post("/v1alpha1/jobs", json=spec).json()["job_id"]
+    api.post("/v1alpha1/nodes/register", json=registration())
+    lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).json()
+    released = api.post(f"/v1alpha1/attempts/{lease['lease_id']}/release", json={"reason": "agent shutdown"})
+    assert released.status_code == 200 and released.json() == {"status": "requeued"}
+    # a repeat of an applied release finds the lease gone, as a repeated fail does
+    again = api.post(f"/v1alpha1/attempts/{lease['lease_id']}/release", json={})
+    assert again.status_code == 410 and "no longer live" in again.json()["detail"]
+    task = api.get(f"/v1alpha1/jobs/{job_id}/tasks").json()[0]
+    assert (task["state"], task["failures"], task["expiries"], task["released"]) == ("PENDING", 0, 0, 1)
+
+    lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).json()
+    abandoned = api.post(f"/v1alpha1/attempts/{lease['lease_id']}/release",
+                         json={"reason": "its worker restarted", "abandoned": True})
+    assert abandoned.status_code == 200 and abandoned.json() == {"status": "requeued"}
+    task = api.get(f"/v1alpha1/jobs/{job_id}/tasks").json()[0]
+    assert (task["state"], task["failures"], task["expiries"], task["released"]) == ("PENDING", 0, 1, 1)
+    assert api.get(f"/v1alpha1/jobs/{job_id}").json()["state"] == "RUNNING"
+
+    lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).json()
+    assert lease["attempt_number"] == 3
+    assert _finish(api, lease) == {"accepted": True}
+    assert api.get(f"/v1alpha1/jobs/{job_id}").json()["state"] == "SUCCEEDED"
+    events = api.get(f"/v1alpha1/jobs/{job_id}/events").json()
+    assert [e["type"] for e in events if e["type"] in ("LEASE_RELEASED", "LEASE_EXPIRED", "TASK_REQUEUED")] == [
+        "LEASE_RELEASED", "TASK_REQUEUED", "LEASE_EXPIRED", "TASK_REQUEUED"]
+    assert "flashruntime_lease_expiries_total 1" in api.get("/metrics").text
+    assert api.post("/v1alpha1/attempts/ls-000000000000/release", json={}).status_code == 404
+
+
 def test_status_codes_of_bad_requests(api: Any) -> None:
     assert api.post("/v1alpha1/jobs", json={"kind": "Job"}).status_code == 422
     refused = api.post("/v1alpha1/jobs", json={**job_spec(), "spec": {**job_spec()["spec"], "workload": {

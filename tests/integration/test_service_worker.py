@@ -1,6 +1,7 @@
 """The built-in worker agent against a stdlib fake coordinator, with real child
 processes: registration, heartbeats, claim loop, module and argv payloads, inputs, the
-finish (uploads, sha256, evidence), lease loss and shutdown, and the CLI's exit codes."""
+finish (uploads, sha256, evidence), lease loss and shutdown, and the CLI's exit codes.
+Stops, drains and restarts are in ``test_worker_stop_and_restart``."""
 
 from __future__ import annotations
 
@@ -232,7 +233,8 @@ def test_lease_lost_410_stops_every_process_and_abandons_the_lease(coordinator, 
     assert agent.tasks_done == 0
 
 
-def test_sigterm_cancels_the_child_and_fails_the_lease_with_agent_shutdown(coordinator, tmp_path):
+def test_sigterm_against_a_coordinator_without_the_release_route_fails_the_lease_as_before(coordinator, tmp_path):
+    coordinator.supports_release = False
     lease_id = coordinator.add_lease(argv_payload(STUBBORN))
     agent = make_agent(coordinator, tmp_path, runner="trusted")
     pids: list[int] = []
@@ -247,7 +249,8 @@ def test_sigterm_cancels_the_child_and_fails_the_lease_with_agent_shutdown(coord
     assert run_agent(agent) == 0
     killer.join()
     assert signal.getsignal(signal.SIGTERM) is before
-    assert coordinator.failed == {lease_id: "agent shutdown"}
+    assert coordinator.failed == {lease_id: "agent shutdown"}  # the release was answered 404: failed instead
+    assert coordinator.calls("POST", f"/v1alpha1/attempts/{lease_id}/release")
     assert pids and not any(pid_alive(pid) for pid in pids)
 
 
@@ -437,6 +440,7 @@ def test_cli_parses_every_option(tmp_path):
     assert args.handler is worker_command.handle
     defaults = _parser().parse_args(["worker"])
     assert (defaults.runner, defaults.max_tasks, defaults.poll_seconds, defaults.dataset) == ("subprocess", 0, 2.0, [])
+    assert defaults.drain is False and _parser().parse_args(["worker", "--drain"]).drain is True
 
 
 def test_cli_coordinator_resolution(monkeypatch):

@@ -32,6 +32,7 @@ EXPECTED_BASES = {
     "RateLimited": (),
     "TaskRefused": (),
     "TaskInterrupted": (),
+    "WorkDirInUse": (),
     "CommandError": (),
 }
 

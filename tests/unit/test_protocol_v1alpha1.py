@@ -65,6 +65,7 @@ def minimal_instances() -> dict[str, BaseModel]:
         "ClaimRequest": p.ClaimRequest(node_id="n"),
         "CompleteRequest": p.CompleteRequest(output_sha256="ab" * 32),
         "FailRequest": p.FailRequest(reason="boom"),
+        "ReleaseRequest": p.ReleaseRequest(reason="agent shutdown"),
         "RegisterPartRequest": p.RegisterPartRequest(attempt_id="a", step=0, part=part),
         "CommitRequest": p.CommitRequest(attempt_id="a", step=1, expected_parts=[part], storage_prefix="/x"),
         "CordonRequest": p.CordonRequest(seconds=30),
@@ -218,7 +219,7 @@ def test_event_type_members_in_order() -> None:
         "CHECKPOINT_PARTS_REGISTERED", "CHECKPOINT_MANIFEST_COMMITTED", "CHECKPOINT_RESTORE_VERIFIED",
         "CHECKPOINT_REJECTED",
         "FAILURE_CLASSIFIED", "RECOVERY_ACTION_SELECTED", "RECOVERY_FROZEN",
-        "TASK_CANCELLED", "LEASE_RENEWAL_REFUSED", "NODE_CORDONED",
+        "TASK_CANCELLED", "LEASE_RENEWAL_REFUSED", "NODE_CORDONED", "LEASE_RELEASED",
     ]
     assert all(e.value == e.name for e in p.EventType)
 
