@@ -1,6 +1,7 @@
 """What a job leaves, from a shell: ``logs`` (its tasks' logs, ``--follow`` until the job
-ends), ``tasks`` (a table of its tasks) and ``artifacts`` (a listing; ``--download DIR``
-fetches each file and checks its sha256). ``--json`` prints the coordinator's answer instead.
+ends), ``tasks`` (a table of its tasks), ``goodput`` (its goodput ledger, from its events)
+and ``artifacts`` (a listing; ``--download DIR`` fetches each file and checks its sha256).
+``--json`` prints the coordinator's answer (for ``goodput``, the ledger) instead.
 
 Exit codes as for the other job commands: 0 success; 1 HTTP status >= 400 (printed), or a
 download that failed its checks; 2 coordinator unreachable or ``--api`` not a URL; 130 when
@@ -74,6 +75,18 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print the coordinator's answer as JSON")
     add_token_option(parser)
     parser.set_defaults(handler=handle_tasks)
+
+    parser = subparsers.add_parser(
+        "goodput", help="a job's goodput ledger: useful vs lost machine time, MTTD and MTTR of each recovery",
+        description="Compute a job's goodput ledger from its events (GET /v1alpha1/jobs/{job_id}/events on the "
+                    "coordinator at --api): machine time of every attempt (lease), the share of it in attempts "
+                    "whose output was accepted, lost work, and for each attempt that failed, expired or was given "
+                    "back, the time to detect it (from its last heartbeat) and to claim the task again.",
+    )
+    add_job_id(parser)
+    parser.add_argument("--json", action="store_true", help="print the ledger as JSON")
+    add_token_option(parser)
+    parser.set_defaults(handler=handle_goodput)
 
     parser = subparsers.add_parser(
         "artifacts", help="list a job's artifacts (--download DIR: fetch them)",
@@ -234,6 +247,35 @@ def _tasks_body(api: str, client: CoordinatorClient, args: argparse.Namespace) -
 
 
 handle_tasks = _command("tasks", _tasks_body)
+
+
+# --- goodput ---------------------------------------------------------------------
+
+
+def _goodput_body(api: str, client: CoordinatorClient, args: argparse.Namespace) -> int:
+    from flashruntime.coordinator.goodput import job_goodput, job_goodput_lines
+    from flashruntime.protocol.v1alpha1 import Event, utcnow
+
+    rows = coordinator_call(api, lambda: client.events(args.job_id))
+    job = coordinator_call(api, lambda: client.job(args.job_id))
+    events = []
+    for row in rows:
+        try:
+            events.append(Event.model_validate(row))
+        except ValueError:
+            continue  # an event type newer than this client: not one the ledger reads
+    # A finished job's ledger ends with it; a running one's attempts count up to now.
+    now = None if str(job.get("state")) in TERMINAL_STATES else utcnow()
+    ledger = job_goodput(events, now=now)
+    if args.json:
+        print(json.dumps(ledger.as_json(), indent=2))
+        return EXIT_OK
+    print(f"job {args.job_id} ({job.get('state')})")
+    print("\n".join(job_goodput_lines(ledger)))
+    return EXIT_OK
+
+
+handle_goodput = _command("goodput", _goodput_body)
 
 
 # --- artifacts -------------------------------------------------------------------

@@ -8,6 +8,7 @@ complete, on another worker, with its failure count at 0."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +168,23 @@ def events_of(url: str, job_id: str) -> list[dict[str, Any]]:
     return httpx.get(f"{url}/v1alpha1/jobs/{job_id}/events", timeout=30).json()
 
 
+def goodput_of(url: str, job_id: str) -> dict[str, Any]:
+    """``flashruntime goodput JOB --json``: the job's ledger, from its events."""
+    shown = subprocess.run([str(CONSOLE_SCRIPT), "goodput", job_id, "--json", "--api", url], env=process_env(),
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)
+
+
+def seconds_between(events: list[dict[str, Any]], first: tuple[str, str], then: tuple[str, str]) -> float:
+    """Seconds from the event of type ``first[0]`` for lease ``first[1]`` to the one of ``then``."""
+    def at(kind: str, lease_id: str) -> datetime:
+        (stamp,) = [e["timestamp"] for e in events if e["type"] == kind and e["data"].get("lease_id") == lease_id]
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+    return (at(*then) - at(*first)).total_seconds()
+
+
 def log_lines(markers: Path) -> list[list[str]]:
     path = markers / "log"
     return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
@@ -216,6 +235,23 @@ def test_kill9_then_restart_sweeps_the_old_attempt_and_the_task_never_runs_twice
     assert "stopped what an earlier worker in this work directory left running" in restarted.log
     assert "reported abandoned" in restarted.log
 
+    # The goodput ledger tells it from the events: the abandoned attempt is lost work, and its
+    # recovery runs from its last heartbeat to the report, then to the task's next claim.
+    ledger, events = goodput_of(coordinator, job_id), events_of(coordinator, job_id)
+    assert (ledger["attempts"], ledger["committed"], ledger["running"]) == (2, 1, 0)
+    (recovery,) = ledger["recoveries"]
+    assert (recovery["lease_id"], recovery["cause"], recovery["node_id"]) == (old_attempt, "abandoned", "w-restart")
+    assert recovery["mttr_s"] == pytest.approx(
+        seconds_between(events, ("LEASE_EXPIRED", old_attempt), ("LEASE_CLAIMED", new_attempt)), abs=1e-6)
+    assert 0 < ledger["goodput"] < 1 and ledger["lost_work_s"] > 0
+    shown = subprocess.run([str(CONSOLE_SCRIPT), "goodput", job_id, "--api", coordinator], env=process_env(),
+                           capture_output=True, text=True, timeout=120, check=False)
+    print(shown.stdout)
+    assert shown.stdout.splitlines()[:2] == [
+        f"job {job_id} (SUCCEEDED)",
+        f"  recovery  task-000 lease {old_attempt} on w-restart abandoned: MTTD {recovery['mttd_s']:.2f} s (from its "
+        f"last heartbeat), MTTR {recovery['mttr_s']:.2f} s (to the next claim on w-restart)"]
+
 
 def test_sigterm_during_a_task_releases_it_and_another_worker_completes_it(
         coordinator: str, tmp_path: Path, workers: list[Worker]) -> None:
@@ -240,6 +276,9 @@ def test_sigterm_during_a_task_releases_it_and_another_worker_completes_it(
         "COMPLETED", "w-term-task-2", 0, 1)
     released = [e for e in events_of(coordinator, job_id) if e["type"] == "LEASE_RELEASED"]
     assert [e["data"]["reason"] for e in released] == ["agent shutdown"]
+    (recovery,) = goodput_of(coordinator, job_id)["recoveries"]
+    assert (recovery["cause"], recovery["node_id"], recovery["next_node_id"]) == (
+        "released", "w-term-task-1", "w-term-task-2")
 
 
 @pytest.mark.parametrize(("moment", "method", "path", "skip"), [
