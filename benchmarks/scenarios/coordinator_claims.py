@@ -2,8 +2,8 @@
 ``flashruntime serve`` on loopback with concurrent clients, against the in-process
 ``LeaseManager`` doing the same cycle with the same concurrency.
 
-HTTP side: one ``flashruntime serve`` subprocess on 127.0.0.1 for the run (ledger,
-``leases.db`` and artifacts under ``benchmarks/.work``); each sample submits a fresh
+HTTP side: one ``flashruntime serve`` subprocess on 127.0.0.1 for the run (its one
+database file and artifacts under ``benchmarks/.work``); each sample submits a fresh
 ``hyperparameter_search`` job of N tasks and ``CLIENTS`` threads drain it, each with its
 own ``httpx.Client`` and its own registered node id. One cycle = claim → PUT the task's
 ``metrics.json`` → complete with its sha256 (the coordinator accepts a commit only when
@@ -210,7 +210,7 @@ def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
     local_p50 = [d.p50_ms for d in local_drains]
     common = [
         (f"HTTP: `flashruntime serve` subprocess on 127.0.0.1, default sweep interval {sweep_s:g} s (no lease "
-         f"expires: lease_seconds {LEASE_SECONDS:g}), ledger + leases.db + artifacts on {fs} under benchmarks/.work; "
+         f"expires: lease_seconds {LEASE_SECONDS:g}), one database file + artifacts on {fs} under benchmarks/.work; "
          f"{CLIENTS} concurrent client threads, each its own httpx.Client (keep-alive) and its own registered node id"),
         (f"N={tasks} tasks per drain (one fresh hyperparameter_search job per sample), {samples} sample(s), each "
          "sample = one HTTP drain then one in-process drain; every task committed and accepted, job SUCCEEDED"),

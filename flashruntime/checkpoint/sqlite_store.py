@@ -1,20 +1,22 @@
-"""A SQLite file holding committed manifests and the registry of uploaded parts
-, so a coordinator restart keeps both.
+"""Committed manifests and the registry of uploaded parts in SQLite, so a
+coordinator restart keeps both.
 
 WAL, ``synchronous=FULL``, a busy timeout, ``BEGIN IMMEDIATE`` around every write and
 bound parameters only; several processes may share one file. State lives in SQLite:
-the constructor only creates the parent directory and the schema.
+the constructor only creates the parent directory and the schema. On a shared
+``SqliteDatabase`` a write joins the transaction its caller has open, so a manifest
+and the event that announces it commit together.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from flashruntime.protocol.v1alpha1 import CheckpointManifest, CheckpointPart
+from flashruntime.sqlite_database import SqliteDatabase
 from flashruntime.sqlite_errors import translate_sqlite_errors
 
 __all__ = ["SqliteManifestStore"]
@@ -42,44 +44,49 @@ _SCHEMA = (
 
 @translate_sqlite_errors(lambda store: f"manifest store {store.path}")
 class SqliteManifestStore:
-    """``ManifestStore`` plus the part registry, in the SQLite file at ``path``.
+    """``ManifestStore`` plus the part registry, in the SQLite file at ``path``, or in a
+    ``SqliteDatabase`` shared with other stores (whose owner closes it).
 
-    ``":memory:"`` gives a private in-memory database (useful in tests).
+    ``":memory:"`` gives a private in-memory database (useful in tests). A file written
+    with another schema version is refused (``RuntimeError``) rather than misread.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_ms: int = 5000) -> None:
-        self.path = os.fspath(path)
-        if self.path != ":memory:":
-            parent = os.path.dirname(os.path.abspath(self.path))
-            os.makedirs(parent, exist_ok=True)
-        self._lock = threading.RLock()
-        self._conn = sqlite3.connect(
-            self.path, timeout=busy_timeout_ms / 1000.0, isolation_level=None, check_same_thread=False
-        )
-        self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        self._conn.execute("PRAGMA synchronous = FULL")
-        with self._write() as cur:
-            for statement in _SCHEMA:
-                cur.execute(statement)
-            cur.execute(
-                "INSERT OR IGNORE INTO checkpoint_meta (key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
-            )
+    def __init__(self, path: str | os.PathLike[str] | SqliteDatabase, *, busy_timeout_ms: int = 5000) -> None:
+        if isinstance(path, SqliteDatabase):
+            db, self._owns_db = path, False
+        else:
+            db, self._owns_db = SqliteDatabase(os.fspath(path), busy_timeout_ms=busy_timeout_ms), True
+        self._db = db
+        self.path = os.fspath(db.path)
+        self._lock = db.lock
+        self._conn = db.connection
+        try:
+            with self._write() as cur:
+                for statement in _SCHEMA:
+                    cur.execute(statement)
+                cur.execute(
+                    "INSERT OR IGNORE INTO checkpoint_meta (key, value) VALUES ('schema_version', ?)",
+                    (SCHEMA_VERSION,),
+                )
+                stored = cur.execute("SELECT value FROM checkpoint_meta WHERE key = 'schema_version'").fetchone()[0]
+                if stored != SCHEMA_VERSION:
+                    raise RuntimeError(
+                        f"{self.path}: checkpoint schema version {stored!r} is not one this flashruntime reads (it "
+                        f"reads {SCHEMA_VERSION!r}); open it with the version that wrote it"
+                    )
+        except BaseException:
+            if self._owns_db:
+                db.close()
+            raise
 
     # --- plumbing -------------------------------------------------------------
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Cursor]:
-        with self._lock:
+        with self._db.transaction():
             cur = self._conn.cursor()
-            cur.execute("BEGIN IMMEDIATE")
             try:
                 yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            else:
-                cur.execute("COMMIT")
             finally:
                 cur.close()
 
@@ -88,8 +95,9 @@ class SqliteManifestStore:
             return self._conn.execute(sql, params).fetchall()
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        """Close the connection this store opened; one on a shared database is its owner's to close."""
+        if self._owns_db:
+            self._db.close()
 
     def __enter__(self) -> SqliteManifestStore:
         return self

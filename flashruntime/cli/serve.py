@@ -28,7 +28,6 @@ EXIT_OK, EXIT_SERVER_FAILED, EXIT_CONFIG = 0, 1, 2
 DEFAULT_DATA_DIR = Path("flashruntime-data")
 LEDGER_NAME = "flashruntime.db"
 ARTIFACTS_NAME = "artifacts"
-LEASES_NAME, CHECKPOINTS_NAME = "leases.db", "checkpoints.db"  # beside the ledger (RuntimeSettings.data_dir)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's names
 SERVICE_HINT = "install the service extra: pip install 'flashruntime[service]'"
 
@@ -42,8 +41,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=8100, help="port to bind (default 8100)")
     parser.add_argument("--data-dir", default=None, metavar="D",
-                        help=f"D/{LEDGER_NAME} (the ledger), D/{LEASES_NAME}, D/{CHECKPOINTS_NAME} and "
-                             f"D/{ARTIFACTS_NAME}/, overriding env")
+                        help=f"D/{LEDGER_NAME} (the coordinator's database: jobs, events, tasks and leases, "
+                             f"nodes and cordons, checkpoint manifests) and D/{ARTIFACTS_NAME}/, overriding env")
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="uvicorn log level (default info)")
     parser.add_argument("--ssl-certfile", default=None, metavar="PEM",
                         help="serve HTTPS with this certificate (chain) file; needs --ssl-keyfile")
@@ -177,7 +176,7 @@ def handle(args: argparse.Namespace) -> int:
         return _fail(f"invalid settings: {exc}")
 
     print(f"FlashRuntime coordinator on {url}", flush=True)
-    print(f"  data dir   {ledger.parent}  (ledger {ledger.name}, {LEASES_NAME}, {CHECKPOINTS_NAME})", flush=True)
+    print(f"  database   {ledger}", flush=True)
     print(f"  artifacts  {artifacts}", flush=True)
     try:
         with _sigterm_stops_cleanly():

@@ -1,13 +1,17 @@
 """The coordinator's state and operations, without HTTP.
 
-``Coordinator`` wires the ledger, the SQLite lease store and manager, the checkpoint
-catalog, the node registry, the artifact store and the metrics from ``RuntimeSettings``;
-the FastAPI app (``app.py``) is a thin layer of routes over it. Time comes from an
-injected clock so the sweeper and the tests never depend on the wall clock.
+``Coordinator`` wires, from ``RuntimeSettings``, the one database (``state.py``: ledger,
+lease store, checkpoint manifests, nodes), the lease manager and checkpoint catalog over
+it, the node registry, the artifact store and the metrics; the FastAPI app (``app.py``)
+is a thin layer of routes over it. Every transition runs in one database transaction
+with the events it emits and what they imply (a job's new state, the accepted attempt's
+evidence). Time comes from an injected clock so the sweeper and the tests never depend
+on the wall clock.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -16,28 +20,28 @@ import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from flashruntime.checkpoint import CheckpointCatalog
-from flashruntime.checkpoint.sqlite_store import SqliteManifestStore
 from flashruntime.coordinator.access import LiveLease, artifact_read_allowed, owns_job
 from flashruntime.coordinator.artifacts import ArtifactStore, sha256_of
 from flashruntime.coordinator.auth import ARGV_SUBMITTERS_ENV, Identity, Role, authenticator_from_env
 from flashruntime.coordinator.expansion import expand_tasks
 from flashruntime.coordinator.lease_jobs import TERMINAL_JOB_STATES, refreshed
-from flashruntime.coordinator.ledger import Ledger
 from flashruntime.coordinator.metrics import Metrics
 from flashruntime.coordinator.nodes import NodeRegistry
 from flashruntime.coordinator.settings import RuntimeSettings
+from flashruntime.coordinator.state import InTransaction, open_state
 from flashruntime.coordinator.task_logs import TaskLog, log_share, read_log, task_log_path, with_tail
 from flashruntime.errors import (
     AuthFailure,
+    CheckpointError,
     CodeExecutionNotPermitted,
     ExpansionError,
     LeaseError,
     NoBackend,
 )
-from flashruntime.leases import LeaseManager, SqliteLeaseStore
+from flashruntime.leases import LeaseManager
 from flashruntime.protocol.v1alpha1 import (
     CompleteRequest,
     Event,
@@ -76,37 +80,43 @@ class Coordinator:
         self.settings = settings
         self.now = clock
         Path(settings.artifacts_dir).mkdir(parents=True, exist_ok=True)
-        self.ledger = Ledger(settings.ledger_path)
+        self.authenticator = authenticator_from_env()  # before the database: a bad token setting opens nothing
+        self.state = state = open_state(settings)
+        self.ledger = state.ledger
         self.metrics = Metrics()
-        self.manager = LeaseManager(SqliteLeaseStore(settings.leases_path), on_event=self.record_event)
-        self.catalog = CheckpointCatalog(
-            on_event=self.record_event, store=SqliteManifestStore(settings.checkpoints_path)
-        )
-        self.nodes = NodeRegistry(clock=lambda: self.now().timestamp())
-        self.authenticator = authenticator_from_env()
+        # Every call of the manager and the catalog is one transaction of the database, events
+        # included: the listener (record_event) appends them through the same connection.
+        self.manager = cast(LeaseManager, InTransaction(
+            LeaseManager(state.leases, on_event=self.record_event), state.transaction, refusals=(LeaseError,)))
+        self.catalog = cast(CheckpointCatalog, InTransaction(
+            CheckpointCatalog(on_event=self.record_event, store=state.manifests), state.transaction,
+            refusals=(CheckpointError,)))
+        self.nodes = NodeRegistry(state.nodes, clock=lambda: self.now().timestamp())
         self.artifacts = ArtifactStore(settings.artifacts_dir, settings.max_artifact_mb * 1024 * 1024)
         self.placement = IsolationAwarePlacement()
-        self._jobs_lock = threading.Lock()  # serialises the read-refresh-write of job records
         # Per thread: the lease ids whose TASK_COMMIT_ACCEPTED this thread's manager.complete
         # emitted, i.e. the commits this call made (the manager emits it for the transition only).
         self._committing = threading.local()
 
     def close(self) -> None:
-        self.manager.store.close()  # type: ignore[attr-defined]
-        close = getattr(self.catalog.store, "close", None)
-        if callable(close):
-            close()
+        self.state.close()
 
     # --- events ---------------------------------------------------------------
 
     def record_event(self, event: Event) -> None:
-        """Ledger append plus one JSON log line; counts lease expiries for /metrics."""
+        """Ledger append, in the transaction of the transition that emitted the event; a task
+        that ends settles its job's state in the same transaction. Once it commits: one JSON
+        log line, and lease expiries counted for /metrics."""
         self.ledger.append_event(event)
-        if event.type is EventType.TASK_COMMIT_ACCEPTED:
+        kind = event.type
+        if kind is EventType.TASK_COMMIT_ACCEPTED:
             made = getattr(self._committing, "made", None)
             if made is not None:
                 made.add(event.data.get("lease_id"))
-        self._observe(event)
+            self._settle(event.job_id)
+        elif kind is EventType.TASK_EXHAUSTED:
+            self._settle(event.job_id)
+        self.state.after_commit(functools.partial(self._observe, event))
 
     def _observe(self, event: Event) -> None:
         """What follows a stored event: the expiry counter and the JSON log line."""
@@ -172,8 +182,8 @@ class Coordinator:
         created: list[Event] = []
         # The same store, but TASK_CREATED events collected here: they follow the job's own
         # into the ledger in one write, once every task is queued.
-        queue = LeaseManager(self.manager.store, on_event=created.append)
-        with self.manager.store.transaction():  # type: ignore[attr-defined]
+        queue = LeaseManager(self.state.leases, on_event=created.append)
+        with self.state.transaction():
             for task in tasks:
                 try:
                     queue.add_task(task, now=now)
@@ -213,21 +223,35 @@ class Coordinator:
                              "or jobs/<job>/... of its own jobs)")
 
     def refresh(self, record: JobRecord) -> JobRecord:
-        """The record with its derived state (lease jobs only); persisted when it changed."""
+        """The record with its derived state (lease jobs only); persisted when it changed.
+        A task's end settles its job at once (``_settle``); this catches up the rest."""
         if record.backend != "leases" or record.state in TERMINAL_JOB_STATES:
             return record
-        counts, now = self.manager.job_state(record.job_id), self.now()
-        if refreshed(record, counts, now)[0] is record:
+        if refreshed(record, self.manager.job_state(record.job_id), self.now())[0] is record:
             return record  # the common case: unchanged, so nothing to re-read or write
-        with self._jobs_lock:  # re-read under the lock: a cancel may have frozen it meanwhile
+        with self.state.transaction():  # re-read inside it: a cancel may have frozen it meanwhile
             current = self.ledger.get_job(record.job_id) or record
-            updated, event = refreshed(current, counts, now)
-            if updated is not current:
-                # One transaction: a crash can never leave a terminal (frozen) record whose
-                # JOB_SUCCEEDED / JOB_FAILED is missing for good.
-                self.ledger.upsert_job(updated, events=() if event is None else (event,))
-        if event is not None:
-            self._observe(event)
+            return self._store_derived(current)
+
+    def _settle(self, job_id: str) -> None:
+        """Inside the transaction of a task's end: store the job's derived state when it
+        changed. While a task of the job is PENDING the job is running, whatever else is true,
+        so the tasks are counted only at the job's tail."""
+        if self.state.leases.next_pending(job_id) is not None:
+            return
+        record = self.ledger.get_job(job_id)
+        if record is not None and record.backend == "leases" and record.state not in TERMINAL_JOB_STATES:
+            self._store_derived(record)
+
+    def _store_derived(self, current: JobRecord) -> JobRecord:
+        """``current`` with its derived state, stored with its JOB_SUCCEEDED / JOB_FAILED in one
+        write when it changed, so a terminal (frozen) record never lacks its event. Call inside
+        a transaction."""
+        updated, event = refreshed(current, self.manager.job_state(current.job_id), self.now())
+        if updated is not current:
+            self.ledger.upsert_job(updated, events=() if event is None else (event,))
+            if event is not None:
+                self.state.after_commit(functools.partial(self._observe, event))
         return updated
 
     def job(self, job_id: str) -> JobRecord | None:
@@ -272,12 +296,12 @@ class Coordinator:
         if record is None or record.state in TERMINAL_JOB_STATES:
             return record
         now = self.now()
-        for task in self.manager.records(job_id):
-            self.manager.cancel_task(job_id, task.spec.task_id, now=now)
-        with self._jobs_lock:
+        with self.state.transaction():  # every task and the job's own record, or none of it
             current = self.ledger.get_job(job_id) or record
             if current.state in TERMINAL_JOB_STATES:
                 return current
+            for task in self.manager.records(job_id):
+                self.manager.cancel_task(job_id, task.spec.task_id, now=now)
             cancelled = current.model_copy(update={"state": JobState.CANCELLED, "finished_at": now})
             self.ledger.upsert_job(cancelled)
         return cancelled
@@ -347,7 +371,17 @@ class Coordinator:
             return {"accepted": False, "detail": problem}
         self._committing.made = made = set()
         try:
-            accepted = self.manager.complete(lease.lease_id, request.output_sha256, now=now)
+            # The commit, its TASK_COMMIT_ACCEPTED, the job's state when this was its last task,
+            # the node's accepted count and the attempt's evidence: one transaction.
+            with self.state.transaction():
+                accepted = self.manager.complete(lease.lease_id, request.output_sha256, now=now)
+                if accepted and lease.lease_id in made:
+                    self.nodes.count_accepted(lease.node_id)
+                    claimed_at = lease.deadline.timestamp() - lease.lease_seconds  # the lease as first issued
+                    self.ledger.record_evidence(
+                        lease.lease_id, lease.job_id, lease.task_id, lease.node_id,
+                        request.evidence, max(0.0, now.timestamp() - claimed_at),
+                    )
         finally:
             self._committing.made = None
         if not accepted:
@@ -355,15 +389,9 @@ class Coordinator:
             return {"accepted": False, "detail": "lease is no longer live"}
         if lease.lease_id not in made:
             # A duplicate of this same commit, racing it past the checks above: the manager
-            # answered as to the winner's retry (step 2), so it is counted and recorded once.
+            # answered as to the winner's retry, so it is counted and recorded once.
             return {"accepted": True}
         self.metrics.count_commit("accepted")
-        self.nodes.count_accepted(lease.node_id)
-        claimed_at = lease.deadline.timestamp() - lease.lease_seconds  # the lease as first issued
-        self.ledger.record_evidence(
-            lease.lease_id, lease.job_id, lease.task_id, lease.node_id,
-            request.evidence, max(0.0, now.timestamp() - claimed_at),
-        )
         return {"accepted": True}
 
     def _output_problem(self, commit_key: str, output_sha256: str) -> str | None:

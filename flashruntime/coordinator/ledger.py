@@ -1,9 +1,11 @@
 """``Ledger``: the coordinator's durable record of jobs, their events and the
-evidence of accepted attempts, in one SQLite file.
+evidence of accepted attempts, in a SQLite database.
 
-Every row stores the pydantic model's JSON, so what comes back is what went in.
-Each call opens its own connection (WAL, ``synchronous=FULL``) behind a lock, so
-the ledger is safe to share between threads and a committed write survives a crash.
+Every row stores the pydantic model's JSON, so what comes back is what went in. The
+ledger keeps one connection (WAL, ``synchronous=FULL``), used under the database's
+lock, so it is safe to share between threads and a committed write survives a crash.
+On a ``SqliteDatabase`` shared with the lease store, a write made inside the store's
+transaction (the events of a lease transition) commits with the transition.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import math
 import os
 import sqlite3
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -19,12 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from flashruntime.protocol.v1alpha1 import Event, ExecutionEvidence, JobRecord, utcnow
+from flashruntime.sqlite_database import SqliteDatabase
 from flashruntime.sqlite_errors import translate_sqlite_errors
 
 __all__ = ["Ledger"]
 
-_SCHEMA_VERSION = 1  # PRAGMA user_version; a ledger written before 0.5.0 reads as 0 and gains attempt_evidence
-_BUSY_TIMEOUT_S = 5.0
+# PRAGMA user_version. 0: no attempt_evidence yet (the table is added); 1: jobs, events,
+# attempt_evidence; 2: the same tables, in a file that may also hold the coordinator's
+# other stores (tasks and leases, nodes, checkpoints), which a reader of 1 would not look for.
+_SCHEMA_VERSION = 2
+_BUSY_TIMEOUT_MS = 5000
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS jobs (
         job_id TEXT PRIMARY KEY, record TEXT NOT NULL, state TEXT NOT NULL, created_at TEXT NOT NULL)""",
@@ -71,60 +76,62 @@ def _insert_events(conn: sqlite3.Connection, events: Sequence[Event]) -> None:
 
 @translate_sqlite_errors(lambda store: f"ledger {store.path}")
 class Ledger:
-    """Jobs, events and attempt evidence in the SQLite file at ``path``.
+    """Jobs, events and attempt evidence in the SQLite file at ``path``, or in a
+    ``SqliteDatabase`` shared with other stores (whose owner closes it).
 
     The constructor creates the parent directory and the schema; a file written by
     a newer flashruntime (higher schema version) is refused rather than misread.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-        if str(path) in ("", ":memory:"):
-            raise ValueError(f"Ledger needs a file path, got {str(path)!r}: each call opens a new connection")
-        self.path = Path(path).expanduser()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        with self._lock:  # journal_mode is stored in the file, and cannot change inside a transaction
-            conn = sqlite3.connect(str(self.path), timeout=_BUSY_TIMEOUT_S, isolation_level=None)
-            try:
-                conn.execute("PRAGMA journal_mode = WAL")
-            finally:
-                conn.close()
-        with self._connect(write=True) as conn:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > _SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"{self.path}: ledger schema version {version} is newer than the {_SCHEMA_VERSION} this "
-                    "flashruntime reads; open it with the version that wrote it"
-                )
-            for statement in _SCHEMA:
-                conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+    def __init__(self, path: str | os.PathLike[str] | SqliteDatabase) -> None:
+        if isinstance(path, SqliteDatabase):
+            db, self._owns_db = path, False
+        elif isinstance(path, (str, os.PathLike)):
+            if str(path) == "":
+                raise ValueError("Ledger needs a file path (or ':memory:'), got ''")
+            db = SqliteDatabase(path if str(path) == ":memory:" else Path(path).expanduser(),
+                                busy_timeout_ms=_BUSY_TIMEOUT_MS)
+            self._owns_db = True
+        else:
+            raise TypeError(f"path must be a str, os.PathLike or SqliteDatabase, got {type(path).__name__}")
+        self._db = db
+        self.path = db.path
+        try:
+            with self._connect(write=True) as conn:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version > _SCHEMA_VERSION:
+                    raise RuntimeError(
+                        f"{self.path}: ledger schema version {version} is newer than the {_SCHEMA_VERSION} this "
+                        "flashruntime reads; open it with the version that wrote it"
+                    )
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                if version != _SCHEMA_VERSION:
+                    conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+        except BaseException:
+            if self._owns_db:
+                db.close()
+            raise
 
     def __repr__(self) -> str:
         return f"Ledger({str(self.path)!r})"
 
+    def close(self) -> None:
+        """Close the connection this ledger opened; one on a shared database is its owner's to close."""
+        if self._owns_db:
+            self._db.close()
+
     @contextmanager
     def _connect(self, *, write: bool) -> Iterator[sqlite3.Connection]:
-        """One connection for one call; writes run in ``BEGIN IMMEDIATE`` ... ``COMMIT``."""
-        with self._lock:
-            conn = sqlite3.connect(str(self.path), timeout=_BUSY_TIMEOUT_S, isolation_level=None)
-            try:
-                conn.execute("PRAGMA synchronous = FULL")  # per connection: fsync the WAL on every commit
-                if not write:
-                    yield conn
-                    return
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield conn
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-            finally:
-                conn.close()
+        """The connection, under the database's lock; a write runs in its transaction (nested in
+        the caller's when there is one, so it commits with it)."""
+        db = self._db
+        if write:
+            with db.transaction():
+                yield db.connection
+        else:
+            with db.lock:
+                yield db.connection
 
     # --- jobs -----------------------------------------------------------------
 

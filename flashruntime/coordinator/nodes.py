@@ -1,8 +1,11 @@
-"""The coordinator's node registry: registrations and liveness, in memory, and the
-rule for node ids.
+"""The coordinator's node registry: registrations in a ``NodeStore``, liveness in
+memory, and the rule for node ids.
 
-Agents re-register after a coordinator restart (their heartbeat gets a 404), so
-nothing here needs to be durable. The clock is injected so tests can age nodes.
+Registrations, accepted counts and the last recorded heartbeat are stored, so a
+restarted coordinator still knows every node: it may heartbeat and claim without
+registering again. Whether a node is online is only what this process has heard: after
+a restart a node is offline until its next heartbeat. The clock is injected so tests can
+age nodes.
 """
 
 from __future__ import annotations
@@ -11,15 +14,19 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from flashruntime.coordinator.node_store import InMemoryNodeStore, NodeStore
 from flashruntime.protocol.v1alpha1 import NodeHeartbeat, NodeRegistration
 
 __all__ = ["MAX_NODE_ID_LENGTH", "ONLINE_WINDOW_S", "NodeRegistry", "node_id_problem"]
 
 ONLINE_WINDOW_S = 15.0  # a node is online if it registered or heartbeated this recently
+# A heartbeat is written to the store only when the stored one is this much older: the age
+# shown after a restart is then at most this far off (an over-estimate), while a fleet's
+# heartbeats cost one write per node per window instead of one each.
+SEEN_WRITE_INTERVAL_S = ONLINE_WINDOW_S
 MAX_NODE_ID_LENGTH = 128
 # A node id names a machine in URL paths, token lists ("node:token,...") and logs: a
 # hostname-like word, so it needs no escaping anywhere.
@@ -41,51 +48,47 @@ def node_id_problem(node_id: object) -> str | None:
 Cordons = Mapping[str, tuple[datetime | None, str]]
 
 
-@dataclass
-class _Node:
-    registration: NodeRegistration
-    last_seen: float
-    accepted: int = 0
-
-
 class NodeRegistry:
-    """Registered nodes by id; thread-safe."""
+    """Registered nodes by id, over a ``NodeStore`` (default: in memory); thread-safe."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: NodeStore | None = None, clock: Callable[[], float] = time.time) -> None:
+        self._store: NodeStore = store if store is not None else InMemoryNodeStore()
         self._clock = clock
         self._lock = threading.Lock()
-        self._nodes: dict[str, _Node] = {}
+        self._heard: dict[str, float] = {}  # node id -> when this process last heard from it
+
+    @property
+    def store(self) -> NodeStore:
+        return self._store
 
     def register(self, registration: NodeRegistration) -> None:
         """Store (or replace) a registration; a re-registration keeps the accepted count."""
+        now = self._clock()
+        self._store.register(registration, now)
         with self._lock:
-            known = self._nodes.get(registration.node_id)
-            accepted = known.accepted if known is not None else 0
-            self._nodes[registration.node_id] = _Node(registration, self._clock(), accepted)
+            self._heard[registration.node_id] = now
 
     def heartbeat(self, node_id: str, heartbeat: NodeHeartbeat) -> bool:
         """Mark the node seen; ``pools`` (when not None) replaces its capabilities' pools.
         False when the node is not registered."""
+        stored = self._store.get(node_id)
+        if stored is None:
+            return False
+        now = self._clock()
+        if heartbeat.pools is not None and list(heartbeat.pools) != stored.registration.capabilities.pools:
+            self._store.set_pools(node_id, list(heartbeat.pools))
+        if now - stored.last_seen >= SEEN_WRITE_INTERVAL_S:
+            self._store.seen(node_id, now)
         with self._lock:
-            node = self._nodes.get(node_id)
-            if node is None:
-                return False
-            node.last_seen = self._clock()
-            if heartbeat.pools is not None:
-                capabilities = node.registration.capabilities.model_copy(update={"pools": list(heartbeat.pools)})
-                node.registration = node.registration.model_copy(update={"capabilities": capabilities})
-            return True
+            self._heard[node_id] = now
+        return True
 
     def get(self, node_id: str) -> NodeRegistration | None:
-        with self._lock:
-            node = self._nodes.get(node_id)
-            return node.registration if node is not None else None
+        stored = self._store.get(node_id)
+        return stored.registration if stored is not None else None
 
     def count_accepted(self, node_id: str) -> None:
-        with self._lock:
-            node = self._nodes.get(node_id)
-            if node is not None:
-                node.accepted += 1
+        self._store.count_accepted(node_id)
 
     def claim_view(self, node_id: str) -> dict[str, Any] | None:
         """What the placement gates see of a node (the "claim node view")."""
@@ -102,15 +105,29 @@ class NodeRegistry:
             "capabilities": registration.capabilities.model_dump(mode="json"),
         }
 
-    def views(self, cordons: Cordons, now: datetime) -> list[dict[str, Any]]:
-        """``GET /v1alpha1/nodes`` rows, sorted by node id."""
+    def _ages(self, nodes: list[Any]) -> dict[str, tuple[float, bool]]:
+        """``node id -> (seconds since last heard of, online)``: online only if this process heard
+        from it within the window; the age also counts what the store recorded before it started."""
         clock = self._clock()
         with self._lock:
-            nodes = sorted(self._nodes.items())
+            heard = dict(self._heard)
+        ages = {}
+        for node in nodes:
+            node_id = node.registration.node_id
+            here = heard.get(node_id)
+            last = node.last_seen if here is None else max(here, node.last_seen)
+            ages[node_id] = (max(0.0, clock - last), here is not None and clock - here < ONLINE_WINDOW_S)
+        return ages
+
+    def views(self, cordons: Cordons, now: datetime) -> list[dict[str, Any]]:
+        """``GET /v1alpha1/nodes`` rows, sorted by node id."""
+        nodes = self._store.all()
+        ages = self._ages(nodes)
         rows = []
-        for node_id, node in nodes:
+        for node in nodes:
             registration = node.registration
-            age = max(0.0, clock - node.last_seen)
+            node_id = registration.node_id
+            age, online = ages[node_id]
             until, reason = _live_cordon(cordons.get(node_id), now)
             rows.append({
                 "node_id": node_id,
@@ -119,7 +136,7 @@ class NodeRegistry:
                 "argv_capable": registration.argv_capable,
                 "module_capable": registration.module_capable,
                 "capabilities": registration.capabilities.model_dump(mode="json"),
-                "online": age < ONLINE_WINDOW_S,
+                "online": online,
                 "last_heartbeat_age_s": round(age, 3),
                 "accepted_tasks": node.accepted,
                 "cordoned_until": until,
@@ -129,12 +146,10 @@ class NodeRegistry:
 
     def status_counts(self, cordons: Cordons, now: datetime) -> dict[str, int]:
         """Nodes by ``online`` / ``offline``, plus ``cordoned`` (counted besides, not instead)."""
-        clock = self._clock()
-        with self._lock:
-            seen = {node_id: node.last_seen for node_id, node in self._nodes.items()}
+        ages = self._ages(self._store.all())
         counts = {"online": 0, "offline": 0, "cordoned": 0}
-        for node_id, last_seen in seen.items():
-            counts["online" if clock - last_seen < ONLINE_WINDOW_S else "offline"] += 1
+        for node_id, (_, online) in ages.items():
+            counts["online" if online else "offline"] += 1
             if _live_cordon(cordons.get(node_id), now)[1] is not None:
                 counts["cordoned"] += 1
         return counts

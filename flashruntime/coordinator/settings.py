@@ -45,7 +45,8 @@ class RuntimeSettings(BaseSettings):
     profile: str = _setting("local", "FLASHML_PROFILE", "a name", "a label for this deployment, shown by /healthz")
     ledger_path: str = _setting(
         "/data/flashruntime.db", "FLASHML_LEDGER_PATH", "a file path",
-        "the ledger (jobs, events); leases.db and checkpoints.db sit beside it")
+        "the coordinator's database: jobs, events, tasks and leases, nodes and cordons, checkpoint "
+        "manifests (leases.db / checkpoints.db of an older layout beside it are imported once)")
     artifacts_dir: str = _setting("/data/artifacts", "FLASHML_LOCAL_ARTIFACTS_DIR", "a directory path",
                                   "where artifacts are stored (a shared file system path for several replicas)")
     join_code: str | None = _setting(None, "FLASHML_JOIN_CODE", "a string",
@@ -120,7 +121,8 @@ class RuntimeSettings(BaseSettings):
 
     @property
     def data_dir(self) -> Path:
-        """The directory of the ledger; ``leases.db`` and ``checkpoints.db`` sit beside it."""
+        """The directory of the database; an older layout's ``leases.db`` and ``checkpoints.db``
+        sat beside it, and are imported from there on the first start."""
         return Path(self.ledger_path).expanduser().parent
 
     @property

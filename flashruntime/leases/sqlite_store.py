@@ -1,20 +1,20 @@
-"""``SqliteLeaseStore``: lease state in one SQLite file that survives ``kill -9``
-.
+"""``SqliteLeaseStore``: lease state in a SQLite file that survives ``kill -9``.
 
 State lives in SQLite, not in a Python cache: each call reads the rows it
 touches through an index and returns fresh ``TaskRecord`` objects. WAL with
 ``synchronous=FULL``, and ``BEGIN IMMEDIATE`` per transaction, so every
 committed transition is durable and several processes may share the file.
+Given a ``SqliteDatabase`` instead of a path, the store keeps its tables in that
+database and shares its transaction, so other stores' writes made inside it (the
+coordinator's events) commit with the transition.
 """
 
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from flashruntime.leases import _sqlite_sql as sql
@@ -30,6 +30,7 @@ from flashruntime.leases._models import (
 from flashruntime.leases._sqlite_migrate import migrate_single_document, single_document_layout
 from flashruntime.leases.store import LeaseStore, TaskRecord
 from flashruntime.protocol.v1alpha1 import Lease, TaskState
+from flashruntime.sqlite_database import SqliteDatabase
 from flashruntime.sqlite_errors import translate_sqlite_errors
 
 __all__ = ["SqliteLeaseStore"]
@@ -40,7 +41,7 @@ _ACTIVE_JSON = sql.MUTABLE.index("active_lease_json")
 _ROW_WIDTH = 4 + len(sql.MUTABLE)
 _LEASED = TaskState.LEASED
 _record_new = TaskRecord.__new__
-_PAGE_SIZE = 2048
+PAGE_SIZE = 2048
 
 
 class _History(dict):  # type: ignore[type-arg]
@@ -57,99 +58,44 @@ class _History(dict):  # type: ignore[type-arg]
         self.stored_lease: Lease | None = None
 
 
-@translate_sqlite_errors(lambda store: f"lease store {store._store.path}")
-class _Transaction:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on an exception); re-entrant per store."""
-
-    __slots__ = ("_store",)
-
-    def __init__(self, store: SqliteLeaseStore) -> None:
-        self._store = store
-
-    def __enter__(self) -> _Transaction:
-        store = self._store
-        store._lock.acquire()
-        if store._depth == 0:
-            try:
-                store._conn.execute("BEGIN IMMEDIATE")
-            except BaseException:
-                store._lock.release()
-                raise
-        store._depth += 1
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        store = self._store
-        try:
-            store._depth -= 1
-            if store._depth == 0:
-                conn = store._conn
-                if exc_type is None:
-                    try:
-                        conn.execute("COMMIT")
-                    except BaseException:
-                        _rollback(conn)
-                        raise
-                else:
-                    _rollback(conn)
-        finally:
-            store._lock.release()
-
-
-def _rollback(conn: sqlite3.Connection) -> None:
-    try:
-        conn.execute("ROLLBACK")
-    except sqlite3.Error:
-        pass  # no transaction left to roll back (SQLite rolled it back itself)
-
-
 @translate_sqlite_errors(lambda store: f"lease store {store.path}")
 class SqliteLeaseStore(LeaseStore):
-    """A ``LeaseStore`` in one SQLite file; implements every optional accelerator.
+    """A ``LeaseStore`` in a SQLite file; implements every optional accelerator.
 
-    The constructor creates the parent directory and the schema, or migrates the
-    single-document layout; nothing else is read until a call asks for it.
+    ``path`` is the file (the store opens and owns its connection), or a
+    ``SqliteDatabase`` whose connection and transaction the store shares (its owner
+    closes it). The constructor creates the parent directory and the schema, or
+    migrates the single-document layout; nothing else is read until a call asks for it.
     """
 
-    def __init__(self, path: str | Path, *, busy_timeout_ms: int = 5000) -> None:
-        if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0:
-            raise ValueError(f"busy_timeout_ms must be an int >= 0, got {busy_timeout_ms!r}")
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.RLock()
-        self._depth = 0
-        self._txn = _Transaction(self)
-        self._conn = sqlite3.connect(
-            str(self.path),
-            timeout=busy_timeout_ms / 1000.0,
-            isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE ... COMMIT
-            check_same_thread=False,
-        )
-        try:
-            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+    def __init__(self, path: str | Path | SqliteDatabase, *, busy_timeout_ms: int = 5000) -> None:
+        if isinstance(path, SqliteDatabase):
+            db, self._owns_db = path, False
+        else:
             # A new file gets 2 KiB pages (an existing one keeps its own: SQLite ignores this
             # once the file has content, and WAL fixes it). A transition rewrites a handful
             # of b-tree leaves (the row, four to five index entries, a history row), each a
             # whole page in the WAL, so smaller pages mean fewer bytes per commit and fsync;
             # 2 KiB still holds a typical task row without overflow pages.
-            self._conn.execute(f"PRAGMA page_size = {_PAGE_SIZE}")
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute("PRAGMA synchronous = FULL")
+            db, self._owns_db = SqliteDatabase(path, busy_timeout_ms=busy_timeout_ms, page_size=PAGE_SIZE), True
+        self.database = db
+        self.path = db.path
+        self._lock = db.lock
+        self._conn = db.connection
+        self._txn = db.transaction()
+        try:
             self._ensure_schema()
         except BaseException:
-            self._conn.close()
+            if self._owns_db:
+                db.close()
             raise
 
     # --- lifecycle ----------------------------------------------------------
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        """Close the connection this store opened; one on a shared database is its owner's to close."""
+        if self._owns_db:
+            self.database.close()
 
     def __enter__(self) -> SqliteLeaseStore:
         return self
@@ -192,8 +138,10 @@ class SqliteLeaseStore(LeaseStore):
 
     # --- transactions -------------------------------------------------------
 
-    def transaction(self) -> _Transaction:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT`` around a read-modify-write; re-entrant."""
+    def transaction(self) -> Any:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` around a read-modify-write; re-entrant. On a shared
+        ``SqliteDatabase`` it is that database's transaction: what any of its stores writes
+        inside it commits together with the transition."""
         return self._txn
 
     # --- required methods ---------------------------------------------------

@@ -50,7 +50,7 @@ def test_serve_then_submit_status_events_cancel_and_a_clean_stop(tmp_path: Path)
         assert cancelled.returncode == 0 and json.loads(cancelled.stdout)["state"] == "CANCELLED"
         missing = _cli("status", "000000000000", env=env)
         assert missing.returncode == 1 and "404" in missing.stderr
-        assert (tmp_path / "data" / "flashruntime.db").is_file() and (tmp_path / "data" / "leases.db").is_file()
+        assert (tmp_path / "data" / "flashruntime.db").is_file() and not (tmp_path / "data" / "leases.db").exists()
         assert (tmp_path / "data" / "artifacts").is_dir()
     finally:
         out = stop_process(server)

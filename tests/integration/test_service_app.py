@@ -481,11 +481,54 @@ def test_a_lease_survives_a_kill9_of_the_coordinator(tmp_path: Path) -> None:
         assert api.get(f"/v1alpha1/jobs/{job_id}").json()["state"] == "SUCCEEDED"
         types = [e["type"] for e in api.get(f"/v1alpha1/jobs/{job_id}/events").json()]
         assert types[:2] == ["JOB_ACCEPTED", "BACKEND_SELECTED"] and "LEASE_CLAIMED" in types
-        # the registry is in memory: the agent re-registers after its heartbeat gets a 404
-        assert api.post("/v1alpha1/nodes/node-a/heartbeat", json={"node_id": "node-a"}).status_code == 404
     finally:
         second.stop()
     assert json.loads((data / "artifacts" / key).read_text()) == {"score": 2}
+
+
+def test_a_restart_keeps_every_registration_and_cordon(tmp_path: Path) -> None:
+    """After a ``kill -9`` of the coordinator, a registered node heartbeats and claims without
+    registering again, its registration (pools from its last heartbeat) and accepted count
+    are kept, and a cordoned node stays cordoned: it gets no lease."""
+    data = tmp_path / "data"
+    first = CoordinatorProcess(data).start()
+    try:
+        api = httpx.Client(base_url=first.url, timeout=10)
+        job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=3)).json()["job_id"]
+        for node_id in ("node-a", "node-b"):
+            assert api.post("/v1alpha1/nodes/register", json=registration(node_id)).status_code == 200
+        assert api.post("/v1alpha1/nodes/node-a/heartbeat",
+                        json={"node_id": "node-a", "pools": ["team-7"]}).status_code == 200
+        lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).json()
+        output = b'{"score": 1}'
+        assert api.put(f"/v1alpha1/artifacts/{lease['payload']['output_prefix']}metrics.json",
+                       content=output).status_code == 200
+        assert api.post(f"/v1alpha1/attempts/{lease['lease_id']}/complete",
+                        json={"output_sha256": hashlib.sha256(output).hexdigest()}).json() == {"accepted": True}
+        cordoned = api.post("/v1alpha1/nodes/node-b/cordon", json={"reason": "disk"})
+        assert cordoned.status_code == 200, cordoned.text
+        before = {row["node_id"]: row for row in api.get("/v1alpha1/nodes").json()}
+        first.kill9()
+    finally:
+        first.stop()
+    second = CoordinatorProcess(data).start()
+    try:
+        api = httpx.Client(base_url=second.url, timeout=10)
+        after = {row["node_id"]: row for row in api.get("/v1alpha1/nodes").json()}
+        assert sorted(after) == ["node-a", "node-b"]
+        for node_id in after:  # everything but liveness, which only a heartbeat re-establishes
+            assert {k: v for k, v in after[node_id].items() if k not in ("online", "last_heartbeat_age_s")} == {
+                k: v for k, v in before[node_id].items() if k not in ("online", "last_heartbeat_age_s")}
+        assert after["node-a"]["capabilities"]["pools"] == ["team-7"] and after["node-a"]["accepted_tasks"] == 1
+        assert after["node-b"]["cordon_reason"] == "disk"
+        assert not after["node-a"]["online"]
+        assert api.post("/v1alpha1/nodes/node-a/heartbeat", json={"node_id": "node-a"}).status_code == 200
+        assert {row["node_id"]: row["online"] for row in api.get("/v1alpha1/nodes").json()}["node-a"] is True
+        assert api.post("/v1alpha1/leases/claim", json={"node_id": "node-b"}).status_code == 204  # still cordoned
+        claimed = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"})  # no new registration
+        assert claimed.status_code == 200 and claimed.json()["job_id"] == job_id
+    finally:
+        second.stop()
 
 
 def test_importing_the_app_module_has_no_side_effects_and_app_is_built_on_access(tmp_path: Path) -> None:
@@ -499,7 +542,7 @@ def test_importing_the_app_module_has_no_side_effects_and_app_is_built_on_access
     code = (
         "import pathlib, sys; import flashruntime.coordinator.app as m; d = pathlib.Path(sys.argv[1]);"
         "assert not d.exists(), 'import created files'; a = m.app; assert a is m.app;"
-        "print(type(a).__name__, d.joinpath('flashruntime.db').exists(), d.joinpath('leases.db').exists())"
+        "print(type(a).__name__, d.joinpath('flashruntime.db').exists(), d.joinpath('artifacts').exists())"
     )
     data = tmp_path / "data"
     env = process_env(FLASHML_LEDGER_PATH=str(data / "flashruntime.db"),

@@ -112,7 +112,11 @@ def test_bad_paths(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="path must be"):
         Ledger(42)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="needs a file path"):
-        Ledger(":memory:")
+        Ledger("")
+    in_memory = Ledger(":memory:")  # one connection for its whole life, so a private database works
+    in_memory.upsert_job(_job("m1"))
+    assert in_memory.get_job("m1") == _job("m1")
+    in_memory.close()
 
 
 # --- jobs ---------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_service_app import _finish, job_spec, registration
+from tests.integration.test_service_app import job_spec, registration
 from tests.service_server import CoordinatorProcess, serve_in_thread, settings_for
 
 pytestmark = pytest.mark.service
@@ -152,30 +152,34 @@ def _stored(ledger_path: Path, job_id: str) -> tuple[str, list[str]]:
     return state, types
 
 
-def _one_task_done(api: Any) -> str:
+def _claim_and_upload(api: Any, payload: bytes = b'{"score": 1.0}') -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """A one-task job claimed and its output uploaded → (job id, lease, the complete request's body)."""
     job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=1)).json()["job_id"]
     api.post("/v1alpha1/nodes/register", json=registration())
     lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).json()
-    assert _finish(api, lease) == {"accepted": True}
-    return str(job_id)
+    key = lease["payload"]["output_prefix"] + "metrics.json"
+    assert api.put(f"/v1alpha1/artifacts/{key}", content=payload).status_code == 200
+    body = {"output_sha256": hashlib.sha256(payload).hexdigest(), "evidence": {"exit_code": 0, "wall_seconds": 1.5}}
+    return str(job_id), lease, body
 
 
-def test_a_failed_event_write_leaves_the_job_running_and_a_kill9_loses_nothing(tmp_path: Path) -> None:
-    """The terminal record and its JOB_SUCCEEDED are one ledger transaction: when the event
-    cannot be stored the record is not frozen either, so after a kill -9 and a restart the
-    coordinator derives the job again and writes both."""
+def test_a_failed_event_write_refuses_the_whole_commit_and_a_kill9_loses_nothing(tmp_path: Path) -> None:
+    """A job's last commit, its TASK_COMMIT_ACCEPTED, the job's terminal record and its
+    JOB_SUCCEEDED are one transaction: when the job's event cannot be stored, the commit is
+    answered 503 and none of it is stored; after a kill -9 and a restart the worker's retry of
+    the same commit is accepted, and every record is written once."""
     data = tmp_path / "data"
     ledger = data / "flashruntime.db"
     first = CoordinatorProcess(data).start()
     try:
         with httpx.Client(base_url=first.url, timeout=30) as api:
             _refuse_job_events(ledger, refuse=True)
-            job_id = _one_task_done(api)
-            failed = api.get(f"/v1alpha1/jobs/{job_id}", headers=CLOSE)
-            assert failed.status_code == 503  # the refresh's one write failed: retry shortly
+            job_id, lease, body = _claim_and_upload(api)
+            failed = api.post(f"/v1alpha1/attempts/{lease['lease_id']}/complete", json=body, headers=CLOSE)
+            assert failed.status_code == 503  # retry shortly
             assert failed.headers["retry-after"] == "1" and "ledger" not in failed.text
             state, types = _stored(ledger, job_id)
-            assert (state, "JOB_SUCCEEDED" in types) == ("RUNNING", False)  # neither half was stored
+            assert state == "RUNNING" and "JOB_SUCCEEDED" not in types and "TASK_COMMIT_ACCEPTED" not in types
         first.kill9()
     finally:
         first.stop()
@@ -183,10 +187,15 @@ def test_a_failed_event_write_leaves_the_job_running_and_a_kill9_loses_nothing(t
     second = CoordinatorProcess(data).start()
     try:
         with httpx.Client(base_url=second.url, timeout=30) as api:
+            retried = api.post(f"/v1alpha1/attempts/{lease['lease_id']}/complete", json=body)
+            assert retried.json() == {"accepted": True}
             job = api.get(f"/v1alpha1/jobs/{job_id}").json()
             assert job["state"] == "SUCCEEDED" and job["finished_at"] is not None
             types = [e["type"] for e in api.get(f"/v1alpha1/jobs/{job_id}/events").json()]
-            assert types.count("JOB_SUCCEEDED") == 1 and types[-1] == "JOB_SUCCEEDED"
+            assert types.count("TASK_COMMIT_ACCEPTED") == 1 and types.count("JOB_SUCCEEDED") == 1
+            assert types[-1] == "JOB_SUCCEEDED"
+            (task,) = api.get(f"/v1alpha1/jobs/{job_id}/tasks").json()
+            assert task["evidence"]["wall_seconds"] == 1.5
     finally:
         second.stop()
 
@@ -210,16 +219,18 @@ def test_request_histogram_labels_unknown_methods_other(api: Any) -> None:
 
 
 def test_request_histogram_counts_a_failed_database_write_as_503(api: Any) -> None:
-    _refuse_job_events(api.data_dir / "flashruntime.db", refuse=True)  # before the sweeper can finish the job
+    _refuse_job_events(api.data_dir / "flashruntime.db", refuse=True)
     try:
-        job_id = _one_task_done(api)
-        assert api.get(f"/v1alpha1/jobs/{job_id}", headers=CLOSE).status_code == 503
+        _, lease, body = _claim_and_upload(api)
+        complete = f"/v1alpha1/attempts/{lease['lease_id']}/complete"
+        assert api.post(complete, json=body, headers=CLOSE).status_code == 503
     finally:
         _refuse_job_events(api.data_dir / "flashruntime.db", refuse=False)
-    assert api.get(f"/v1alpha1/jobs/{job_id}").json()["state"] == "SUCCEEDED"
+    assert api.post(complete, json=body).json() == {"accepted": True}
     metrics = api.get("/metrics").text
-    get_job = [(status, n) for route, status, n in _series(metrics, "GET") if route == "/v1alpha1/jobs/{job_id}"]
-    assert ("503", "1") in get_job and ("200", "1") in get_job
+    completes = [(status, n) for route, status, n in _series(metrics, "POST")
+                 if route == "/v1alpha1/attempts/{lease_id}/complete"]
+    assert ("503", "1") in completes and ("200", "1") in completes
 
 
 def test_request_histogram_counts_a_handler_that_raises_as_500() -> None:

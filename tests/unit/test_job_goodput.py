@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from flashruntime.coordinator.goodput import job_goodput, job_goodput_lines
+from flashruntime.job_goodput import job_goodput, job_goodput_lines
 from flashruntime.protocol.v1alpha1 import Event, EventType
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from itertools import pairwise
 from typing import Any
 
 from flashruntime.protocol.v1alpha1 import Event, EventType
@@ -135,7 +136,7 @@ def job_goodput(events: Iterable[Event], *, now: datetime | None = None) -> JobG
     recoveries = []
     for task_id, chain in by_task.items():
         chain.sort(key=lambda attempt: attempt.claimed_at)
-        for attempt, successor in zip(chain, chain[1:]):
+        for attempt, successor in pairwise(chain):
             if attempt.ended_at is None or attempt.end in ("committed", "cancelled"):
                 continue
             recoveries.append(JobRecovery(
