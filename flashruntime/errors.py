@@ -20,7 +20,7 @@ that built-in as a second base::
     ├── ExpansionError(ValueError)       job cannot be expanded into tasks
     ├── AuthConfigError(ValueError)      invalid token configuration
     ├── CodeExecutionNotPermitted(PermissionError)  a job would run commands its submitter may not run
-    ├── StoreError(RuntimeError)         a store's database failed (locked, full, damaged)
+    ├── StoreError(RuntimeError)         a store's database failed (locked, full, damaged, unreachable)
     ├── UnplannableRequest(ValueError)   a plan request lacks a figure the planner needs
     ├── BadArtifactKey(ValueError)       an artifact key that is not a safe relative path
     ├── ArtifactTooLarge(ValueError)     an artifact over the coordinator's limit
@@ -159,7 +159,8 @@ class CodeExecutionNotPermitted(FlashRuntimeError, PermissionError):
 
 
 class StoreError(FlashRuntimeError, RuntimeError):
-    """A store's database failed: SQLite's error is the cause, the message names the file."""
+    """A store's database failed: SQLite's or PostgreSQL's error is the cause, the message names
+    the file or the server and database, and says what to do."""
 
 
 class UnplannableRequest(FlashRuntimeError, ValueError):

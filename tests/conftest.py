@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.postgres_server import postgres_cluster, postgres_url  # noqa: F401  (fixtures for every tier)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # the benchmarks package lives beside the library

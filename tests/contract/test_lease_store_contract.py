@@ -1,7 +1,8 @@
 """One contract for every lease store: each test runs against
-``InMemoryLeaseStore``, ``SqliteLeaseStore`` on a temp file, and ``SqliteLeaseStore``
-reopened from disk before every step. Manager-level tests also run against a user
-store that implements only the required methods (the manager's fallbacks).
+``InMemoryLeaseStore``, ``SqliteLeaseStore`` on a temp file, ``SqliteLeaseStore``
+reopened from disk before every step, and ``PostgresLeaseStore`` on a fresh database of
+the session's PostgreSQL cluster. Manager-level tests also run against a user store that
+implements only the required methods (the manager's fallbacks).
 
 Over an ``InMemoryLeaseStore`` the manager fuses claim, heartbeat and complete with the
 store's indexes (``leases._memory_fast``); ``memory_general`` runs every test over a
@@ -29,6 +30,7 @@ from flashruntime.leases import (
     SqliteLeaseStore,
     TaskRecord,
 )
+from flashruntime.leases.postgres_store import PostgresLeaseStore
 from flashruntime.protocol.v1alpha1 import Event, EventType, TaskSpec, TaskState
 from flashruntime.scheduler import FifoPlacement, IsolationAwarePlacement, PlacementPolicy
 
@@ -91,9 +93,10 @@ class GeneralPathMemoryStore(InMemoryLeaseStore):
 class Harness:
     """A store of one kind, a manager over it, and the events it emitted."""
 
-    def __init__(self, kind: str, tmp_path: Path) -> None:
+    def __init__(self, kind: str, tmp_path: Path, url: str | None = None) -> None:
         self.kind = kind
         self.path = tmp_path / "state" / "leases.db"
+        self.url = url  # the database of the postgres kind
         self.events: list[Event] = []
         self._store: Any = self._open()
         self._manager = LeaseManager(self._store, on_event=self.events.append)
@@ -105,6 +108,14 @@ class Harness:
             return GeneralPathMemoryStore()
         if self.kind == "minimal":
             return MinimalStore()
+        if self.kind == "postgres":
+            return PostgresLeaseStore(self.url)  # type: ignore[arg-type]
+        return SqliteLeaseStore(self.path)
+
+    def independent_store(self) -> Any:
+        """A second store on the same database, with connections of its own (another process's view)."""
+        if self.kind == "postgres":
+            return PostgresLeaseStore(self.url)  # type: ignore[arg-type]
         return SqliteLeaseStore(self.path)
 
     def store(self) -> Any:
@@ -146,21 +157,27 @@ class _ReopeningManager:
         return call
 
 
-STORE_KINDS = ["memory", "memory_general", "sqlite", "sqlite_reopen"]
+STORE_KINDS = ["memory", "memory_general", "sqlite", "sqlite_reopen", "postgres"]
 IN_MEMORY = ("memory", "memory_general")
+
+
+def _harness(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
+    # Only the postgres kind asks for a database, so the other kinds never start the cluster.
+    url = request.getfixturevalue("postgres_url") if request.param == "postgres" else None
+    return Harness(request.param, tmp_path, url)
 
 
 @pytest.fixture(params=STORE_KINDS)
 def h(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
-    harness = Harness(request.param, tmp_path)
+    harness = _harness(request, tmp_path)
     yield harness  # type: ignore[misc]
     harness.close()
 
 
 @pytest.fixture(params=[*STORE_KINDS, "minimal"])
 def hm(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
-    """Manager-level tests: the three stores plus a store with only the required methods."""
-    harness = Harness(request.param, tmp_path)
+    """Manager-level tests: the stores plus a store with only the required methods."""
+    harness = _harness(request, tmp_path)
     yield harness  # type: ignore[misc]
     harness.close()
 
@@ -777,7 +794,7 @@ def test_events_are_emitted_after_the_transition_commits(h: Harness) -> None:
         if h.kind in IN_MEMORY:
             store: Any = h._store
         else:
-            store = SqliteLeaseStore(h.path)  # an independent connection: only committed state is visible
+            store = h.independent_store()  # an independent connection: only committed state is visible
         task_id = event.data.get("task_id")
         record = store.get(event.job_id, task_id) if task_id else None
         seen.append((event.type.value, None if record is None else record.state))
@@ -1166,3 +1183,33 @@ def test_lease_survives_reopen_and_can_be_renewed_committed_or_rejected(tmp_path
     assert after.complete(b.lease_id, SHA, now=at(40)) is False  # expired at 30 across the restart
     assert after.lease_info(b.lease_id) == b
     after.store.close()  # type: ignore[attr-defined]
+
+
+def test_postgres_leases_survive_a_coordinator_restart_and_a_server_crash(postgres_cluster: Any,
+                                                                          postgres_url: str) -> None:
+    first = LeaseManager(PostgresLeaseStore(postgres_url))
+    first.add_task(spec("a", lease_seconds=30), now=at(0))
+    first.add_task(spec("b", lease_seconds=30), now=at(0))
+    a = first.claim("n1", now=at(0))
+    b = first.claim("n2", now=at(0))
+    assert a and b
+    first.store.close()  # type: ignore[attr-defined]
+    postgres_cluster.restart("immediate")  # what a crash leaves: only the WAL, replayed at start
+    store = PostgresLeaseStore(postgres_url)
+    after = LeaseManager(store)  # the coordinator restarted
+    assert after.heartbeat(a.lease_id, now=at(20)).deadline == at(50)
+    postgres_cluster.restart("immediate")  # under an open pool: its dead connections are replaced
+    assert after.complete(a.lease_id, SHA, now=at(40)) is True
+    assert after.complete(b.lease_id, SHA, now=at(40)) is False  # expired at 30 across the restart
+    assert after.lease_info(b.lease_id) == b
+    store.close()
+
+
+def test_postgres_refuses_a_newer_lease_schema_naming_the_database(postgres_url: str) -> None:
+    store = PostgresLeaseStore(postgres_url)
+    store.database.execute("UPDATE lease_meta SET value = '9' WHERE key = 'schema_version'")
+    with pytest.raises(RuntimeError, match=r"PostgreSQL database '\w+' at 127\.0\.0\.1:\d+: lease schema version '9'"):
+        PostgresLeaseStore(store.database)
+    with pytest.raises(RuntimeError, match="lease schema version '9'"):
+        PostgresLeaseStore(postgres_url)
+    store.close()

@@ -1,0 +1,152 @@
+"""Schema and statements of ``PostgresLeaseStore``.
+
+The layout is the SQLite store's: one row per task (its spec as JSON text, the mutable
+columns), a lease history table, a cordon table. Ids are ``COLLATE "C"``: byte order,
+as Python sorts, whatever the database's locale. States are SQL literals, never
+parameters, so the planner can match the partial indexes' ``WHERE state = ...``. Each
+read that a transition acts on has a ``_LOCKED`` form for use inside a transaction:
+``FOR UPDATE`` where one task is named, ``FOR UPDATE SKIP LOCKED`` where the store picks
+tasks (claims, expiries), so concurrent claimers never pick the same task and never wait
+on each other.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = "1"
+META_TABLE = "lease_meta"
+
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS lease_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS lease_tasks (
+        job_id TEXT COLLATE "C" NOT NULL,
+        task_id TEXT COLLATE "C" NOT NULL,
+        seq BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,
+        spec_json TEXT NOT NULL,
+        state TEXT NOT NULL,
+        attempts_used BIGINT NOT NULL DEFAULT 0,
+        failures_seen BIGINT NOT NULL DEFAULT 0,
+        expiries_seen BIGINT NOT NULL DEFAULT 0,
+        active_lease_id TEXT COLLATE "C",
+        active_node_id TEXT COLLATE "C",
+        deadline DOUBLE PRECISION,
+        active_lease_json TEXT,
+        accepted_attempt_id TEXT,
+        accepted_output_sha256 TEXT,
+        releases_seen BIGINT NOT NULL DEFAULT 0,
+        PRIMARY KEY (job_id, task_id)
+    )""",
+    "CREATE INDEX IF NOT EXISTS lease_tasks_pending ON lease_tasks (seq) WHERE state = 'PENDING'",
+    "CREATE INDEX IF NOT EXISTS lease_tasks_pending_job ON lease_tasks (job_id, seq) WHERE state = 'PENDING'",
+    "CREATE INDEX IF NOT EXISTS lease_tasks_deadline ON lease_tasks (deadline, seq) WHERE state = 'LEASED'",
+    "CREATE INDEX IF NOT EXISTS lease_tasks_node ON lease_tasks (active_node_id) WHERE state = 'LEASED'",
+    "CREATE INDEX IF NOT EXISTS lease_tasks_job_state ON lease_tasks (job_id, state)",
+    """CREATE TABLE IF NOT EXISTS lease_history (
+        lease_id TEXT COLLATE "C" PRIMARY KEY,
+        job_id TEXT COLLATE "C" NOT NULL,
+        task_id TEXT COLLATE "C" NOT NULL,
+        lease_json TEXT NOT NULL,
+        position BIGINT GENERATED ALWAYS AS IDENTITY
+    )""",
+    "CREATE INDEX IF NOT EXISTS lease_history_task ON lease_history (job_id, task_id, position)",
+    """CREATE TABLE IF NOT EXISTS lease_cordons (
+        node_id TEXT COLLATE "C" PRIMARY KEY,
+        until DOUBLE PRECISION,
+        reason TEXT NOT NULL
+    )""",
+)
+
+# What a record is read from: the key, seq, spec, then MUTABLE in UPDATE order.
+MUTABLE = (
+    "state",
+    "attempts_used",
+    "failures_seen",
+    "expiries_seen",
+    "active_lease_id",
+    "active_node_id",
+    "deadline",
+    "active_lease_json",
+    "accepted_attempt_id",
+    "accepted_output_sha256",
+    "releases_seen",
+)
+COLUMNS = "job_id, task_id, seq, spec_json, " + ", ".join(MUTABLE)
+
+_LOCK_ONE = " FOR UPDATE"
+_LOCK_FREE = " FOR UPDATE SKIP LOCKED"
+
+# --- reads -----------------------------------------------------------------------
+
+GET = f"SELECT {COLUMNS} FROM lease_tasks WHERE job_id = %s AND task_id = %s"
+GET_LOCKED = GET + _LOCK_ONE
+NEXT_PENDING = f"SELECT {COLUMNS} FROM lease_tasks WHERE state = 'PENDING' ORDER BY seq LIMIT 1"
+NEXT_PENDING_LOCKED = NEXT_PENDING + _LOCK_FREE
+NEXT_PENDING_JOB = f"SELECT {COLUMNS} FROM lease_tasks WHERE state = 'PENDING' AND job_id = %s ORDER BY seq LIMIT 1"
+NEXT_PENDING_JOB_LOCKED = NEXT_PENDING_JOB + _LOCK_FREE
+PENDING_PAGE = f"SELECT {COLUMNS} FROM lease_tasks WHERE state = 'PENDING' AND seq > %s ORDER BY seq LIMIT %s"
+PENDING_PAGE_LOCKED = PENDING_PAGE + _LOCK_FREE
+PENDING_PAGE_JOB = (
+    f"SELECT {COLUMNS} FROM lease_tasks WHERE state = 'PENDING' AND job_id = %s AND seq > %s ORDER BY seq LIMIT %s"
+)
+PENDING_PAGE_JOB_LOCKED = PENDING_PAGE_JOB + _LOCK_FREE
+EXPIRED = f"SELECT {COLUMNS} FROM lease_tasks WHERE state = 'LEASED' AND deadline <= %s ORDER BY deadline, seq"
+EXPIRED_LOCKED = EXPIRED + _LOCK_FREE
+# The task that holds or held a lease (its history rows follow in a second read).
+FIND_LEASE = (
+    f"SELECT {COLUMNS} FROM lease_tasks "
+    "WHERE (job_id, task_id) = (SELECT job_id, task_id FROM lease_history WHERE lease_id = %s)"
+)
+FIND_LEASE_LOCKED = FIND_LEASE + _LOCK_ONE
+LEASED_BY_NODE = f"SELECT {COLUMNS} FROM lease_tasks WHERE state = 'LEASED' AND active_node_id = %s ORDER BY seq"
+LEASED = f"SELECT {COLUMNS} FROM lease_tasks WHERE state = 'LEASED' ORDER BY seq"
+ALL = f"SELECT {COLUMNS} FROM lease_tasks ORDER BY seq"
+ALL_JOB = f"SELECT {COLUMNS} FROM lease_tasks WHERE job_id = %s ORDER BY seq"
+
+HISTORY = "SELECT lease_id, lease_json FROM lease_history WHERE job_id = %s AND task_id = %s ORDER BY position"
+# The histories of several tasks in one read: the keys as two parallel arrays.
+HISTORY_OF = (
+    "SELECT h.job_id, h.task_id, h.lease_id, h.lease_json "
+    "FROM unnest(%s::text[], %s::text[]) AS k (job_id, task_id) "
+    "JOIN lease_history AS h ON h.job_id = k.job_id AND h.task_id = k.task_id ORDER BY h.position"
+)
+ALL_HISTORY = "SELECT job_id, task_id, lease_id, lease_json FROM lease_history ORDER BY position"
+ALL_HISTORY_JOB = "SELECT job_id, task_id, lease_id, lease_json FROM lease_history WHERE job_id = %s ORDER BY position"
+HISTORY_OWNER = "SELECT job_id, task_id FROM lease_history WHERE lease_id = %s"
+HAS_LEASE = "SELECT 1 FROM lease_history WHERE lease_id = %s"
+COUNTS_ALL = "SELECT state, COUNT(*) FROM lease_tasks GROUP BY state"
+COUNTS_JOB = "SELECT state, COUNT(*) FROM lease_tasks WHERE job_id = %s GROUP BY state"
+
+# --- writes ----------------------------------------------------------------------
+
+# Nothing is inserted for a duplicate key, and no row comes back: the caller raises.
+INSERT = (
+    "INSERT INTO lease_tasks (job_id, task_id, spec_json, state, attempts_used, failures_seen, expiries_seen, "
+    "active_lease_id, active_node_id, deadline, active_lease_json, accepted_attempt_id, accepted_output_sha256, "
+    "releases_seen) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+    "ON CONFLICT (job_id, task_id) DO NOTHING RETURNING seq"
+)
+_UPDATES: dict[tuple[int, ...], str] = {}
+
+
+def update(changed: tuple[int, ...]) -> str:
+    """``UPDATE`` of only the ``MUTABLE`` columns at ``changed``: fewer values to send, and one
+    statement text per kind of transition, which psycopg prepares once per connection."""
+    statement = _UPDATES.get(changed)
+    if statement is None:
+        assignments = ", ".join(f"{MUTABLE[i]} = %s" for i in changed)
+        statement = _UPDATES[changed] = f"UPDATE lease_tasks SET {assignments} WHERE job_id = %s AND task_id = %s"
+    return statement
+
+
+UPDATE = update(tuple(range(len(MUTABLE))))
+INSERT_HISTORY = (
+    "INSERT INTO lease_history (lease_id, job_id, task_id, lease_json) VALUES (%s, %s, %s, %s) "
+    "ON CONFLICT (lease_id) DO NOTHING"
+)
+
+PUT_CORDON = (
+    "INSERT INTO lease_cordons (node_id, until, reason) VALUES (%s, %s, %s) "
+    "ON CONFLICT (node_id) DO UPDATE SET until = EXCLUDED.until, reason = EXCLUDED.reason"
+)
+REMOVE_CORDON = "DELETE FROM lease_cordons WHERE node_id = %s"
+CORDONS = "SELECT node_id, until, reason FROM lease_cordons ORDER BY node_id"
+CORDON_FOR = "SELECT until, reason FROM lease_cordons WHERE node_id = %s"

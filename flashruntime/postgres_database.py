@@ -1,0 +1,412 @@
+"""``PostgresDatabase``: a PostgreSQL database behind a pool of connections, and the
+re-entrant per-thread transaction every store built on it shares.
+
+What ``SqliteDatabase`` is for one SQLite file, this is for a server: a store given a
+``PostgresDatabase`` writes through the connection of the transaction its thread has
+open, so whatever runs inside one ``transaction()`` commits together or not at all.
+Unlike SQLite, several threads (and processes, and coordinator replicas) hold
+transactions at once; stores make that safe with row locks (``SELECT ... FOR UPDATE``,
+``SKIP LOCKED`` for claims). psycopg (the ``postgres`` extra) is imported when a database
+is opened, not with this module, and its errors stop here: they surface as ``StoreError``
+naming the server, with psycopg's error (and its ``sqlstate``) as the cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from flashruntime.errors import StoreError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["PostgresDatabase", "translate_postgres_errors"]
+
+_INSTALL = "install the PostgreSQL driver with pip install 'flashruntime[postgres]' (psycopg, psycopg-pool)"
+_C = TypeVar("_C", bound=type)
+_DUNDERS = ("__enter__", "__exit__")
+# SQLSTATE classes and codes that say a transaction lost a race and may simply be run again.
+_RETRYABLE = {"40001": "a serialization failure", "40P01": "a deadlock"}
+# What the server says when it refuses a connection, and the SQLSTATE it means.
+_CONNECT_REFUSALS = (
+    ("3D000", re.compile(r'FATAL:\s+database ".*" does not exist')),
+    ("28000", re.compile(r'FATAL:\s+(role ".*" does not exist|no pg_hba\.conf entry)')),
+    ("28P01", re.compile(r"FATAL:\s+password authentication failed|no password supplied")),
+)
+
+
+def _driver() -> tuple[Any, Any]:
+    """``(psycopg, psycopg_pool)``; ``StoreError`` saying what to install when they are missing."""
+    try:
+        import psycopg
+        import psycopg_pool
+    except ImportError as exc:
+        raise StoreError(f"PostgreSQL needs psycopg and psycopg-pool, which are not installed: {_INSTALL}") from exc
+    return psycopg, psycopg_pool
+
+
+def _describe(exc: BaseException, where: str, source: str) -> str | None:
+    """The message of the ``StoreError`` that replaces psycopg's ``exc``; None when ``exc``
+    is not psycopg's."""
+    module = type(exc).__module__
+    if not module.startswith(("psycopg", "psycopg_pool")):
+        return None
+    psycopg, psycopg_pool = _driver()
+    if not isinstance(exc, psycopg.Error):
+        return None
+    detail = str(exc).strip().replace("\n", " ") or type(exc).__name__
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    if isinstance(exc, psycopg_pool.PoolTimeout):
+        return (f"{where}: no connection came free in time ({detail}); the server may be down or unreachable, "
+                f"or every connection of the pool busy (raise its max_size, or the server's max_connections)")
+    if sqlstate in _RETRYABLE:
+        return f"{where}: the transaction was rolled back after {_RETRYABLE[sqlstate]} ({detail}); run it again"
+    if not sqlstate and isinstance(exc, psycopg.OperationalError):
+        # A refused connection carries no SQLSTATE, only the server's message.
+        sqlstate = next((code for code, pattern in _CONNECT_REFUSALS if pattern.search(detail)), "")
+    if sqlstate == "3D000":
+        return f"{where}: the database does not exist ({detail}); create it (createdb), or correct {source}"
+    if sqlstate.startswith("28"):
+        return f"{where}: the server refused the login ({detail}); correct the user or password in {source}"
+    if sqlstate == "57014":
+        return f"{where}: a statement was cancelled ({detail})"
+    if isinstance(exc, psycopg.OperationalError) and not sqlstate:
+        return (f"{where}: the server cannot be reached or the connection was lost ({detail}); check that "
+                f"PostgreSQL is running and that {source} names the right host and port")
+    return f"{where}: PostgreSQL failed ({type(exc).__name__}{f' {sqlstate}' if sqlstate else ''}: {detail})"
+
+
+def _translating(method: Callable[..., Any], where: Callable[[Any], str]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except StoreError:
+            raise
+        except Exception as exc:
+            message = _describe(exc, where(self), "the database URL")
+            if message is None:
+                raise
+            raise StoreError(message) from exc
+
+    return call
+
+
+def translate_postgres_errors(where: Callable[[Any], str]) -> Callable[[_C], _C]:
+    """A class decorator: its public methods (and ``__enter__``/``__exit__``) raise
+    ``StoreError`` instead of psycopg's errors; ``where(instance)`` names the database."""
+
+    def decorate(cls: _C) -> _C:
+        for name, value in list(vars(cls).items()):
+            if callable(value) and (not name.startswith("_") or name in _DUNDERS):
+                setattr(cls, name, _translating(value, where))
+        return cls
+
+    return decorate
+
+
+def _rollback(conn: Any) -> None:
+    with contextlib.suppress(Exception):  # the connection is gone: the server has rolled back already
+        conn.execute("ROLLBACK")
+
+
+@translate_postgres_errors(lambda transaction: transaction._db.where)
+class _Transaction:
+    """``BEGIN`` ... ``COMMIT`` (``ROLLBACK`` on an exception) on the thread's own pooled
+    connection; re-entrant per thread, and the same object for every caller."""
+
+    __slots__ = ("_db",)
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    def __enter__(self) -> Self:
+        db = self._db
+        local = db._local
+        depth = getattr(local, "depth", 0)
+        if depth == 0:
+            conn = db._checkout()
+            try:
+                conn.execute("BEGIN")
+            except BaseException:
+                db._checkin(conn)
+                raise
+            local.conn = conn
+            local.callbacks = []
+        local.depth = depth + 1
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        db = self._db
+        local = db._local
+        local.depth -= 1
+        if local.depth:
+            return
+        conn, callbacks = local.conn, local.callbacks
+        local.conn, local.callbacks = None, []
+        try:
+            if exc_type is not None:
+                _rollback(conn)
+                return
+            if conn.info.transaction_status == db._psycopg.pq.TransactionStatus.INERROR:
+                # COMMIT of an aborted transaction is a ROLLBACK that reports no error: say so instead.
+                _rollback(conn)
+                raise StoreError(
+                    f"{db.where}: the transaction was rolled back, not committed: a statement inside it failed "
+                    "and the error was caught before the transaction ended"
+                )
+            try:
+                conn.execute("COMMIT")
+            except db._psycopg.OperationalError as lost:
+                _rollback(conn)
+                raise StoreError(
+                    f"{db.where}: the connection was lost while committing ({lost}); whether the transaction "
+                    "committed is unknown, so read the state back before acting on it"
+                ) from lost
+            except BaseException:
+                _rollback(conn)
+                raise
+        finally:
+            db._checkin(conn)
+        for callback in callbacks:  # after the connection is back: none of them may hold it up
+            callback()
+
+
+class PostgresDatabase:
+    """The PostgreSQL database at ``url`` (``postgresql://user[:password]@host[:port]/database``,
+    libpq's URL, its query parameters included).
+
+    A pool of ``min_size`` to ``max_size`` connections (autocommit; ``transaction()`` opens
+    and ends transactions explicitly). The constructor connects once, so an unreachable
+    server, a missing database or a refused login raise ``StoreError`` at once, naming the
+    host and port and ``source``, the setting the URL came from. ``where`` names the
+    database in messages; the password is never shown.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        connect_timeout_s: float = 10.0,
+        checkout_timeout_s: float = 30.0,
+        check_connections: bool = True,
+        source: str = "the database URL",
+    ) -> None:
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str, got {type(url).__name__}")
+        for name, value, least in (("min_size", min_size, 0), ("max_size", max_size, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+        if max_size < min_size:
+            raise ValueError(f"max_size ({max_size}) must be >= min_size ({min_size})")
+        for name, seconds in (("connect_timeout_s", connect_timeout_s), ("checkout_timeout_s", checkout_timeout_s)):
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+                raise ValueError(f"{name} must be a number of seconds, finite and > 0, got {seconds!r}")
+        psycopg, psycopg_pool = _driver()
+        self._psycopg = psycopg
+        self.source = source
+        self.host, self.port, self.name = _address(psycopg, url, source)
+        self.where = f"PostgreSQL database {self.name!r} at {self.host}:{self.port}"
+        self._local = threading.local()
+        self._checkout_timeout_s = float(checkout_timeout_s)
+        connect_kwargs = {
+            "autocommit": True,  # transactions are explicit: BEGIN ... COMMIT
+            "connect_timeout": max(2, math.ceil(connect_timeout_s)),  # libpq takes whole seconds, at least 2
+            "application_name": "flashruntime",
+        }
+        try:
+            # One connection first: its error says why the server cannot be used, which a pool
+            # (that retries in the background) would only report as a timeout.
+            probe = psycopg.connect(url, **connect_kwargs)
+            self.server_version = probe.info.server_version
+            probe.close()
+            self._pool = psycopg_pool.ConnectionPool(
+                url,
+                min_size=min_size,
+                max_size=max_size,
+                kwargs=connect_kwargs,
+                check=psycopg_pool.ConnectionPool.check_connection if check_connections else None,
+                timeout=self._checkout_timeout_s,
+                name=f"flashruntime {self.name}",
+                open=False,
+            )
+            self._pool.open(wait=min_size > 0, timeout=float(connect_timeout_s))
+        except psycopg.Error as exc:
+            raise StoreError(_describe(exc, self.where, source) or str(exc)) from exc
+        self._transaction = _Transaction(self)
+
+    # --- transactions -------------------------------------------------------------
+
+    def transaction(self) -> _Transaction:
+        """``BEGIN`` ... ``COMMIT`` around what runs inside it, ``ROLLBACK`` when it raises;
+        re-entrant on one thread (only the outermost commits). Each thread has its own:
+        transactions of several threads run at once, isolated as PostgreSQL's READ COMMITTED
+        isolates them."""
+        return self._transaction
+
+    def in_transaction(self) -> bool:
+        """Whether this thread is inside ``transaction()``."""
+        return getattr(self._local, "conn", None) is not None
+
+    def after_commit(self, callback: Callable[[], object]) -> None:
+        """Run ``callback`` once the transaction this thread is in has committed (dropped if it
+        rolls back); at once when this thread is in none. For what must follow only what is
+        stored: a log line, a counter."""
+        if getattr(self._local, "conn", None) is not None:
+            self._local.callbacks.append(callback)
+            return
+        callback()
+
+    # --- statements ---------------------------------------------------------------
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        """The psycopg connection to run statements on: this thread's transaction's, or else
+        one from the pool (autocommit: each statement is its own transaction), returned after.
+        psycopg's errors raised inside become ``StoreError``."""
+        conn = getattr(self._local, "conn", None)
+        try:
+            if conn is not None:
+                yield conn
+                return
+            conn = self._checkout()
+            try:
+                yield conn
+            finally:
+                self._checkin(conn)
+        except StoreError:
+            raise
+        except Exception as exc:
+            message = _describe(exc, self.where, self.source)
+            if message is None:
+                raise
+            raise StoreError(message) from exc
+
+    def fetchall(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """The rows of one statement, run as ``connection()`` says."""
+        with self.connection() as conn:
+            return conn.execute(statement, params).fetchall()  # type: ignore[no-any-return]
+
+    def fetchone(self, statement: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        """The first row of one statement, or None."""
+        with self.connection() as conn:
+            return conn.execute(statement, params).fetchone()  # type: ignore[no-any-return]
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement; the number of rows it changed. Outside a transaction it commits
+        on its own."""
+        with self.connection() as conn:
+            return int(conn.execute(statement, params).rowcount)
+
+    # --- locks and schema ---------------------------------------------------------
+
+    def lock(self, name: str) -> None:
+        """Wait for the advisory lock ``name``, held until this thread's transaction ends
+        (``pg_advisory_xact_lock``): one holder at a time across every process on the database."""
+        self._require_transaction("lock")
+        self.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (name,))
+
+    def try_lock(self, name: str) -> bool:
+        """Take the advisory lock ``name`` until this thread's transaction ends, if no other
+        transaction holds it; whether it was taken. Never waits."""
+        self._require_transaction("try_lock")
+        row = self.fetchone("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", (name,))
+        return bool(row and row[0])
+
+    def ensure_schema(
+        self,
+        *,
+        meta_table: str,
+        version: str,
+        statements: Sequence[str],
+        what: str,
+        upgrades: dict[str, Sequence[str]] | None = None,
+    ) -> None:
+        """Create a store's tables and record ``version`` in ``meta_table`` (key
+        ``schema_version``) when the database has none; run ``upgrades[stored]`` when an
+        older version is stored; refuse any other stored version with ``RuntimeError``
+        naming the database. One process at a time (an advisory lock), so replicas starting
+        together do not race to create the same tables."""
+        upgrades = upgrades or {}
+        with self.transaction():
+            self.lock(f"flashruntime schema {meta_table}")
+            exists = self.fetchone("SELECT to_regclass(%s) IS NOT NULL", (meta_table,))
+            row = None
+            if exists and exists[0]:
+                row = self.fetchone(f"SELECT value FROM {meta_table} WHERE key = 'schema_version'")
+            stored = None if row is None else str(row[0])
+            if stored == version:
+                return
+            if stored is not None and stored not in upgrades:
+                known = "".join(f", and upgrades {old!r} in place" for old in sorted(upgrades))
+                raise RuntimeError(
+                    f"{self.where}: {what} schema version {stored!r} is not one this flashruntime reads (it reads "
+                    f"{version!r}{known}); use the flashruntime version that wrote it"
+                )
+            for statement in (statements if stored is None else upgrades[stored]):
+                self.execute(statement)
+            self.execute(
+                f"INSERT INTO {meta_table} (key, value) VALUES ('schema_version', %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                (version,),
+            )
+
+    # --- lifecycle ----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every connection of the pool (idempotent)."""
+        self._pool.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PostgresDatabase({self.where!r})"
+
+    # --- plumbing -----------------------------------------------------------------
+
+    def _checkout(self) -> Any:
+        return self._pool.getconn(timeout=self._checkout_timeout_s)
+
+    def _checkin(self, conn: Any) -> None:
+        self._pool.putconn(conn)
+
+    def _require_transaction(self, what: str) -> None:
+        if getattr(self._local, "conn", None) is None:
+            raise RuntimeError(f"{what}() holds its lock until the transaction ends: call it inside transaction()")
+
+
+def _address(psycopg: Any, url: str, source: str) -> tuple[str, str, str]:
+    """``(host, port, database)`` of ``url`` for messages, as libpq would resolve them."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error as exc:
+        # psycopg's message quotes the URL, password included: it stays in the cause only.
+        raise StoreError(
+            f"{source} is not a PostgreSQL URL: write it as postgresql://user@host:port/database "
+            "(libpq's URL, query parameters allowed)"
+        ) from exc
+    host = str(params.get("host") or os.environ.get("PGHOST") or "localhost")
+    port = str(params.get("port") or os.environ.get("PGPORT") or "5432")
+    user = str(params.get("user") or os.environ.get("PGUSER") or "")
+    name = str(params.get("dbname") or os.environ.get("PGDATABASE") or user or "postgres")
+    return host, port, name
