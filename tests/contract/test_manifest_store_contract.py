@@ -1,6 +1,6 @@
 """One contract for every ``ManifestStore``, run against the in-memory
-store, SQLite in memory and a SQLite file; the part registry and reopening from disk
-for the stores that offer them."""
+store, SQLite in memory, a SQLite file and PostgreSQL (an empty database of the session's
+cluster); the part registry and reopening for the stores that offer them."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from flashruntime.checkpoint import CheckpointCatalog, InMemoryManifestStore, ManifestStore, SqliteManifestStore
+from flashruntime.checkpoint.postgres_store import PostgresManifestStore
 from flashruntime.protocol.v1alpha1 import CheckpointManifest, CheckpointPart, CheckpointValidation
 
 StoreFactory = Callable[[], ManifestStore]
@@ -32,19 +34,25 @@ def manifest(manifest_id: str, job_id: str = "job", step: int = 1, **kwargs: obj
     )
 
 
-@pytest.fixture(params=["memory", "sqlite-memory", "sqlite-file"])
+@pytest.fixture(params=["memory", "sqlite-memory", "sqlite-file", "postgres"])
 def kind(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
 @pytest.fixture
-def factory(kind: str, tmp_path: Path) -> Iterator[StoreFactory]:
-    opened: list[SqliteManifestStore] = []
+def factory(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
+    opened: list[SqliteManifestStore | PostgresManifestStore] = []
+    # Only the postgres kind asks for a database, so the other kinds never start the cluster.
+    url = request.getfixturevalue("postgres_url") if kind == "postgres" else None
 
     def make() -> ManifestStore:
         if kind == "memory":
             return InMemoryManifestStore()
-        store = SqliteManifestStore(":memory:" if kind == "sqlite-memory" else tmp_path / "data" / "manifests.db")
+        store: SqliteManifestStore | PostgresManifestStore
+        if url is not None:
+            store = PostgresManifestStore(url)
+        else:
+            store = SqliteManifestStore(":memory:" if kind == "sqlite-memory" else tmp_path / "data" / "manifests.db")
         opened.append(store)
         return store
 
@@ -156,10 +164,14 @@ def test_which_stores_keep_parts(kind: str, store: ManifestStore) -> None:
     assert _has_parts(store) is (kind != "memory")
 
 
-@pytest.mark.parametrize("where", ["sqlite-memory", "sqlite-file"])
-def test_part_registry(where: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["sqlite-memory", "sqlite-file", "postgres"])
+def test_part_registry(where: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     # InMemoryManifestStore has no part registry: its catalog keeps pending parts in memory.
-    registry = SqliteManifestStore(":memory:" if where == "sqlite-memory" else tmp_path / "parts.db")
+    registry: SqliteManifestStore | PostgresManifestStore
+    if where == "postgres":
+        registry = PostgresManifestStore(request.getfixturevalue("postgres_url"))
+    else:
+        registry = SqliteManifestStore(":memory:" if where == "sqlite-memory" else tmp_path / "parts.db")
     assert registry.parts("job", "a0", 1) == {}
     registry.put_part("job", "a0", 1, CheckpointPart(key="model.pt", sha256="1" * 64, size_bytes=10))
     registry.put_part("job", "a0", 1, CheckpointPart(key="opt.pt", sha256="2" * 64, size_bytes=20))
@@ -176,9 +188,19 @@ def test_part_registry(where: str, tmp_path: Path) -> None:
 # --- SQLite: reopening from disk, schema -------------------------------------------------
 
 
-def test_reopen_keeps_manifests_parts_and_order(tmp_path: Path) -> None:
+def _reopener(where: str, tmp_path: Path, request: pytest.FixtureRequest) -> Callable[[], Any]:
+    """A function opening a fresh store on the same file or database each time it is called."""
+    if where == "postgres":
+        url = request.getfixturevalue("postgres_url")
+        return lambda: PostgresManifestStore(url)
     path = tmp_path / "state" / "checkpoints.db"
-    first = SqliteManifestStore(path)
+    return lambda: SqliteManifestStore(path)
+
+
+@pytest.mark.parametrize("where", ["sqlite-file", "postgres"])
+def test_reopen_keeps_manifests_parts_and_order(where: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    reopen = _reopener(where, tmp_path, request)
+    first = reopen()
     catalog = CheckpointCatalog(store=first)
     part = CheckpointPart(key="model.pt", sha256="f" * 64, size_bytes=9)
     catalog.register_part("job::t0", "a0", 7, part)  # registered, not yet committed
@@ -187,7 +209,7 @@ def test_reopen_keeps_manifests_parts_and_order(tmp_path: Path) -> None:
     first.save(first.get("ck-b").model_copy(update={"validation": CheckpointValidation.RESTORE_VERIFIED}))
     first.close()
 
-    second = SqliteManifestStore(path)
+    second = reopen()
     assert [m.manifest_id for m in second.all()] == ["ck-b", "ck-a"]
     assert second.get("ck-b").validation == CheckpointValidation.RESTORE_VERIFIED
     assert second.get("ck-a") == manifest("ck-a", "job::t0", 6)
@@ -197,14 +219,15 @@ def test_reopen_keeps_manifests_parts_and_order(tmp_path: Path) -> None:
     assert [m.manifest_id for m in second.all()] == ["ck-b", "ck-a", committed.manifest_id, "ck-c"]
     second.close()
 
-    third = SqliteManifestStore(path)
+    third = reopen()
     assert CheckpointCatalog(store=third).latest_valid("job::t0").manifest_id == "ck-c"
     third.close()
 
 
-def test_two_stores_share_one_file(tmp_path: Path) -> None:
-    path = tmp_path / "shared.db"
-    stores = [SqliteManifestStore(path), SqliteManifestStore(path)]
+@pytest.mark.parametrize("where", ["sqlite-file", "postgres"])
+def test_two_stores_share_one_file(where: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    reopen = _reopener(where, tmp_path, request)
+    stores = [reopen(), reopen()]
 
     def worker(index: int) -> None:
         for n in range(20):
@@ -258,4 +281,15 @@ def test_schema_and_pragmas(tmp_path: Path) -> None:
         con.close()
     assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     assert store._conn.execute("PRAGMA busy_timeout").fetchone()[0] == 1234
+    store.close()
+
+
+def test_postgres_refuses_another_checkpoint_schema_naming_the_database(postgres_url: str) -> None:
+    store = PostgresManifestStore(postgres_url)
+    store.add(manifest("ck-1"))
+    store.database.execute("UPDATE checkpoint_meta SET value = '2' WHERE key = 'schema_version'")
+    with pytest.raises(RuntimeError, match=r"PostgreSQL database '\w+' at [\d.]+:\d+: checkpoint schema version '2'"):
+        PostgresManifestStore(postgres_url)
+    store.database.execute("UPDATE checkpoint_meta SET value = '1' WHERE key = 'schema_version'")
+    assert PostgresManifestStore(store.database).all() == [manifest("ck-1")]
     store.close()

@@ -1,8 +1,9 @@
 """One contract for every ``NodeStore``: each test runs against ``InMemoryNodeStore``,
-``SqliteNodeStore`` on a file of its own, and ``SqliteNodeStore`` on a ``SqliteDatabase``
-shared with other stores. For the SQLite stores also: what was stored survives closing
-and reopening the file, a write inside a shared transaction that raises is rolled back
-with it, and a file with a newer node schema is refused."""
+``SqliteNodeStore`` on a file of its own, ``SqliteNodeStore`` on a ``SqliteDatabase``
+shared with other stores, and ``PostgresNodeStore`` the same two ways (on an empty
+database of the session's cluster). For the SQL stores also: what was stored survives
+closing and reopening, a write inside a shared transaction that raises is rolled back
+with it, and a newer node schema is refused."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from typing import Any
 import pytest
 
 from flashruntime.coordinator.node_store import InMemoryNodeStore, NodeStore, StoredNode
+from flashruntime.coordinator.postgres_node_store import PostgresNodeStore
 from flashruntime.coordinator.sqlite_node_store import SqliteNodeStore
+from flashruntime.postgres_database import PostgresDatabase
 from flashruntime.protocol.v1alpha1 import NodeCapabilities, NodeEnvironment, NodeRegistration
 from flashruntime.sqlite_database import SqliteDatabase
 
@@ -52,12 +55,13 @@ def registration(node_id: str = "node-a", pools: list[str] | None = None, **fiel
 
 
 class Harness:
-    """A store of one kind; for the SQLite kinds, the file it lives in and a way to reopen it."""
+    """A store of one kind; for the SQL kinds, the file or database it lives in and a way to reopen it."""
 
-    def __init__(self, kind: str, tmp_path: Path) -> None:
+    def __init__(self, kind: str, tmp_path: Path, url: str | None = None) -> None:
         self.kind = kind
         self.path = tmp_path / "state" / "nodes.db"
-        self.database: SqliteDatabase | None = None
+        self.url = url  # the database of the postgres kinds
+        self.database: SqliteDatabase | PostgresDatabase | None = None
         self.store: Any = self._open()
 
     def _open(self) -> Any:
@@ -65,6 +69,11 @@ class Harness:
             return InMemoryNodeStore()
         if self.kind == "sqlite-file":
             return SqliteNodeStore(self.path)
+        if self.kind == "postgres":
+            return PostgresNodeStore(self.url)  # type: ignore[arg-type]
+        if self.kind == "postgres-shared":
+            self.database = PostgresDatabase(self.url)  # type: ignore[arg-type]
+            return PostgresNodeStore(self.database)
         self.database = SqliteDatabase(self.path)
         return SqliteNodeStore(self.database)
 
@@ -75,27 +84,33 @@ class Harness:
         return self.store
 
     def close(self) -> None:
-        if self.kind == "sqlite-file":
+        if self.kind in ("sqlite-file", "postgres"):
             self.store.close()
         elif self.database is not None:
             self.store.close()
             self.database.close()
 
 
-STORE_KINDS = ["memory", "sqlite-file", "sqlite-shared"]
-SQLITE_KINDS = ["sqlite-file", "sqlite-shared"]
+STORE_KINDS = ["memory", "sqlite-file", "sqlite-shared", "postgres", "postgres-shared"]
+SQL_KINDS = ["sqlite-file", "sqlite-shared", "postgres", "postgres-shared"]
+
+
+def _harness(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
+    # Only the postgres kinds ask for a database, so the other kinds never start the cluster.
+    url = request.getfixturevalue("postgres_url") if request.param.startswith("postgres") else None
+    return Harness(request.param, tmp_path, url)
 
 
 @pytest.fixture(params=STORE_KINDS)
 def h(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(request.param, tmp_path)
+    harness = _harness(request, tmp_path)
     yield harness
     harness.close()
 
 
-@pytest.fixture(params=SQLITE_KINDS)
+@pytest.fixture(params=SQL_KINDS)
 def hs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(request.param, tmp_path)
+    harness = _harness(request, tmp_path)
     yield harness
     harness.close()
 
@@ -262,7 +277,7 @@ def test_each_call_is_atomic_under_concurrent_callers(h: Harness) -> None:
     assert stored(h.store, "node-a") == StoredNode(registration(), T0 + threads * calls - 1, threads * calls)
 
 
-# --- the SQLite stores ----------------------------------------------------------------
+# --- the SQL stores -------------------------------------------------------------------
 
 
 def test_what_was_stored_survives_a_restart(hs: Harness) -> None:
@@ -362,3 +377,55 @@ def test_a_newer_node_schema_is_refused_naming_the_file(tmp_path: Path, shared: 
         assert reopened.all() == [StoredNode(registration(), T0, 0)]
     finally:
         reopened.close()
+
+
+# --- the PostgreSQL store ----------------------------------------------------------------
+
+
+def test_postgres_a_write_inside_a_shared_transaction_that_raises_is_rolled_back(postgres_url: str) -> None:
+    db = PostgresDatabase(postgres_url)
+    try:
+        store = PostgresNodeStore(db)
+        store.register(registration("node-a"), T0)
+        with pytest.raises(RuntimeError, match="after the writes"), db.transaction():
+            store.register(registration("node-b"), T0)
+            store.set_pools("node-a", ["rolled-back"])
+            store.seen("node-a", T0 + 99)
+            store.count_accepted("node-a")
+            assert store.get("node-b") is not None  # seen inside the transaction
+            raise RuntimeError("after the writes")
+        assert store.get("node-b") is None
+        assert store.all() == [StoredNode(registration("node-a"), T0, 0)]
+    finally:
+        db.close()
+
+
+def test_postgres_writes_inside_a_shared_transaction_commit_with_it(postgres_url: str) -> None:
+    db = PostgresDatabase(postgres_url)
+    other = PostgresNodeStore(postgres_url)  # a pool of its own, as another replica would have
+    try:
+        store = PostgresNodeStore(db)
+        with db.transaction():
+            store.register(registration("node-a"), T0)
+            store.count_accepted("node-a")
+            assert other.get("node-a") is None  # not committed yet
+        assert other.get("node-a") == StoredNode(registration("node-a"), T0, 1)
+        store.close()  # a store on a shared database leaves it open
+        assert PostgresNodeStore(db).get("node-a") == StoredNode(registration("node-a"), T0, 1)
+    finally:
+        other.close()
+        db.close()
+
+
+def test_postgres_refuses_a_newer_node_schema_naming_the_database(postgres_url: str) -> None:
+    db = PostgresDatabase(postgres_url)
+    try:
+        PostgresNodeStore(db).register(registration(), T0)
+        db.execute("UPDATE node_meta SET value = '2' WHERE key = 'schema_version'")
+        with pytest.raises(RuntimeError, match=r"PostgreSQL database '\w+' at [\d.]+:\d+: node schema version '2'"):
+            PostgresNodeStore(db)
+        # the refusal wrote nothing and left its owner's database usable
+        assert db.fetchall("SELECT value FROM node_meta") == [("2",)]
+        assert db.fetchone("SELECT COUNT(*) FROM nodes") == (1,)
+    finally:
+        db.close()
