@@ -85,7 +85,8 @@ def _describe(exc: BaseException, where: str, source: str) -> str | None:
     return f"{where}: PostgreSQL failed ({type(exc).__name__}{f' {sqlstate}' if sqlstate else ''}: {detail})"
 
 
-def _translating(method: Callable[..., Any], where: Callable[[Any], str]) -> Callable[..., Any]:
+def _translating(method: Callable[..., Any], where: Callable[[Any], str],
+                 source: Callable[[Any], str]) -> Callable[..., Any]:
     @functools.wraps(method)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -93,7 +94,7 @@ def _translating(method: Callable[..., Any], where: Callable[[Any], str]) -> Cal
         except StoreError:
             raise
         except Exception as exc:
-            message = _describe(exc, where(self), "the database URL")
+            message = _describe(exc, where(self), source(self))
             if message is None:
                 raise
             raise StoreError(message) from exc
@@ -101,14 +102,20 @@ def _translating(method: Callable[..., Any], where: Callable[[Any], str]) -> Cal
     return call
 
 
-def translate_postgres_errors(where: Callable[[Any], str]) -> Callable[[_C], _C]:
+def _the_url(instance: object) -> str:
+    return "the database URL"
+
+
+def translate_postgres_errors(where: Callable[[Any], str],
+                              source: Callable[[Any], str] = _the_url) -> Callable[[_C], _C]:
     """A class decorator: its public methods (and ``__enter__``/``__exit__``) raise
-    ``StoreError`` instead of psycopg's errors; ``where(instance)`` names the database."""
+    ``StoreError`` instead of psycopg's errors; ``where(instance)`` names the database,
+    ``source(instance)`` the setting its URL came from."""
 
     def decorate(cls: _C) -> _C:
         for name, value in list(vars(cls).items()):
             if callable(value) and (not name.startswith("_") or name in _DUNDERS):
-                setattr(cls, name, _translating(value, where))
+                setattr(cls, name, _translating(value, where, source))
         return cls
 
     return decorate
@@ -119,7 +126,7 @@ def _rollback(conn: Any) -> None:
         conn.execute("ROLLBACK")
 
 
-@translate_postgres_errors(lambda transaction: transaction._db.where)
+@translate_postgres_errors(lambda transaction: transaction._db.where, lambda transaction: transaction._db.source)
 class _Transaction:
     """``BEGIN`` ... ``COMMIT`` (``ROLLBACK`` on an exception) on the thread's own pooled
     connection; re-entrant per thread, and the same object for every caller."""
@@ -171,14 +178,14 @@ class _Transaction:
                 )
             try:
                 conn.execute("COMMIT")
-            except db._psycopg.OperationalError as lost:
+            except BaseException as failed:
                 _rollback(conn)
-                raise StoreError(
-                    f"{db.where}: the connection was lost while committing ({lost}); whether the transaction "
-                    "committed is unknown, so read the state back before acting on it"
-                ) from lost
-            except BaseException:
-                _rollback(conn)
+                if isinstance(failed, db._psycopg.OperationalError) and not getattr(failed, "sqlstate", None):
+                    # No answer from the server (an answer would carry a SQLSTATE).
+                    raise StoreError(
+                        f"{db.where}: the connection was lost while committing ({failed}); whether the "
+                        "transaction committed is unknown, so read the state back before acting on it"
+                    ) from failed
                 raise
         finally:
             db._checkin(conn)
@@ -230,6 +237,7 @@ class PostgresDatabase:
             "connect_timeout": max(2, math.ceil(connect_timeout_s)),  # libpq takes whole seconds, at least 2
             "application_name": "flashruntime",
         }
+        self._pool: Any = None
         try:
             # One connection first: its error says why the server cannot be used, which a pool
             # (that retries in the background) would only report as a timeout.
@@ -247,8 +255,12 @@ class PostgresDatabase:
                 open=False,
             )
             self._pool.open(wait=min_size > 0, timeout=float(connect_timeout_s))
-        except psycopg.Error as exc:
-            raise StoreError(_describe(exc, self.where, source) or str(exc)) from exc
+        except BaseException as exc:
+            if self._pool is not None:
+                self._pool.close()  # its worker threads would outlive the refused database
+            if isinstance(exc, psycopg.Error):
+                raise StoreError(_describe(exc, self.where, source) or str(exc)) from exc
+            raise
         self._transaction = _Transaction(self)
 
     # --- transactions -------------------------------------------------------------

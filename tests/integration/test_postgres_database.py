@@ -131,6 +131,33 @@ def test_advisory_locks_have_one_holder_until_its_transaction_ends(db: PostgresD
         db.try_lock("sweeper")
 
 
+def test_a_deadlock_is_a_store_error_saying_to_run_the_transaction_again(db: PostgresDatabase) -> None:
+    db.execute("INSERT INTO items VALUES ('a'), ('b')")
+    barrier = threading.Barrier(2)
+    outcomes: list[BaseException | None] = [None, None]
+
+    def lock_both(index: int, first: str, second: str) -> None:
+        try:
+            with db.transaction():
+                db.execute("SET LOCAL deadlock_timeout = '50ms'")
+                db.execute("SELECT name FROM items WHERE name = %s FOR UPDATE", (first,))
+                barrier.wait(10)
+                db.execute("SELECT name FROM items WHERE name = %s FOR UPDATE", (second,))
+        except BaseException as exc:  # noqa: BLE001 - compared below
+            outcomes[index] = exc
+
+    threads = [threading.Thread(target=lock_both, args=(0, "a", "b")),
+               threading.Thread(target=lock_both, args=(1, "b", "a"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    refused = [outcome for outcome in outcomes if outcome is not None]
+    assert len(refused) == 1, outcomes
+    assert isinstance(refused[0], StoreError)
+    assert re.search(r"rolled back after a deadlock .*; run it again", str(refused[0]))
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
