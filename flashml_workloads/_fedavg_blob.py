@@ -158,6 +158,7 @@ def check_same(ref: dict[str, Param], other: dict[str, Param], ref_where: str, w
 
 
 def bad_value(where: str, name: str, index: int, value: Any) -> NonFiniteWeights:
+    """The error for ``value`` at flat (row-major) ``index`` of parameter ``name``, after ``where``."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         try:
             what = f"a non-finite value {float(value)!r}"
@@ -166,8 +167,9 @@ def bad_value(where: str, name: str, index: int, value: Any) -> NonFiniteWeights
     else:
         what = f"a non-numeric value {value!r} ({type(value).__name__})"
     return NonFiniteWeights(
-        f"{where}: parameter {name!r} has {what} at flat index {index}; "
-        "weights must be finite numbers (look for a diverged or corrupted producer)"
+        f"{where}: {name!r} index {index} is not finite: it holds {what} (the index counts the parameter's "
+        "values in row-major order); non-finite values cannot be averaged or applied, so weights must be finite "
+        "numbers (look for a diverged or corrupted producer)"
     )
 
 

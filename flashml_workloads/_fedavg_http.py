@@ -1,5 +1,6 @@
-"""``HttpCoordinator``: what the FedAvg and K-means drivers need of a coordinator, over
-HTTP through ``flashruntime.client`` (standard library only).
+"""What the FedAvg and K-means drivers need of a coordinator: the ``Coordinator`` Protocol,
+``HttpCoordinator`` (it over HTTP through ``flashruntime.client``, standard library only)
+and ``artifact_json``, how a driver reads an artifact whichever form ``get_artifact`` returns.
 
 HTTP errors surface as ``CoordinatorHTTPError`` carrying the status and the server's
 ``detail`` (a missing artifact as ``ArtifactNotFound``), a coordinator that cannot be
@@ -9,15 +10,53 @@ decide what to retry, by the same rule (``flashruntime.client.RetryPolicy``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import flashruntime
 from flashruntime.client import NO_RETRY, CoordinatorClient
 
-__all__ = ["HttpCoordinator"]
+__all__ = ["Coordinator", "HttpCoordinator", "artifact_json"]
 
 _TIMEOUT_S = 60.0
+
+
+class Coordinator(Protocol):
+    """What the drivers need from a coordinator. An optional ``tasks(job_id)`` is probed with ``getattr``.
+
+    ``get_artifact(key)`` returns the artifact's bytes (or its text as ``str``), as
+    ``HttpCoordinator`` does, or the already parsed JSON value (a ``dict`` or ``list``), as
+    many user-written coordinators do; the drivers read all three alike (``artifact_json``).
+    A missing artifact raises ``ArtifactNotFound``.
+    """
+
+    def submit(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    def job_state(self, job_id: str) -> str: ...
+
+    def artifacts(self, job_id: str) -> list[dict[str, Any]]: ...
+
+    def get_artifact(self, key: str) -> bytes | str | dict[str, Any] | list[Any]: ...
+
+    def put_artifact(self, key: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
+
+def artifact_json(raw: Any, key: str) -> Any:
+    """The JSON value of artifact ``key`` as ``get_artifact`` returned it: a ``dict`` or ``list``
+    is already parsed and returned as it is; ``bytes`` or ``str`` is parsed (``ValueError``
+    naming ``key`` when it is not JSON); anything else is a ``TypeError`` naming the forms."""
+    if isinstance(raw, (dict, list)):
+        return raw
+    if isinstance(raw, (bytes, bytearray, str)):
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{key} is not valid JSON ({exc})") from None
+    raise TypeError(
+        f"get_artifact({key!r}) returned {type(raw).__name__}; a coordinator's get_artifact returns the "
+        "artifact's bytes or text, or its parsed JSON (a dict or list)"
+    )
 
 
 class HttpCoordinator:

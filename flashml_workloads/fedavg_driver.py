@@ -14,9 +14,9 @@ import numbers
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypedDict, TypeVar
+from typing import Any, TypedDict, TypeVar
 
-from flashml_workloads._fedavg_http import HttpCoordinator
+from flashml_workloads._fedavg_http import Coordinator, HttpCoordinator, artifact_json
 from flashml_workloads.fedavg_weights import apply_delta, decode, encode, reduce_deltas_with_report, require_finite
 from flashruntime.client import RetryPolicy, is_transient
 from flashruntime.errors import ArtifactNotFound, CoordinatorUnavailable, QuorumNotMet
@@ -56,20 +56,6 @@ class RoundPlan(TypedDict):
 
 
 BuildRound = Callable[[int, "str | None"], RoundPlan]
-
-
-class Coordinator(Protocol):
-    """What the driver needs from a coordinator. An optional ``tasks(job_id)`` is probed with ``getattr``."""
-
-    def submit(self, body: dict[str, Any]) -> dict[str, Any]: ...
-
-    def job_state(self, job_id: str) -> str: ...
-
-    def artifacts(self, job_id: str) -> list[dict[str, Any]]: ...
-
-    def get_artifact(self, key: str) -> bytes: ...
-
-    def put_artifact(self, key: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
 
 def _round_body(
@@ -150,7 +136,10 @@ def _plan(
     plan = build_round(r, weights_uri)
     task_ids = list(plan["task_ids"])
     if len(set(task_ids)) != len(task_ids):
-        raise ValueError(f"build_round({r}) returned duplicate task ids {task_ids}; each task id must be unique")
+        raise ValueError(
+            f"build_round({r}) returned duplicate task ids {task_ids}: a repeated id collides with another task's "
+            "commits; each task id must be unique"
+        )
     if len(task_ids) < min_participants:
         raise ValueError(
             f"build_round({r}) returned {len(task_ids)} task id(s), fewer than min_participants "
@@ -199,18 +188,12 @@ def _wait_for_quorum(
         call.sleep(min(poll_seconds, remaining))
 
 
-def _load_json(raw: bytes, what: str) -> Any:
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{what} is not valid JSON ({exc})") from None
-
-
 def _contribution(coord: Coordinator, job_id: str, task: str, call: _Caller) -> tuple[Any, Any, float]:
     """``(delta blob, samples, loss)`` of one committed task."""
     prefix = f"jobs/{job_id}/{task}/"
     metrics_key = prefix + "metrics.json"
-    metrics = _load_json(call(f"get_artifact({metrics_key})", lambda: coord.get_artifact(metrics_key)), metrics_key)
+    raw = call(f"get_artifact({metrics_key})", lambda: coord.get_artifact(metrics_key))
+    metrics = artifact_json(raw, metrics_key)
     if not isinstance(metrics, dict):
         raise ValueError(f"{prefix}metrics.json must be a JSON object, got {type(metrics).__name__}")
     delta_file = metrics.get("delta_file", "delta.json")
@@ -224,7 +207,7 @@ def _contribution(coord: Coordinator, job_id: str, task: str, call: _Caller) -> 
     if isinstance(loss, bool) or not isinstance(loss, numbers.Real) or not math.isfinite(loss):
         raise ValueError(f"task {task}: metrics.json loss must be a finite number, got {loss!r}")
     key = prefix + delta_file
-    delta = _load_json(call(f"get_artifact({key})", lambda: coord.get_artifact(key)), key)
+    delta = artifact_json(call(f"get_artifact({key})", lambda: coord.get_artifact(key)), key)
     return delta, metrics.get("samples"), float(loss)
 
 
@@ -265,9 +248,11 @@ def run_fedavg(
     if isinstance(min_participants, bool) or not isinstance(min_participants, int) or not (
         isinstance(num_shards, int) and 1 <= min_participants <= num_shards
     ):
+        exceeds = isinstance(num_shards, int) and isinstance(min_participants, int) and min_participants > num_shards
         raise ValueError(
             f"run_fedavg: min_participants must satisfy 1 <= min_participants <= num_shards; "
             f"got min_participants={min_participants!r}, num_shards={num_shards!r}"
+            + ("; min_participants exceeds num_shards, so no round could reach quorum" if exceeds else "")
         )
     if isinstance(poll_attempts, bool) or not isinstance(poll_attempts, int) or poll_attempts < 1:
         raise ValueError(f"run_fedavg: poll_attempts must be an int >= 1, got {poll_attempts!r}")
@@ -326,9 +311,12 @@ def run_fedavg(
     return {"weights": weights, "history": history, "job_ids": job_ids}
 
 
-def _published_weights(raw: bytes | str, key: str) -> Any:
-    """The JSON of a published weights artifact; a blank one reads as empty (``{}``), a malformed
-    one raises its decode error with ``key`` in the message (same exception type)."""
+def _published_weights(raw: Any, key: str) -> Any:
+    """The JSON of a published weights artifact, as ``get_artifact`` returned it (parsed already,
+    or bytes/str); a blank one reads as empty (``{}``), a malformed one raises its decode error
+    with ``key`` in the message (same exception type)."""
+    if not isinstance(raw, (bytes, bytearray, str)):
+        return artifact_json(raw, key)
     if not raw.strip():
         return {}
     try:

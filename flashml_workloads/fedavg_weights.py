@@ -198,17 +198,24 @@ def _sample_weights(contributions: Sequence[Any]) -> tuple[list[Any], list[float
             raise ValueError(
                 f"reduce_deltas: the total sample count is {total!r}; it must be > 0 "
                 "(every contribution reports how many samples it trained on)"
+                + ("; zero total samples leave nothing to weight the deltas by" if total == 0 else "")
             )
     for index, n in enumerate(counts):
         if isinstance(n, float) and not math.isfinite(n):
-            raise ValueError(f"reduce_deltas: contribution {index} has a non-finite sample count {n!r}")
+            raise ValueError(
+                f"reduce_deltas: contribution {index} has a non-finite sample count {n!r} "
+                "(a non-integer sample count); it must be a positive int"
+            )
         if isinstance(n, bool) or not isinstance(n, int):
             raise ValueError(
-                f"reduce_deltas: contribution {index} has sample count {n!r} ({type(n).__name__}); "
-                "it must be a positive int"
+                f"reduce_deltas: contribution {index} has sample count {n!r} ({type(n).__name__}), "
+                "a non-integer sample count; it must be a positive int"
             )
         if n <= 0:
-            raise ValueError(f"reduce_deltas: contribution {index} has sample count {n}; it must be > 0")
+            raise ValueError(
+                f"reduce_deltas: contribution {index} has sample count {n}, a non-positive sample count; "
+                "it must be > 0"
+            )
     total = sum(counts)
     return blobs, [n / total for n in counts]
 

@@ -3,25 +3,25 @@
 ``shard_and_upload`` splits the rows into CSV shard artifacts; each iteration of ``run_kmeans``
 submits one ``sharded_kmeans`` lease job (one ``kmeans_shard`` task per shard), waits for it to
 succeed, downloads every shard's partial (``metrics.json``) and reduces them with
-``reduce_partials`` into the next centroids. Standard library only (through
-``flashruntime.client``).
+``reduce_partials`` into the next centroids. Both take the coordinator's URL or a ``Coordinator``
+object. Standard library only (through ``flashruntime.client``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from flashml_workloads._fedavg_http import HttpCoordinator
+from flashml_workloads._fedavg_http import Coordinator, HttpCoordinator, artifact_json
 from flashml_workloads.kmeans_shard import check_centroids
 from flashruntime.client import is_transient
 
 __all__ = [
     "DEFAULT_IMAGE",
+    "Coordinator",
     "init_centroids",
     "reduce_partials",
     "run_kmeans",
@@ -83,14 +83,24 @@ def _partial_field(partial: Any, key: str, index: int) -> Any:
 
 
 def reduce_partials(
-    partials: Sequence[Mapping[str, Any]], prev: Sequence[Sequence[float]]
+    partials: Sequence[Mapping[str, Any]],
+    prev: Sequence[Sequence[float]] | None = None,
+    *,
+    prev_centroids: Sequence[Sequence[float]] | None = None,
 ) -> tuple[list[list[float]], float]:
     """Shard partials → ``(centroids, inertia)``.
 
     Centroid j = Σ sums[j] / Σ counts[j] over the partials; a cluster no shard assigned a row to
     keeps ``prev[j]``. ``inertia`` is Σ of the partials' inertia, i.e. that of ``prev``. Pure.
+    The previous centroids come as ``prev`` or as the keyword ``prev_centroids=``; give one of them.
     """
-    previous = check_centroids(prev, "reduce_partials: prev")
+    if (prev is None) == (prev_centroids is None):
+        raise TypeError(
+            "reduce_partials: give the previous centroids once, as prev (the second argument) or as "
+            f"prev_centroids=; got {'both' if prev is not None else 'neither'}"
+        )
+    name = "prev" if prev is not None else "prev_centroids"
+    previous = check_centroids(prev if prev is not None else prev_centroids, f"reduce_partials: {name}")
     k, dim = len(previous), len(previous[0])
     if isinstance(partials, (str, bytes, Mapping)) or not isinstance(partials, Sequence) or not partials:
         raise ValueError("reduce_partials: partials must be a non-empty list of kmeans_shard metrics objects")
@@ -137,12 +147,30 @@ def reduce_partials(
     return centroids, math.fsum(inertias)
 
 
+def _coordinator(
+    target: str | Any, headers: Mapping[str, str] | None, where: str, needs: tuple[str, ...]
+) -> Any:
+    """An ``HttpCoordinator`` for the URL ``target`` (sending ``headers``), or ``target`` itself when it
+    is a coordinator object with the methods ``needs`` names."""
+    if isinstance(target, str):
+        return HttpCoordinator(target, headers)
+    if headers:
+        raise ValueError(f"{where}: headers go with a coordinator URL; a Coordinator object sends its own")
+    missing = [name for name in needs if not callable(getattr(target, name, None))]
+    if missing:
+        raise TypeError(
+            f"{where}: {type(target).__name__} has no {', '.join(missing)}; give the coordinator's URL "
+            f"(http://host:8100) or a Coordinator object with {', '.join(needs)}"
+        )
+    return target
+
+
 def _shard_csv(rows: Sequence[Sequence[float]]) -> bytes:
     return "".join(",".join(f"{value:.6f}" for value in row) + "\n" for row in rows).encode("utf-8")
 
 
 def shard_and_upload(
-    base_url: str,
+    base_url: str | Coordinator,
     rows: Sequence[Sequence[float]],
     n_shards: int,
     prefix: str,
@@ -152,6 +180,8 @@ def shard_and_upload(
     """Row i → shard ``i mod n_shards``; each shard PUT as a CSV (6 dp) under ``<prefix>/shard-<s:03d>.csv``.
 
     → the ``artifact://`` URIs in shard order. ``n_shards`` may not exceed the rows (no empty shard).
+    ``base_url`` is the coordinator's URL, or a coordinator object with
+    ``put_bytes(key, data, content_type)`` (as ``HttpCoordinator`` has).
     """
     checked = _checked_rows(rows, "shard_and_upload")
     _positive_int(n_shards, "n_shards", "shard_and_upload")
@@ -162,7 +192,7 @@ def shard_and_upload(
         )
     if not isinstance(prefix, str) or not prefix.strip("/"):
         raise ValueError(f"shard_and_upload: prefix must be a non-empty artifact key prefix, got {prefix!r}")
-    coord = HttpCoordinator(base_url, headers)
+    coord = _coordinator(base_url, headers, "shard_and_upload", ("put_bytes",))
     base = prefix.rstrip("/")
     uris = []
     for s in range(n_shards):
@@ -202,7 +232,7 @@ class _Iteration:
     """One submitted iteration: its job, its deadline, and reads retried on transient errors until then."""
 
     def __init__(
-        self, coord: HttpCoordinator, it: int, job_id: str, timeout_s: float, poll_seconds: float,
+        self, coord: Coordinator, it: int, job_id: str, timeout_s: float, poll_seconds: float,
         clock: Callable[[], float], sleep: Callable[[float], None],
     ) -> None:
         self.coord, self.it, self.job_id = coord, it, job_id
@@ -239,22 +269,28 @@ class _Iteration:
             self.sleep(min(self.poll_seconds, remaining))
 
     def partials(self, n_shards: int) -> list[dict[str, Any]]:
-        """Every shard's ``metrics.json``, in shard order; a missing one raises ``RuntimeError``."""
-        listed = self.read("listing tasks", lambda: self.coord.tasks(self.job_id))
-        states = {row.get("task_id"): row.get("state") for row in listed if isinstance(row, dict)}
+        """Every shard's ``metrics.json``, in shard order; a missing one raises ``RuntimeError``.
+
+        With a ``tasks`` route, a task that is not COMPLETED has no partial; without one, a missing
+        partial fails its fetch (``ArtifactNotFound``, the cause of the ``RuntimeError``)."""
+        tasks_fn = getattr(self.coord, "tasks", None)
+        states = None
+        if callable(tasks_fn):
+            listed = self.read("listing tasks", lambda: tasks_fn(self.job_id))
+            states = {row.get("task_id"): row.get("state") for row in listed if isinstance(row, dict)}
         partials = []
         for s in range(n_shards):
             task_id = f"it{self.it:02d}-shard-{s:03d}"
-            if states.get(task_id) != "COMPLETED":
+            if states is not None and states.get(task_id) != "COMPLETED":
                 raise RuntimeError(
                     f"{self.what}: task {task_id} is {states.get(task_id) or 'missing'}, so shard {s} has no partial"
                 )
             key = f"jobs/{self.job_id}/{task_id}/metrics.json"
             raw = self.read(f"fetching {key}", lambda key=key: self.coord.get_artifact(key))
             try:
-                partial = json.loads(raw)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise RuntimeError(f"{self.what}: {key} is not valid JSON ({exc})") from None
+                partial = artifact_json(raw, key)
+            except (ValueError, TypeError) as exc:
+                raise RuntimeError(f"{self.what}: {exc}") from None
             if not isinstance(partial, dict) or partial.get("task_id") != task_id:
                 raise RuntimeError(f"{self.what}: {key} is not the kmeans_shard partial of task {task_id}")
             partials.append(partial)
@@ -262,7 +298,7 @@ class _Iteration:
 
 
 def run_kmeans(
-    base_url: str,
+    base_url: str | Coordinator,
     shard_uris: Sequence[str],
     centroids: Sequence[Sequence[float]],
     iterations: int = 5,
@@ -284,6 +320,10 @@ def run_kmeans(
     ``RuntimeError`` naming it. Reads that hit a connection error or HTTP 5xx are retried until the
     iteration's deadline; the submission is not (a repeated POST would create a second job).
     ``clock``/``sleep`` are injectable.
+
+    ``base_url`` is the coordinator's URL (``headers`` go with every call), or a ``Coordinator``
+    object with ``submit``, ``job_state`` and ``get_artifact`` (and, optionally, ``tasks``), whose
+    ``get_artifact`` may return bytes, text or the parsed JSON.
     """
     if isinstance(shard_uris, (str, bytes)) or not isinstance(shard_uris, Sequence) or not shard_uris:
         raise ValueError("run_kmeans: shard_uris must be a non-empty list of artifact:// URIs (see shard_and_upload)")
@@ -298,7 +338,7 @@ def run_kmeans(
     poll_seconds = _positive_seconds(poll_seconds, "poll_seconds")
     timeout_per_iteration_s = _positive_seconds(timeout_per_iteration_s, "timeout_per_iteration_s")
     uris = list(shard_uris)
-    coord = HttpCoordinator(base_url, headers)
+    coord = _coordinator(base_url, headers, "run_kmeans", ("submit", "job_state", "get_artifact"))
     inertia_history: list[float] = []
     job_ids: list[str] = []
     for it in range(iterations):

@@ -3,13 +3,15 @@
 ``python -m flashml_workloads.sgd_trainer --spec spec.json --out OUTDIR`` trains a binary logistic
 regression on the ``dataset`` input with minibatch SGD, writes ``OUTDIR/ckpt/step-<s:06d>.json``
 every ``checkpoint_every`` updates and ``OUTDIR/metrics.json`` last. A ``resume`` input continues a
-run from one of those checkpoints with bit-identical results. Pure Python: standard library only.
+run from one of those checkpoints with bit-identical results. A ``seed`` param shuffles the row order
+and draws the initial weights from it. Pure Python: standard library only.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import random
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,8 +35,9 @@ __all__ = [
 BATCH = 4
 CKPT_DIR = "ckpt"
 KILL_EXIT_CODE = 3
-PARAM_KEYS = ("steps", "checkpoint_every", "lr", "kill_at_step")
-_DEFAULTS = {"checkpoint_every": 100, "lr": 0.1, "kill_at_step": None}
+PARAM_KEYS = ("steps", "checkpoint_every", "lr", "kill_at_step", "seed")
+_DEFAULTS = {"checkpoint_every": 100, "lr": 0.1, "kill_at_step": None, "seed": None}
+_INIT_SCALE = 0.01  # the standard deviation of a seeded run's initial weights
 _PROG = "sgd_trainer"
 
 
@@ -90,6 +93,10 @@ def _params(raw: Any) -> dict[str, Any]:
                 f"{_PROG}: params.kill_at_step is {kill} but steps is {params['steps']}; the crash could never "
                 "happen: give a step in 1..steps or omit kill_at_step"
             )
+    seed = params["seed"]
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"{_PROG}: params.seed is {seed!r}; it must be an integer (or absent: rows in file order, "
+                         "zero initial weights)")
     return params
 
 
@@ -129,7 +136,7 @@ def _finite_number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _load_resume(path: str | Path, steps: int, n_features: int) -> tuple[int, list[float], float]:
+def _load_resume(path: str | Path, steps: int, n_features: int, seed: int | None) -> tuple[int, list[float], float]:
     file = Path(path)
     where = f"{_PROG}: inputs.resume {str(file)!r}"
     try:
@@ -150,7 +157,26 @@ def _load_resume(path: str | Path, steps: int, n_features: int) -> tuple[int, li
         )
     if not _finite_number(bias):
         raise ValueError(f"{where} has bias {bias!r}; it must be a finite number")
+    if state.get("seed") != seed:
+        raise ValueError(
+            f"{where} was written by a run with seed {state.get('seed')!r}, but params.seed is {seed!r}; the seed "
+            "orders the rows, so resume with the seed of the run that wrote the checkpoint"
+        )
     return step, [float(w) for w in weights], float(bias)
+
+
+def _seeded(x: list[list[float]], y: list[float], seed: int | None) -> tuple[
+    list[list[float]], list[float], list[float]
+]:
+    """``(x, y, initial weights)``: without a seed the rows in file order and zero weights; with one,
+    the rows in the order ``random.Random(seed)`` shuffles them and weights drawn from N(0, 0.01²)
+    by the same generator."""
+    if seed is None:
+        return x, y, [0.0] * len(x[0])
+    rng = random.Random(seed)
+    order = list(range(len(x)))
+    rng.shuffle(order)
+    return [x[i] for i in order], [y[i] for i in order], [rng.gauss(0.0, _INIT_SCALE) for _ in x[0]]
 
 
 # --------------------------------------------------------------------------- the model
@@ -225,11 +251,17 @@ def run_trainer(spec: Mapping[str, Any], out: str | Path) -> dict[str, Any]:
     """Train, checkpoint and write ``metrics.json`` under ``out``; → the metrics.
 
     Steps are counted by updates done: update ``s`` (0-based) uses batch ``s``, and
-    ``ckpt/step-<c:06d>.json = {"step": c, "weights", "bias"}`` holds the model after ``c`` updates,
-    written for every ``c`` that is a multiple of ``checkpoint_every`` with ``start < c < steps``.
+    ``ckpt/step-<c:06d>.json = {"step": c, "weights", "bias"}`` (and ``"seed"`` of a seeded run)
+    holds the model after ``c`` updates, written for every ``c`` that is a multiple of
+    ``checkpoint_every`` with ``start < c < steps``.
     A ``resume`` checkpoint at step ``c`` continues with update ``c``; since every float is stored
     exactly (JSON floats round-trip) and batches depend only on the step, the final weights are
-    bit-identical to an uninterrupted run with the same dataset and ``lr``.
+    bit-identical to an uninterrupted run with the same dataset, ``lr`` and ``seed``.
+
+    ``seed`` (an int, optional): the rows are shuffled by ``random.Random(seed)`` before batching
+    and the initial weights drawn from it (bias 0), so one seed gives one result and another seed
+    another. Without it, rows keep the file's order and the weights start at zero. A seeded run's
+    checkpoints record its seed; resuming under a different one (or none) is refused.
 
     ``kill_at_step = k`` (fresh runs only; ignored with ``resume``): once ``k`` updates are done,
     and before the checkpoint due at ``k`` (if any) is written, raises ``SimulatedCrash`` (exit code
@@ -251,13 +283,13 @@ def run_trainer(spec: Mapping[str, Any], out: str | Path) -> dict[str, Any]:
     for name in ("dataset", "resume"):
         if inputs.get(name) is not None and not isinstance(inputs[name], str):
             raise ValueError(f"{_PROG}: inputs.{name} is {inputs[name]!r}; it must be a local file path (a string)")
-    x, y = load_dataset(inputs["dataset"])
-    steps, every, lr = params["steps"], params["checkpoint_every"], params["lr"]
+    steps, every, lr, seed = params["steps"], params["checkpoint_every"], params["lr"], params["seed"]
+    x, y, weights = _seeded(*load_dataset(inputs["dataset"]), seed)
     resumed = bool(inputs.get("resume"))
     if resumed:
-        start, weights, bias = _load_resume(inputs["resume"], steps, len(x[0]))
+        start, weights, bias = _load_resume(inputs["resume"], steps, len(x[0]), seed)
     else:
-        start, weights, bias = 0, [0.0] * len(x[0]), 0.0
+        start, bias = 0, 0.0
     kill_at = None if resumed else params["kill_at_step"]
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -268,8 +300,10 @@ def run_trainer(spec: Mapping[str, Any], out: str | Path) -> dict[str, Any]:
             raise SimulatedCrash(done)
         if done % every == 0 and done < steps:
             _require_finite(weights, bias, done, lr)
-            write_json_atomic(outdir / CKPT_DIR / checkpoint_name(done),
-                               {"step": done, "weights": weights, "bias": bias})
+            state = {"step": done, "weights": weights, "bias": bias}
+            if seed is not None:  # an unseeded run's checkpoints keep the three keys they always had
+                state["seed"] = seed
+            write_json_atomic(outdir / CKPT_DIR / checkpoint_name(done), state)
     _require_finite(weights, bias, steps, lr)
     metrics = {
         "task_id": task_id,

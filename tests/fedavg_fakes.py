@@ -139,6 +139,16 @@ class FakeCoordinator:
         return self.put_bytes(key, json.dumps(body).encode())
 
 
+class ParsedJsonCoordinator(FakeCoordinator):
+    """A user-written ``Coordinator`` whose ``get_artifact`` returns the parsed JSON (a fresh ``dict``
+    or ``list`` per call), as coordinators written for 0.4 did, and that offers no ``tasks``."""
+
+    tasks = None  # type: ignore[assignment]
+
+    def get_artifact(self, key: str) -> Any:  # type: ignore[override]
+        return json.loads(super().get_artifact(key))
+
+
 class FakeCoordinatorWithoutTasks(FakeCoordinator):
     """A coordinator that offers no ``tasks`` route (the driver probes for it)."""
 

@@ -90,6 +90,7 @@ def _queueable(kind: str, job_id: str, tasks: object) -> list[TaskSpec]:
         listed = ", ".join(repr(task_id) for task_id in duplicates)
         raise ExpansionError(
             f"{source} returned duplicate task ids ({listed}) among its {len(tasks)} tasks: task ids must be "
-            "unique within a job; give each task its own id (e.g. task-000, task-001, ...)"
+            "unique within a job (a repeated id collides with another task's jobs/<job>/<task>/ directory); give "
+            "each task its own id (e.g. task-000, task-001, ...)"
         )
     return list(tasks)

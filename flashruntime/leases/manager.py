@@ -288,12 +288,14 @@ class LeaseManager:
                 on_event(commit_accepted(spec, _node_of(record, lease_id), lease_id, output_sha256, now))
             else:
                 data = {"task_id": spec.task_id, "node_id": _node_of(record, lease_id), "lease_id": lease_id, "reason": why}
+                # "late/duplicate" marks the case alerting rules look for: another lease's commit won
+                late = " as a late/duplicate commit" if state is _COMPLETED else ""
                 on_event(
                     make_event(
                         EventType.TASK_COMMIT_REJECTED,
                         spec.job_id,
                         now,
-                        f"commit of task {spec.task_id} from lease {lease_id} rejected: {why}",
+                        f"commit of task {spec.task_id} from lease {lease_id} rejected{late}: {why}",
                         data,
                     )
                 )

@@ -268,8 +268,8 @@ def _unpack_problems(unpack: object, inputs: object) -> list[str]:
     undeclared = [name for name in dict.fromkeys(unpack) if name not in declared]
     if undeclared:
         problems.append(
-            f"parameters.unpack_inputs names {undeclared}, which are not declared in parameters.inputs "
-            f"(declared: {sorted(map(str, declared))}); declare them there or remove them"
+            f"parameters.unpack_inputs names {undeclared}, which are not declared in 'inputs' (parameters.inputs "
+            f"declares {sorted(map(str, declared))}); declare them there or remove them"
         )
     return problems
 

@@ -382,6 +382,7 @@ def test_late_commit_of_expired_lease_is_rejected_after_another_wins(hm: Harness
     assert hm.mgr.complete(first.lease_id, "cd" * 32, now=at(13)) is False
     assert hm.take() == ["TASK_COMMIT_REJECTED"]
     assert hm.taken[0].data["lease_id"] == first.lease_id
+    assert "rejected as a late/duplicate commit: the task was already committed by" in hm.taken[0].message
     record = state_of(hm)
     assert record.accepted_attempt_id == second.lease_id and record.accepted_output_sha256 == SHA
 

@@ -331,7 +331,7 @@ def test_resume_state_edge_cases():
     with pytest.raises(RuntimeError, match="present but empty"):
         resume_state(coord, [(4, "j")])
     coord.store["jobs/k/round-001/weights.json"] = json.dumps({"w": {"shape": [1], "data": [math.nan]}}).encode()
-    with pytest.raises(NonFiniteWeights, match="round-001/weights.json: parameter 'w'"):
+    with pytest.raises(NonFiniteWeights, match="round-001/weights.json: 'w' index 0 is not finite"):
         resume_state(coord, [(1, "k")])
     coord.raise_next["get_artifact"] = [ConnectionError("down")]
     with pytest.raises(ConnectionError):

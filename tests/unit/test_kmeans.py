@@ -217,6 +217,19 @@ def test_reduce_partials_keeps_the_previous_centroid_of_an_empty_cluster() -> No
     assert prev[1] == [7.5, -2.0]  # a copy, not the caller's row
 
 
+def test_reduce_partials_takes_prev_centroids_by_keyword_and_keeps_an_empty_clusters_centroid() -> None:
+    prev = [[0.0, 0.0], [7.5, -2.0]]
+    partial = {"task_id": "a", "sums": [[3.0, 3.0], [0.0, 0.0]], "counts": [3, 0], "inertia": 2.0, "n": 3}
+    assert kd.reduce_partials([partial], prev_centroids=prev) == ([[1.0, 1.0], [7.5, -2.0]], 2.0)
+    assert kd.reduce_partials([partial], prev_centroids=prev) == kd.reduce_partials([partial], prev)
+    with pytest.raises(TypeError, match=r"give the previous centroids once, .*; got both"):
+        kd.reduce_partials([partial], prev, prev_centroids=prev)
+    with pytest.raises(TypeError, match=r"got neither"):
+        kd.reduce_partials([partial])
+    with pytest.raises(ValueError, match=r"reduce_partials: prev_centroids is \[\]"):
+        kd.reduce_partials([partial], prev_centroids=[])
+
+
 @pytest.mark.parametrize(("partials", "match"), [
     ([], r"partials must be a non-empty list"),
     ([{"sums": [[0.0, 0.0]], "counts": [1]}], r"partials\[0\].sums must hold 2 rows"),

@@ -119,6 +119,36 @@ def test_resuming_from_a_checkpoint_is_bit_identical_to_an_uninterrupted_run(tmp
         assert (tmp_path / "again" / "ckpt" / name).read_bytes() == (tmp_path / "full" / "ckpt" / name).read_bytes()
 
 
+def test_a_seed_makes_runs_repeat_and_different_seeds_differ(tmp_path):
+    data = write_csv(tmp_path / "d.csv", n=23)
+    first = sgd.run_trainer(spec(data, steps=30, seed=7), tmp_path / "a")
+    again = sgd.run_trainer(spec(data, steps=30, seed=7), tmp_path / "b")
+    other = sgd.run_trainer(spec(data, steps=30, seed=8), tmp_path / "c")
+    unseeded = sgd.run_trainer(spec(data, steps=30), tmp_path / "d")
+    assert [w.hex() for w in first["weights"]] == [w.hex() for w in again["weights"]] and first == again
+    assert first["weights"] != other["weights"] and first["final_loss"] != other["final_loss"]
+    assert unseeded["weights"] not in (first["weights"], other["weights"])
+    assert set(first) == METRIC_KEYS
+    # without a seed a run is what it always was: rows in file order, from zero weights
+    x, y = sgd.load_dataset(data)
+    w, _ = reference_weights(x, y, 30, 0.1)
+    assert unseeded["weights"] == pytest.approx(w, rel=1e-12) and first["weights"] != pytest.approx(w, rel=1e-6)
+
+
+def test_a_seeded_run_resumes_bit_identically_and_only_under_its_seed(tmp_path):
+    data = write_csv(tmp_path / "d.csv", n=23)
+    full = sgd.run_trainer(spec(data, steps=25, checkpoint_every=10, seed=3), tmp_path / "full")
+    ckpt = tmp_path / "full" / "ckpt" / sgd.checkpoint_name(20)
+    assert json.loads(ckpt.read_text())["seed"] == 3
+    resumed = sgd.run_trainer(spec(data, resume=ckpt, steps=25, checkpoint_every=10, seed=3), tmp_path / "again")
+    assert [w.hex() for w in resumed["weights"]] == [w.hex() for w in full["weights"]]
+    for seed in (4, None):
+        params = {"steps": 25} if seed is None else {"steps": 25, "seed": seed}
+        with pytest.raises(ValueError, match=rf"written by a run with seed 3, but params.seed is {seed}; .*resume "
+                                             "with the seed of the run that wrote the checkpoint"):
+            sgd.run_trainer(spec(data, resume=ckpt, **params), tmp_path / "other")
+
+
 def test_resume_at_the_last_step_only_rewrites_the_metrics(tmp_path):
     data = write_csv(tmp_path / "d.csv")
     state = {"step": 50, "weights": [0.25, -1.5], "bias": 0.125}
@@ -221,6 +251,8 @@ def test_bad_datasets_are_refused_with_the_line_and_the_fix(tmp_path, content, m
     ({"steps": 10, "kill_at_step": 11}, r"kill_at_step is 11 but steps is 10"),
     ({"steps": 10, "kill_at_step": 0}, r"kill_at_step is 0"),
     ({"steps": 10, "checkpoint_evry": 5}, r"unknown params \['checkpoint_evry'\]; the accepted params are"),
+    ({"steps": 10, "seed": "7"}, r"params\.seed is '7'; it must be an integer"),
+    ({"steps": 10, "seed": True}, r"params\.seed is True"),
 ])
 def test_bad_params_are_refused(tmp_path, params, message):
     data = write_csv(tmp_path / "d.csv")
