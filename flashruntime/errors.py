@@ -22,6 +22,7 @@ that built-in as a second base::
     ├── CodeExecutionNotPermitted(PermissionError)  a job would run commands its submitter may not run
     ├── StoreError(RuntimeError)         a store's database failed (locked, full, damaged, unreachable)
     ├── UnplannableRequest(ValueError)   a plan request lacks a figure the planner needs
+    ├── ModuleUnavailable(ImportError)   an import path whose code this release does not have yet
     ├── BadArtifactKey(ValueError)       an artifact key that is not a safe relative path
     ├── ArtifactTooLarge(ValueError)     an artifact over the coordinator's limit
     ├── ArtifactConflict(ValueError)     an artifact key that clashes with stored ones
@@ -64,6 +65,7 @@ __all__ = [
     "InvalidSubmission",
     "LaunchError",
     "LeaseError",
+    "ModuleUnavailable",
     "NoBackend",
     "NonFiniteWeights",
     "QuorumNotMet",
@@ -165,6 +167,12 @@ class StoreError(FlashRuntimeError, RuntimeError):
 
 class UnplannableRequest(FlashRuntimeError, ValueError):
     """The request lacks a figure the planner needs; the message says which and how to supply it."""
+
+
+class ModuleUnavailable(FlashRuntimeError, ImportError):
+    """An import path that code written for an earlier release imports, whose code arrives
+    with a later one; the message says with what, which extra it will need, and what to use
+    today. ``name`` is the module's path, as for any ``ImportError``."""
 
 
 class BadArtifactKey(FlashRuntimeError, ValueError):

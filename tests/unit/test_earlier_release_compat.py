@@ -1,9 +1,10 @@
 """Code written for the 0.4 line runs unchanged: drivers with their own ``Coordinator`` whose
-``get_artifact`` returns parsed JSON, and the error phrases alerting rules match. Each test
-drives the real code path."""
+``get_artifact`` returns parsed JSON, the error phrases alerting rules match, and the module
+paths such code imports. Each test drives the real code path."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import random
@@ -238,3 +239,28 @@ def test_duplicate_task_ids_collide(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_an_input_referenced_but_not_declared_is_not_declared_in_inputs() -> None:
     with pytest.raises(ExpansionError, match=r"unpack_inputs names \['data'\], which are not declared in 'inputs'"):
         expand_tasks("j-1", _job("command", {"command": ["run"], "unpack_inputs": ["data"]}))
+
+
+# --- module paths of 0.4 ----------------------------------------------------------------------------------------
+
+
+def test_service_dashboard_is_the_coordinator_dashboard() -> None:
+    from flashruntime.coordinator.dashboard import DASHBOARD_HTML
+    from flashruntime.service.dashboard import DASHBOARD_HTML as compat
+
+    assert compat is DASHBOARD_HTML
+
+
+@pytest.mark.parametrize(("module", "says"), [
+    ("flashml_workloads.sharded_kmeans",
+     ("arrives with the Ray backend", "pip install 'flashruntime[ray]'", "flashml_workloads.kmeans_driver")),
+    ("flashruntime.profiling",
+     ("arrives with the measurement work", "flashruntime plan", "flashruntime.monitor")),
+])
+def test_modules_yet_to_come_raise_an_import_error_saying_when_and_what_to_use(module: str,
+                                                                                 says: tuple[str, ...]) -> None:
+    for _ in range(2):  # a failed import leaves nothing behind: the second one says the same
+        with pytest.raises(ImportError) as caught:
+            importlib.import_module(module)
+        assert isinstance(caught.value, errors.ModuleUnavailable) and caught.value.name == module
+        assert all(phrase in str(caught.value) for phrase in says), str(caught.value)

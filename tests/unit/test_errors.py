@@ -23,6 +23,7 @@ EXPECTED_BASES = {
     "CodeExecutionNotPermitted": (PermissionError,),
     "StoreError": (RuntimeError,),
     "UnplannableRequest": (ValueError,),
+    "ModuleUnavailable": (ImportError,),
     "BadArtifactKey": (ValueError,),
     "ArtifactTooLarge": (ValueError,),
     "ArtifactConflict": (ValueError,),
@@ -123,7 +124,10 @@ def test_every_exception_the_project_defines_is_rooted() -> None:
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             if info.name == "flashruntime.coordinator.app" or info.name.endswith(".__main__"):
                 continue  # a lazy ``app`` and the ``python -m`` entry points are not this test's business
-            module = importlib.import_module(info.name)
+            try:
+                module = importlib.import_module(info.name)
+            except errors.ModuleUnavailable:
+                continue  # an import path kept for earlier releases whose code is yet to come: it defines nothing
             for name, value in vars(module).items():
                 if not (inspect.isclass(value) and issubclass(value, BaseException)):
                     continue

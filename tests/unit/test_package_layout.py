@@ -50,6 +50,7 @@ LAYOUT: dict[str, tuple[str, ...]] = {
     "flashruntime.service.ledger": ("Ledger",),
     "flashruntime.service.worker": ("WorkerAgent", "main"),
     "flashruntime.service.cli": ("main",),
+    "flashruntime.service.dashboard": ("DASHBOARD_HTML",),
 }
 
 NEEDS = {"flashruntime.service.app": "fastapi"}
@@ -90,6 +91,7 @@ COMPAT: dict[str, tuple[str, tuple[str, ...]]] = {
     "flashruntime.service.settings": ("flashruntime.coordinator.settings", ("RuntimeSettings",)),
     "flashruntime.service.worker": ("flashruntime.agent", ("WorkerAgent", "main")),
     "flashruntime.service.cli": ("flashruntime.cli", ("main",)),
+    "flashruntime.service.dashboard": ("flashruntime.coordinator.dashboard", ("DASHBOARD_HTML",)),
 }
 
 
