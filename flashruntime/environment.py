@@ -54,8 +54,11 @@ VARIABLES: tuple[Variable, ...] = (
              "name,... submitters and operators whose jobs may run commands on the fleet"),
     # The coordinator: settings (RuntimeSettings).
     Variable("FLASHML_PROFILE", _COORDINATOR, "local", "a label for this deployment, shown by /healthz"),
+    Variable("FLASHML_DATABASE_URL", _COORDINATOR, "unset: the SQLite file at FLASHML_LEDGER_PATH",
+             "the database as a URL: sqlite:///absolute/path or postgresql://user:password@host:port/database "
+             "(--database-url wins)"),
     Variable("FLASHML_LEDGER_PATH", _COORDINATOR, "/data/flashruntime.db (serve: ./flashruntime-data)",
-             "the ledger; leases.db and checkpoints.db sit beside it"),
+             "the SQLite database when FLASHML_DATABASE_URL is unset"),
     Variable("FLASHML_LOCAL_ARTIFACTS_DIR", _COORDINATOR, "/data/artifacts (serve: ./flashruntime-data/artifacts)",
              "where artifacts are stored"),
     Variable("FLASHML_MAX_ARTIFACT_MB", _COORDINATOR, "256", "the largest artifact upload, in MiB"),

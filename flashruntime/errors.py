@@ -21,6 +21,7 @@ that built-in as a second base::
     ├── AuthConfigError(ValueError)      invalid token configuration
     ├── CodeExecutionNotPermitted(PermissionError)  a job would run commands its submitter may not run
     ├── StoreError(RuntimeError)         a store's database failed (locked, full, damaged, unreachable)
+    ├── BadDatabaseURL(ValueError)       a database URL of a form the coordinator does not open
     ├── UnplannableRequest(ValueError)   a plan request lacks a figure the planner needs
     ├── ModuleUnavailable(ImportError)   an import path whose code this release does not have yet
     ├── BadArtifactKey(ValueError)       an artifact key that is not a safe relative path
@@ -53,6 +54,7 @@ __all__ = [
     "AuthConfigError",
     "AuthFailure",
     "BadArtifactKey",
+    "BadDatabaseURL",
     "BodyProblem",
     "CheckpointError",
     "CodeExecutionNotPermitted",
@@ -163,6 +165,11 @@ class CodeExecutionNotPermitted(FlashRuntimeError, PermissionError):
 class StoreError(FlashRuntimeError, RuntimeError):
     """A store's database failed: SQLite's or PostgreSQL's error is the cause, the message names
     the file or the server and database, and says what to do."""
+
+
+class BadDatabaseURL(FlashRuntimeError, ValueError):
+    """A database URL that is neither ``sqlite:///absolute/path`` nor
+    ``postgresql://user:password@host:port/database``; the message never shows the password."""
 
 
 class UnplannableRequest(FlashRuntimeError, ValueError):

@@ -1,12 +1,16 @@
 """``flashruntime serve``: run the coordinator under uvicorn on ``create_app(settings)``.
 
-Paths resolve each on its own: ``--data-dir`` (both) > ``FLASHML_LEDGER_PATH`` /
-``FLASHML_LOCAL_ARTIFACTS_DIR`` > ``./flashruntime-data/…``. With no tokens configured the
+The database: ``--database-url`` > ``FLASHML_DATABASE_URL`` (``sqlite:///path`` or
+``postgresql://...``) > the SQLite file of the paths below. Paths resolve each on its own:
+``--data-dir`` (both) > ``FLASHML_LEDGER_PATH`` / ``FLASHML_LOCAL_ARTIFACTS_DIR`` >
+``./flashruntime-data/…``. The database is shown with its password masked. With no tokens configured the
 coordinator is open, which is for development: ``serve`` warns, and refuses to listen
 beyond loopback unless ``--insecure`` says so. Exit codes: 0 clean shutdown (Ctrl-C or
 SIGTERM); 1 uvicorn gave up after starting (port in use, lifespan startup failure; its log
-says why); 2 the ``service`` extra is missing, the settings are invalid, or an open
-coordinator was asked to listen beyond loopback without ``--insecure``.
+says why); 2 the ``service`` extra is missing, the settings are invalid, the database cannot
+be opened (a bad URL, the PostgreSQL driver missing, a server that does not answer or
+refuses the login), or an open coordinator was asked to listen beyond loopback without
+``--insecure``.
 """
 
 from __future__ import annotations
@@ -36,13 +40,19 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve", help="run the coordinator (jobs, leases, artifacts, checkpoints) over HTTP",
         description="Run the coordinator under uvicorn. Data goes to --data-dir, else FLASHML_LEDGER_PATH / "
-                    "FLASHML_LOCAL_ARTIFACTS_DIR, else ./flashruntime-data. Needs the service extra.",
+                    "FLASHML_LOCAL_ARTIFACTS_DIR, else ./flashruntime-data; --database-url (or "
+                    "FLASHML_DATABASE_URL) puts the database elsewhere, PostgreSQL included. Needs the service extra.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=8100, help="port to bind (default 8100)")
     parser.add_argument("--data-dir", default=None, metavar="D",
                         help=f"D/{LEDGER_NAME} (the coordinator's database: jobs, events, tasks and leases, "
                              f"nodes and cordons, checkpoint manifests) and D/{ARTIFACTS_NAME}/, overriding env")
+    parser.add_argument("--database-url", default=None, metavar="URL",
+                        help="the database instead of the SQLite file under the data directory: "
+                             "sqlite:///absolute/path or postgresql://user:password@host:port/database (needs "
+                             "pip install 'flashruntime[postgres]'; replicas may share it, given one shared "
+                             "artifacts directory); overrides FLASHML_DATABASE_URL")
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="uvicorn log level (default info)")
     parser.add_argument("--ssl-certfile", default=None, metavar="PEM",
                         help="serve HTTPS with this certificate (chain) file; needs --ssl-keyfile")
@@ -125,7 +135,8 @@ def _fail(message: str) -> int:
 
 def handle(args: argparse.Namespace) -> int:
     from flashruntime.coordinator.settings import RuntimeSettings
-    from flashruntime.errors import AuthConfigError
+    from flashruntime.database_url import parse_database_url
+    from flashruntime.errors import AuthConfigError, BadDatabaseURL, StoreError
 
     env = os.environ
     try:
@@ -164,7 +175,16 @@ def handle(args: argparse.Namespace) -> int:
 
     ledger, artifacts = (path.expanduser().absolute() for path in resolve_paths(args.data_dir, env))
     settings.ledger_path, settings.artifacts_dir = str(ledger), str(artifacts)
-    for directory in (ledger.parent, artifacts):
+    if args.database_url is not None:
+        try:
+            parse_database_url(args.database_url, source="--database-url")
+        except BadDatabaseURL as exc:
+            return _fail(str(exc))
+        settings.database_url = args.database_url
+    database = settings.database
+    for directory in (database.path.parent if database.path is not None else None, artifacts):
+        if directory is None:
+            continue
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -172,11 +192,13 @@ def handle(args: argparse.Namespace) -> int:
 
     try:
         app = create_app(settings)
+    except StoreError as exc:
+        return _fail(f"cannot use the database {database}: {exc}")
     except (AuthConfigError, RuntimeError, OSError, sqlite3.Error) as exc:
         return _fail(f"invalid settings: {exc}")
 
     print(f"FlashRuntime coordinator on {url}", flush=True)
-    print(f"  database   {ledger}", flush=True)
+    print(f"  database   {database.path if database.kind == 'sqlite' else database}", flush=True)
     print(f"  artifacts  {artifacts}", flush=True)
     try:
         with _sigterm_stops_cleanly():

@@ -20,6 +20,8 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from flashruntime.database_url import FORMS, DatabaseURL, mask_password, parse_database_url, sqlite_url
+
 __all__ = ["DEFAULT_RATE_LIMIT", "RuntimeSettings"]
 
 DEFAULT_RATE_LIMIT = 100.0  # requests per second per credential when tokens are configured
@@ -47,6 +49,11 @@ class RuntimeSettings(BaseSettings):
         "/data/flashruntime.db", "FLASHML_LEDGER_PATH", "a file path",
         "the coordinator's database: jobs, events, tasks and leases, nodes and cordons, checkpoint "
         "manifests (leases.db / checkpoints.db of an older layout beside it are imported once)")
+    database_url: str | None = _setting(
+        None, "FLASHML_DATABASE_URL", FORMS,
+        "the coordinator's database as a URL: sqlite:///absolute/path (a SQLite file) or "
+        "postgresql://user:password@host:port/database (also postgres://; needs the postgres extra; several "
+        "coordinator replicas may share it); unset: the SQLite file at FLASHML_LEDGER_PATH")
     artifacts_dir: str = _setting("/data/artifacts", "FLASHML_LOCAL_ARTIFACTS_DIR", "a directory path",
                                   "where artifacts are stored (a shared file system path for several replicas)")
     join_code: str | None = _setting(None, "FLASHML_JOIN_CODE", "a string",
@@ -73,6 +80,15 @@ class RuntimeSettings(BaseSettings):
     @classmethod
     def _blank_is_unset(cls, value: Any) -> Any:
         return None if value == "" else value
+
+    @field_validator("database_url", mode="before")
+    @classmethod
+    def _database_url(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if not value.strip():
+                return None
+            parse_database_url(value)  # the form only: opening it is the stores' job
+        return value
 
     @field_validator("rate_limit_per_s", mode="before")
     @classmethod
@@ -120,9 +136,21 @@ class RuntimeSettings(BaseSettings):
         return self.rate_limit_per_s
 
     @property
+    def database(self) -> DatabaseURL:
+        """The database the coordinator opens: ``database_url`` when set, else the SQLite file
+        at ``ledger_path``."""
+        if self.database_url:
+            return parse_database_url(self.database_url, source="FLASHML_DATABASE_URL")
+        return sqlite_url(self.ledger_path)
+
+    @property
     def data_dir(self) -> Path:
-        """The directory of the database; an older layout's ``leases.db`` and ``checkpoints.db``
-        sat beside it, and are imported from there on the first start."""
+        """The directory of the SQLite database (of ``ledger_path`` when the database is
+        PostgreSQL); an older layout's ``leases.db`` and ``checkpoints.db`` sat beside it,
+        and are imported from there on the first start."""
+        database = self.database
+        if database.path is not None and self.database_url:
+            return database.path.parent
         return Path(self.ledger_path).expanduser().parent
 
     @property
@@ -165,5 +193,8 @@ def _explain(exc: ValidationError) -> str:
         field = fields.get(field_name or "")
         extra = field.json_schema_extra if field is not None and isinstance(field.json_schema_extra, dict) else {}
         variable, expected = extra.get("env", name), extra.get("expected", "valid")
-        problems.append(f"{variable} must be {expected}, got {error.get('input')!r}")
+        given = error.get("input")
+        if field_name == "database_url" and isinstance(given, str):
+            given = mask_password(given)  # a URL may carry a password: never echo it
+        problems.append(f"{variable} must be {expected}, got {given!r}")
     return "; ".join(problems) or str(exc)

@@ -1,12 +1,12 @@
 """The coordinator's state in one database: jobs, events and attempt evidence (the
 ledger), tasks, leases and cordons (the lease store), checkpoint manifests and parts,
-and nodes, all on one ``SqliteDatabase`` that shares one transaction.
+and nodes, all on one database (a SQLite file, or PostgreSQL) that shares one
+transaction per thread.
 
 ``InTransaction`` is how the coordinator calls the lease manager and the checkpoint
 catalog: each call runs inside that transaction, so a transition, the events its
 listener appends, and what the coordinator writes in response (a job's new state, the
-attempt's evidence) commit together or not at all. Another SQL backend provides the same
-four stores over one connection of its own, and the same ``transaction()``.
+attempt's evidence) commit together or not at all.
 """
 
 from __future__ import annotations
@@ -15,29 +15,42 @@ import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from flashruntime.checkpoint.sqlite_store import SqliteManifestStore
+from flashruntime.checkpoint.store import ManifestStore
 from flashruntime.coordinator.ledger import Ledger
+from flashruntime.coordinator.node_store import NodeStore
 from flashruntime.coordinator.settings import RuntimeSettings
-from flashruntime.coordinator.sqlite_node_store import SqliteNodeStore
-from flashruntime.coordinator.store_files import import_store_files
-from flashruntime.leases.sqlite_store import PAGE_SIZE, SqliteLeaseStore
-from flashruntime.sqlite_database import SqliteDatabase
+from flashruntime.database_url import DatabaseURL
+from flashruntime.leases.store import LeaseStore
 
-__all__ = ["CoordinatorState", "InTransaction", "open_state"]
+__all__ = ["DATABASE_URL_SOURCE", "CoordinatorState", "InTransaction", "StateDatabase", "open_state"]
+
+# Where a coordinator's database URL comes from, for messages that say what to correct.
+DATABASE_URL_SOURCE = "the database URL (--database-url or FLASHML_DATABASE_URL)"
+
+
+class StateDatabase(Protocol):
+    """What the coordinator needs of its database (``SqliteDatabase``, ``PostgresDatabase``)."""
+
+    def transaction(self) -> AbstractContextManager[object]: ...
+
+    def after_commit(self, callback: Callable[[], object]) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
 class CoordinatorState:
-    """The stores of one coordinator, on one database."""
+    """The stores of one coordinator, on one database; ``url`` names it (password masked
+    when shown)."""
 
-    database: SqliteDatabase
+    database: StateDatabase
     ledger: Ledger
-    leases: SqliteLeaseStore
-    manifests: SqliteManifestStore
-    nodes: SqliteNodeStore
+    leases: LeaseStore
+    manifests: ManifestStore
+    nodes: NodeStore
+    url: DatabaseURL
 
     def transaction(self) -> AbstractContextManager[object]:
         """The one transaction every store here writes in; re-entrant, only the outermost commits."""
@@ -52,19 +65,51 @@ class CoordinatorState:
 
 
 def open_state(settings: RuntimeSettings) -> CoordinatorState:
-    """Open (creating it if needed) the database at ``settings.ledger_path`` with every
-    store's tables, and import ``leases.db`` / ``checkpoints.db`` found beside it."""
-    database = SqliteDatabase(Path(settings.ledger_path).expanduser(), page_size=PAGE_SIZE)
+    """Open (creating their tables if needed) the four stores on ``settings.database``: the
+    SQLite file (importing ``leases.db`` / ``checkpoints.db`` found beside it), or the
+    PostgreSQL database. A database that cannot be opened raises ``StoreError`` saying why
+    (the server's address, never the password); a newer schema raises ``RuntimeError``."""
+    url = settings.database
+    if url.kind == "postgresql":
+        return _open_postgres(url)
+    return _open_sqlite(url, settings)
+
+
+def _open_sqlite(url: DatabaseURL, settings: RuntimeSettings) -> CoordinatorState:
+    from flashruntime.checkpoint.sqlite_store import SqliteManifestStore
+    from flashruntime.coordinator.sqlite_node_store import SqliteNodeStore
+    from flashruntime.coordinator.store_files import import_store_files
+    from flashruntime.leases.sqlite_store import PAGE_SIZE, SqliteLeaseStore
+    from flashruntime.sqlite_database import SqliteDatabase
+
+    assert url.path is not None  # a SQLite URL always names its file
+    memory = str(url.path) == ":memory:"
+    database = SqliteDatabase(url.path, page_size=PAGE_SIZE)
     try:
         state = CoordinatorState(database, Ledger(database), SqliteLeaseStore(database),
-                                 SqliteManifestStore(database), SqliteNodeStore(database))
-        if str(settings.ledger_path) != ":memory:":  # a private database has no directory to import from
+                                 SqliteManifestStore(database), SqliteNodeStore(database), url)
+        if not memory:  # a private database has no directory to import from
             import_store_files(database, {"leases.db": settings.leases_path,
                                           "checkpoints.db": settings.checkpoints_path})
     except BaseException:
         database.close()
         raise
     return state
+
+
+def _open_postgres(url: DatabaseURL) -> CoordinatorState:
+    from flashruntime.checkpoint.postgres_store import PostgresManifestStore
+    from flashruntime.coordinator.postgres_node_store import PostgresNodeStore
+    from flashruntime.leases.postgres_store import PostgresLeaseStore
+    from flashruntime.postgres_database import PostgresDatabase
+
+    database = PostgresDatabase(url.url, source=DATABASE_URL_SOURCE)
+    try:
+        return CoordinatorState(database, Ledger(database), PostgresLeaseStore(database),
+                                PostgresManifestStore(database), PostgresNodeStore(database), url)
+    except BaseException:
+        database.close()
+        raise
 
 
 class InTransaction:

@@ -18,11 +18,12 @@ import pytest
 
 from flashruntime.cli import serve
 from flashruntime.coordinator.settings import RuntimeSettings
-from flashruntime.errors import AuthConfigError
+from flashruntime.errors import AuthConfigError, StoreError
 
 ENV_NAMES = ("FLASHML_LEDGER_PATH", "FLASHML_LOCAL_ARTIFACTS_DIR", "FLASHML_MAX_ARTIFACT_MB", "FLASHML_SWEEP_INTERVAL_S",
              "FLASHML_PROFILE", "FLASHML_METRICS_PUBLIC", "FLASHML_RATE_LIMIT", "FLASHML_REQUIRE_NODE_AUTH",
-             "FLASHML_NODE_TOKENS", "FLASHML_OPERATOR_TOKENS", "FLASHML_SUBMITTER_TOKENS", "FLASHML_ARGV_SUBMITTERS")
+             "FLASHML_NODE_TOKENS", "FLASHML_OPERATOR_TOKENS", "FLASHML_SUBMITTER_TOKENS", "FLASHML_ARGV_SUBMITTERS",
+             "FLASHML_DATABASE_URL")
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -258,6 +259,77 @@ def test_data_dir_that_cannot_be_created_exits_2(fake: FakeApp, tmp_path: Path,
     assert serve.handle(_args("--data-dir", str(tmp_path / "file" / "d"))) == 2
     assert f"cannot create directory {str(tmp_path / 'file' / 'd')!r}" in capsys.readouterr().err
     assert fake.runs == []
+
+
+# --- the database URL -----------------------------------------------------------
+
+PG_URL = "postgresql://fr:s3cret@db.example:5433/flashruntime"
+PG_SHOWN = "postgresql://fr:***@db.example:5433/flashruntime"
+
+
+@pytest.mark.service
+def test_database_url_wins_over_the_environment_and_is_shown_without_its_password(
+    fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FLASHML_DATABASE_URL", "sqlite:///ignored/fr.db")
+    assert serve.handle(_args("--database-url", PG_URL, "--data-dir", str(tmp_path / "d"))) == 0
+    [settings] = fake.settings
+    assert settings.database_url == PG_URL and settings.database.kind == "postgresql"
+    assert settings.artifacts_dir == str(tmp_path / "d" / "artifacts")  # --data-dir still places the artifacts
+    out = capsys.readouterr()
+    assert f"database   {PG_SHOWN}" in out.out and "s3cret" not in out.out + out.err
+    assert not (tmp_path / "d" / "flashruntime.db").exists()
+
+
+@pytest.mark.service
+def test_the_environment_url_is_used_and_a_sqlite_url_gets_its_directory(
+    fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "elsewhere" / "fr.db"
+    monkeypatch.setenv("FLASHML_DATABASE_URL", f"sqlite://{path}")
+    assert serve.handle(_args("--data-dir", str(tmp_path / "d"))) == 0  # a URL is not overridden by --data-dir
+    [settings] = fake.settings
+    assert settings.database.path == path and path.parent.is_dir()
+    assert f"database   {path}" in capsys.readouterr().out
+
+
+@pytest.mark.service
+@pytest.mark.parametrize(("url", "message"), [
+    ("mysql://fr:s3cret@db/fr", ("--database-url has the scheme 'mysql://', which is not a database this "
+                                 "coordinator opens; write it as sqlite:///")),
+    ("sqlite://fr.db", "--database-url 'sqlite://fr.db' does not name an absolute file path"),
+])
+def test_a_bad_database_url_exits_2_saying_how_to_write_one(
+    fake: FakeApp, tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, message: str
+) -> None:
+    assert serve.handle(_args("--database-url", url, "--data-dir", str(tmp_path / "d"))) == 2
+    err = capsys.readouterr().err
+    assert f"flashruntime serve: {message}" in err and "s3cret" not in err and "Traceback" not in err
+    assert fake.settings == [] and fake.runs == []
+
+
+@pytest.mark.service
+def test_a_bad_database_url_in_the_environment_exits_2_without_its_password(
+    fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FLASHML_DATABASE_URL", "mongodb://fr:s3cret@db/fr")
+    assert serve.handle(_args("--data-dir", str(tmp_path / "d"))) == 2
+    err = capsys.readouterr().err
+    assert "invalid settings: FLASHML_DATABASE_URL must be sqlite:///absolute/path/flashruntime.db or " \
+           "postgresql://user:password@host:port/database, got 'mongodb://fr:***@db/fr'" in err
+    assert "s3cret" not in err and fake.runs == []
+
+
+@pytest.mark.service
+def test_a_database_that_cannot_be_opened_exits_2_naming_it_without_its_password(
+    fake: FakeApp, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.error = StoreError("PostgreSQL database 'flashruntime' at db.example:5433: the server cannot be reached")
+    assert serve.handle(_args("--database-url", PG_URL, "--data-dir", str(tmp_path / "d"))) == 2
+    out = capsys.readouterr()
+    assert (f"flashruntime serve: cannot use the database {PG_SHOWN}: PostgreSQL database 'flashruntime' at "
+            "db.example:5433: the server cannot be reached") in out.err
+    assert "s3cret" not in out.out + out.err and "http://" not in out.out and fake.runs == []
 
 
 # --- shutdown -------------------------------------------------------------------

@@ -22,6 +22,7 @@ EXPECTED_BASES = {
     "AuthConfigError": (ValueError,),
     "CodeExecutionNotPermitted": (PermissionError,),
     "StoreError": (RuntimeError,),
+    "BadDatabaseURL": (ValueError,),
     "UnplannableRequest": (ValueError,),
     "ModuleUnavailable": (ImportError,),
     "BadArtifactKey": (ValueError,),
