@@ -29,7 +29,7 @@ from flashruntime.errors import StoreError
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["PostgresDatabase", "translate_postgres_errors"]
+__all__ = ["PostgresDatabase", "is_retryable", "translate_postgres_errors"]
 
 _INSTALL = "install the PostgreSQL driver with pip install 'flashruntime[postgres]' (psycopg, psycopg-pool)"
 _C = TypeVar("_C", bound=type)
@@ -52,6 +52,13 @@ def _driver() -> tuple[Any, Any]:
     except ImportError as exc:
         raise StoreError(f"PostgreSQL needs psycopg and psycopg-pool, which are not installed: {_INSTALL}") from exc
     return psycopg, psycopg_pool
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether ``exc`` (this module's ``StoreError``, or psycopg's own error) says that its
+    transaction lost a race with another (a deadlock, a serialization failure) and was rolled
+    back: running the whole transaction again is then correct, and likely to succeed."""
+    return any(getattr(error, "sqlstate", None) in _RETRYABLE for error in (exc, exc.__cause__))
 
 
 def _describe(exc: BaseException, where: str, source: str) -> str | None:

@@ -87,9 +87,9 @@ class Coordinator:
         # Every call of the manager and the catalog is one transaction of the database, events
         # included: the listener (record_event) appends them through the same connection.
         self.manager = cast(LeaseManager, InTransaction(
-            LeaseManager(state.leases, on_event=self.record_event), state.transaction, refusals=(LeaseError,)))
+            LeaseManager(state.leases, on_event=self.record_event), state.run, refusals=(LeaseError,)))
         self.catalog = cast(CheckpointCatalog, InTransaction(
-            CheckpointCatalog(on_event=self.record_event, store=state.manifests), state.transaction,
+            CheckpointCatalog(on_event=self.record_event, store=state.manifests), state.run,
             refusals=(CheckpointError,)))
         self.nodes = NodeRegistry(state.nodes, clock=lambda: self.now().timestamp())
         self.artifacts = ArtifactStore(settings.artifacts_dir, settings.max_artifact_mb * 1024 * 1024)
@@ -179,11 +179,12 @@ class Coordinator:
             self._service_event(job_id, EventType.BACKEND_SELECTED, f"backend: leases ({len(tasks)} independent tasks)",
                                 {"backend": "leases", "tasks": len(tasks)}),
         ]
-        created: list[Event] = []
-        # The same store, but TASK_CREATED events collected here: they follow the job's own
-        # into the ledger in one write, once every task is queued.
-        queue = LeaseManager(self.state.leases, on_event=created.append)
-        with self.state.transaction():
+
+        def queue_and_record() -> list[Event]:
+            created: list[Event] = []
+            # The same store, but TASK_CREATED events collected here: they follow the job's own
+            # into the ledger in one write, once every task is queued.
+            queue = LeaseManager(self.state.leases, on_event=created.append)
             for task in tasks:
                 try:
                     queue.add_task(task, now=now)
@@ -193,6 +194,9 @@ class Coordinator:
                         f"{exc}; fix the task its expansion builds"
                     ) from exc
             self.ledger.add_job(record, [*events, *created])
+            return created
+
+        created = self.state.run(queue_and_record)
         for event in (*events, *created):
             self._observe(event)
         return record
@@ -229,9 +233,13 @@ class Coordinator:
             return record
         if refreshed(record, self.manager.job_state(record.job_id), self.now())[0] is record:
             return record  # the common case: unchanged, so nothing to re-read or write
-        with self.state.transaction():  # re-read inside it: a cancel may have frozen it meanwhile
-            current = self.ledger.get_job(record.job_id) or record
+
+        def store() -> JobRecord:
+            # Re-read under the job's lock: a cancel, or another replica, may have moved it meanwhile.
+            current = self.ledger.get_job(record.job_id, lock=True) or record
             return self._store_derived(current)
+
+        return self.state.run(store)
 
     def _settle(self, job_id: str) -> None:
         """Inside the transaction of a task's end: store the job's derived state when it
@@ -239,7 +247,9 @@ class Coordinator:
         so the tasks are counted only at the job's tail."""
         if self.state.leases.next_pending(job_id) is not None:
             return
-        record = self.ledger.get_job(job_id)
+        # Locked: of two tasks ending at once, the second to take the job reads it after the
+        # first has committed, so one of them sees every task ended and the job is settled once.
+        record = self.ledger.get_job(job_id, lock=True)
         if record is not None and record.backend == "leases" and record.state not in TERMINAL_JOB_STATES:
             self._store_derived(record)
 
@@ -296,15 +306,20 @@ class Coordinator:
         if record is None or record.state in TERMINAL_JOB_STATES:
             return record
         now = self.now()
-        with self.state.transaction():  # every task and the job's own record, or none of it
-            current = self.ledger.get_job(job_id) or record
+
+        def cancel_all() -> JobRecord:  # every task and the job's own record, or none of it
+            for task in self.manager.records(job_id):
+                self.manager.cancel_task(job_id, task.spec.task_id, now=now)  # a task already ended stays as it is
+            # The job's row after its tasks', the order in which a task's end settles its job, so
+            # the two never wait for each other in a cycle.
+            current = self.ledger.get_job(job_id, lock=True) or record
             if current.state in TERMINAL_JOB_STATES:
                 return current
-            for task in self.manager.records(job_id):
-                self.manager.cancel_task(job_id, task.spec.task_id, now=now)
             cancelled = current.model_copy(update={"state": JobState.CANCELLED, "finished_at": now})
             self.ledger.upsert_job(cancelled)
-        return cancelled
+            return cancelled
+
+        return self.state.run(cancel_all)
 
     def task_logs(self, job_id: str, *, task: str | None = None, tail: int | None = None) -> list[TaskLog]:
         """The logs of the job's tasks (only ``task``'s when given; none when it has no such
@@ -369,19 +384,24 @@ class Coordinator:
                 pass
             self.metrics.count_commit("invalid_output")
             return {"accepted": False, "detail": problem}
-        self._committing.made = made = set()
-        try:
+
+        def commit() -> tuple[bool, set[str]]:
             # The commit, its TASK_COMMIT_ACCEPTED, the job's state when this was its last task,
-            # the node's accepted count and the attempt's evidence: one transaction.
-            with self.state.transaction():
-                accepted = self.manager.complete(lease.lease_id, request.output_sha256, now=now)
-                if accepted and lease.lease_id in made:
-                    self.nodes.count_accepted(lease.node_id)
-                    claimed_at = lease.deadline.timestamp() - lease.lease_seconds  # the lease as first issued
-                    self.ledger.record_evidence(
-                        lease.lease_id, lease.job_id, lease.task_id, lease.node_id,
-                        request.evidence, max(0.0, now.timestamp() - claimed_at),
-                    )
+            # the node's accepted count and the attempt's evidence: one transaction. ``made`` starts
+            # empty on every run, so a run rolled back and run again counts its commit once.
+            self._committing.made = made = set()
+            accepted = self.manager.complete(lease.lease_id, request.output_sha256, now=now)
+            if accepted and lease.lease_id in made:
+                self.nodes.count_accepted(lease.node_id)
+                claimed_at = lease.deadline.timestamp() - lease.lease_seconds  # the lease as first issued
+                self.ledger.record_evidence(
+                    lease.lease_id, lease.job_id, lease.task_id, lease.node_id,
+                    request.evidence, max(0.0, now.timestamp() - claimed_at),
+                )
+            return accepted, made
+
+        try:
+            accepted, made = self.state.run(commit)
         finally:
             self._committing.made = None
         if not accepted:

@@ -6,25 +6,43 @@ transaction per thread.
 ``InTransaction`` is how the coordinator calls the lease manager and the checkpoint
 catalog: each call runs inside that transaction, so a transition, the events its
 listener appends, and what the coordinator writes in response (a job's new state, the
-attempt's evidence) commit together or not at all.
+attempt's evidence) commit together or not at all. On PostgreSQL, where transactions of
+several threads and replicas run at once, one that loses a race (a deadlock, a
+serialization failure) is rolled back and run again as a whole (``run_in_transaction``).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import random
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from flashruntime.checkpoint.store import ManifestStore
 from flashruntime.coordinator.ledger import Ledger
 from flashruntime.coordinator.node_store import NodeStore
 from flashruntime.coordinator.settings import RuntimeSettings
 from flashruntime.database_url import DatabaseURL
+from flashruntime.errors import StoreError
 from flashruntime.leases.store import LeaseStore
+from flashruntime.postgres_database import is_retryable
 
-__all__ = ["DATABASE_URL_SOURCE", "CoordinatorState", "InTransaction", "StateDatabase", "open_state"]
+__all__ = ["DATABASE_URL_SOURCE", "TRANSACTION_ATTEMPTS", "CoordinatorState", "InTransaction", "StateDatabase",
+           "open_state", "run_in_transaction"]
+
+log = logging.getLogger("flashruntime.service")
+
+T = TypeVar("T")
+# How often a transaction that lost a race is run in all, and the pause before the first
+# rerun (doubled for each next one, up to the cap, and jittered so that the two transactions
+# that deadlocked do not meet again in step).
+TRANSACTION_ATTEMPTS = 5
+_FIRST_PAUSE_S = 0.01
+_PAUSE_CAP_S = 0.2
 
 # Where a coordinator's database URL comes from, for messages that say what to correct.
 DATABASE_URL_SOURCE = "the database URL (--database-url or FLASHML_DATABASE_URL)"
@@ -60,8 +78,43 @@ class CoordinatorState:
         """Run ``callback`` once the current transaction has committed (never if it rolls back)."""
         self.database.after_commit(callback)
 
+    def run(self, work: Callable[[], T]) -> T:
+        """``work()`` inside ``transaction()``, run again when it loses a race (``run_in_transaction``)."""
+        return run_in_transaction(self.database, work)
+
     def close(self) -> None:
         self.database.close()
+
+
+def run_in_transaction(database: StateDatabase, work: Callable[[], T], *, attempts: int = TRANSACTION_ATTEMPTS,
+                       sleep: Callable[[float], object] = time.sleep,
+                       jitter: Callable[[], float] = random.random) -> T:
+    """``work()`` inside ``database.transaction()``; its result, or what it raised.
+
+    When the transaction is this thread's outermost and the database reports that it lost a
+    race (PostgreSQL's deadlock or serialization failure, ``is_retryable``), it has been rolled
+    back whole: its writes, the events appended inside it and its ``after_commit`` callbacks are
+    gone, so ``work()`` runs again in a new one after a short jittered pause, up to ``attempts``
+    times in all (the last failure propagates). ``work`` must therefore keep what it changes
+    outside the database idempotent, or start it afresh on each call. Inside an enclosing
+    transaction nothing is rerun here: the failure propagates to the outermost, which reruns
+    the whole. A database that cannot tell whether this thread is in a transaction (SQLite,
+    whose writers queue for one lock and never deadlock) is never rerun."""
+    in_transaction = getattr(database, "in_transaction", None)
+    may_rerun = callable(in_transaction) and not in_transaction()
+    attempt = 1
+    while True:
+        try:
+            with database.transaction():
+                return work()
+        except StoreError as exc:
+            if not may_rerun or attempt >= attempts or not is_retryable(exc):
+                raise
+            pause = min(_PAUSE_CAP_S, _FIRST_PAUSE_S * 2 ** (attempt - 1)) * (0.5 + jitter())
+            log.debug("transaction rolled back (%s); running it again in %.3f s (attempt %d of %d)", exc, pause,
+                      attempt + 1, attempts)
+            sleep(pause)
+            attempt += 1
 
 
 def open_state(settings: RuntimeSettings) -> CoordinatorState:
@@ -113,7 +166,8 @@ def _open_postgres(url: DatabaseURL) -> CoordinatorState:
 
 
 class InTransaction:
-    """``target`` with every public method run inside ``transaction()``.
+    """``target`` with every public method run inside a transaction by ``run`` (a
+    ``CoordinatorState.run``: rerun whole when it loses a race).
 
     An exception of a ``refusals`` class is a refusal the target has already recorded (a
     renewal refused, a checkpoint rejected, both with an event): what was written before it
@@ -121,27 +175,30 @@ class InTransaction:
     are not methods (a manager's ``store``) pass through unchanged.
     """
 
-    def __init__(self, target: Any, transaction: Callable[[], AbstractContextManager[object]],
+    def __init__(self, target: Any, run: Callable[[Callable[[], Any]], Any],
                  refusals: tuple[type[BaseException], ...] = ()) -> None:
         self._target = target
-        self._transaction = transaction
+        self._run = run
         self._refusals = refusals
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._target, name)
         if name.startswith("_") or not callable(value):
             return value
-        transaction, refusals = self._transaction, self._refusals
+        run, refusals = self._run, self._refusals
 
         @functools.wraps(value)
         def in_transaction(*args: Any, **kwargs: Any) -> Any:
-            refused: BaseException | None = None
-            with transaction():
+            def attempt() -> tuple[Any, BaseException | None]:
                 try:
-                    return value(*args, **kwargs)
+                    return value(*args, **kwargs), None
                 except refusals as exc:
-                    refused = exc
-            raise refused  # type: ignore[misc]
+                    return None, exc  # returned, not raised: what was written before it commits
+
+            result, refused = run(attempt)
+            if refused is not None:
+                raise refused
+            return result
 
         self.__dict__[name] = in_transaction  # found directly from now on, not through __getattr__
         return in_transaction
