@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import os
 import re
@@ -29,7 +30,9 @@ from flashruntime.errors import StoreError
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["PostgresDatabase", "is_retryable", "translate_postgres_errors"]
+__all__ = ["PostgresDatabase", "SessionLock", "is_retryable", "translate_postgres_errors"]
+
+log = logging.getLogger("flashruntime.service")
 
 _INSTALL = "install the PostgreSQL driver with pip install 'flashruntime[postgres]' (psycopg, psycopg-pool)"
 _C = TypeVar("_C", bound=type)
@@ -244,6 +247,8 @@ class PostgresDatabase:
             "connect_timeout": max(2, math.ceil(connect_timeout_s)),  # libpq takes whole seconds, at least 2
             "application_name": "flashruntime",
         }
+        self._url = url
+        self._connect_kwargs = connect_kwargs
         self._pool: Any = None
         try:
             # One connection first: its error says why the server cannot be used, which a pool
@@ -386,6 +391,11 @@ class PostgresDatabase:
                 (version,),
             )
 
+    def session_lock(self, name: str) -> SessionLock:
+        """The advisory lock ``name`` held by a session of its own (``SessionLock``): for a role
+        one process at a time plays, such as the expiry sweeper of replicas sharing this database."""
+        return SessionLock(self, name)
+
     # --- lifecycle ----------------------------------------------------------------
 
     def close(self) -> None:
@@ -406,12 +416,100 @@ class PostgresDatabase:
     def _checkout(self) -> Any:
         return self._pool.getconn(timeout=self._checkout_timeout_s)
 
+    def _session(self, application_name: str) -> Any:
+        """A connection outside the pool, for a session lock: libpq's keepalives and a TCP user
+        timeout bound how long a statement waits on a server that vanished, and the server's
+        own keepalives how long it keeps the session (and its locks) of a client host that did."""
+        kwargs = {**self._connect_kwargs, "application_name": application_name, "keepalives": 1,
+                  "keepalives_idle": _KEEPALIVE_IDLE_S, "keepalives_interval": _KEEPALIVE_INTERVAL_S,
+                  "keepalives_count": _KEEPALIVE_COUNT}
+        if self._psycopg.pq.version() >= 120000:  # libpq learnt tcp_user_timeout in 12
+            kwargs["tcp_user_timeout"] = _TCP_USER_TIMEOUT_MS
+        conn = self._psycopg.connect(self._url, **kwargs)
+        try:
+            for setting, value in (("tcp_keepalives_idle", _KEEPALIVE_IDLE_S),
+                                   ("tcp_keepalives_interval", _KEEPALIVE_INTERVAL_S),
+                                   ("tcp_keepalives_count", _KEEPALIVE_COUNT)):
+                conn.execute(f"SET {setting} = {int(value)}")  # ignored on a Unix-domain socket
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
     def _checkin(self, conn: Any) -> None:
         self._pool.putconn(conn)
 
     def _require_transaction(self, what: str) -> None:
         if getattr(self._local, "conn", None) is None:
             raise RuntimeError(f"{what}() holds its lock until the transaction ends: call it inside transaction()")
+
+
+# A session lock's connection: probes after 5 s idle, every 5 s, 3 unanswered ones end it;
+# a statement's data unacknowledged for 15 s ends it too.
+_KEEPALIVE_IDLE_S, _KEEPALIVE_INTERVAL_S, _KEEPALIVE_COUNT = 5, 5, 3
+_TCP_USER_TIMEOUT_MS = 15_000
+
+
+class SessionLock:
+    """The advisory lock ``name`` (``pg_try_advisory_lock``) held by a connection of its own,
+    outside the pool, for as long as that connection lives: it ends with this process (the
+    server sees the connection close, after ``kill -9`` too), with ``release()``, or when the
+    connection is lost (a vanished client host within about 20 s, by the server's keepalives).
+
+    ``hold()`` never waits: it keeps the lock while the connection answers, and takes it when
+    no other session holds it. Other processes do the same, so at most one holds it at a time,
+    and when the holder dies another takes it at its next ``hold()``."""
+
+    def __init__(self, database: PostgresDatabase, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a session lock needs a name, got {name!r}")
+        self._db = database
+        self.name = name
+        self._mutex = threading.Lock()
+        self._conn: Any = None
+        self._held = False
+
+    @property
+    def held(self) -> bool:
+        """Whether the lock was held at the last ``hold()``."""
+        return self._held
+
+    def hold(self) -> bool:
+        """Whether this process holds the lock now (see the class). A database that fails is
+        "not held", never an exception: the connection is dropped, with the lock if it had it,
+        and the next call connects again."""
+        with self._mutex:
+            try:
+                if self._conn is None:
+                    self._conn = self._db._session(f"flashruntime {self.name}")
+                if self._held:
+                    self._conn.execute("SELECT 1")  # still connected, so still the holder
+                else:
+                    row = self._conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+                                             (self.name,)).fetchone()
+                    self._held = bool(row and row[0])
+            except self._db._psycopg.Error as exc:
+                if self._held:
+                    log.warning("%s: lost the %s lock with its connection (%s)", self._db.where, self.name,
+                                str(exc).strip())
+                else:
+                    log.debug("%s: cannot take the %s lock (%s)", self._db.where, self.name, str(exc).strip())
+                self._drop()
+            return self._held
+
+    def release(self) -> None:
+        """Give the lock up (close its connection); idempotent."""
+        with self._mutex:
+            self._drop()
+
+    def _drop(self) -> None:
+        conn, self._conn, self._held = self._conn, None, False
+        if conn is not None:
+            with contextlib.suppress(Exception):  # closing what is already broken
+                conn.close()
+
+    def __repr__(self) -> str:
+        return f"SessionLock({self.name!r}, held={self._held})"
 
 
 def _address(psycopg: Any, url: str, source: str) -> tuple[str, str, str]:

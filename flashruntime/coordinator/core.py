@@ -63,6 +63,7 @@ SERVICE_SOURCE = "flashruntime.service"
 SUBMITTED_BY_KEY = "submitted_by"
 _OPEN_MODE_SUBMITTER = {"role": "anonymous", "name": None, "may_run_code": True}
 EVENTS_LOGGER = logging.getLogger("flashruntime.events")
+log = logging.getLogger("flashruntime.service")
 # The backends this coordinator runs, and the one a job gets when it names none. Lease jobs
 # are the coordinator's own; no Ray backend is part of it, so a job for Ray is refused.
 BACKENDS = ("leases",)
@@ -97,6 +98,7 @@ class Coordinator:
         # Per thread: the lease ids whose TASK_COMMIT_ACCEPTED this thread's manager.complete
         # emitted, i.e. the commits this call made (the manager emits it for the transition only).
         self._committing = threading.local()
+        self._sweeping: bool | None = None  # whether the last sweep_once swept (None: none yet)
 
     def close(self) -> None:
         self.state.close()
@@ -437,7 +439,18 @@ class Coordinator:
     # --- background -----------------------------------------------------------
 
     def sweep_once(self) -> int:
-        """Expire overdue leases, then refresh every non-terminal lease job."""
+        """Expire overdue leases, then refresh every non-terminal lease job; the number
+        expired. Where replicas share the database, only the one whose turn it is sweeps
+        (``CoordinatorState.sweep_turn``); the others do nothing and return 0."""
+        turn = self.state.sweep_turn()
+        if self.state.sweeper is not None and turn != self._sweeping:
+            if turn:
+                log.info("this coordinator runs the expiry sweep of %s", self.state.url)
+            elif self._sweeping is not None:
+                log.warning("another coordinator runs the expiry sweep of %s now", self.state.url)
+            self._sweeping = turn
+        if not turn:
+            return 0
         expired = self.manager.sweep(now=self.now())
         for record in self.ledger.list_jobs():
             if record.backend == "leases" and record.state not in TERMINAL_JOB_STATES:

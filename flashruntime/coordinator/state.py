@@ -58,10 +58,19 @@ class StateDatabase(Protocol):
     def close(self) -> None: ...
 
 
+class SweeperLock(Protocol):
+    """Who runs the expiry sweep among the processes sharing a database (``SessionLock``)."""
+
+    def hold(self) -> bool: ...
+
+    def release(self) -> None: ...
+
+
 @dataclass
 class CoordinatorState:
     """The stores of one coordinator, on one database; ``url`` names it (password masked
-    when shown)."""
+    when shown). ``sweeper`` is None where one process owns the database (SQLite), else the
+    lock that picks the one replica that sweeps."""
 
     database: StateDatabase
     ledger: Ledger
@@ -69,6 +78,7 @@ class CoordinatorState:
     manifests: ManifestStore
     nodes: NodeStore
     url: DatabaseURL
+    sweeper: SweeperLock | None = None
 
     def transaction(self) -> AbstractContextManager[object]:
         """The one transaction every store here writes in; re-entrant, only the outermost commits."""
@@ -78,11 +88,19 @@ class CoordinatorState:
         """Run ``callback`` once the current transaction has committed (never if it rolls back)."""
         self.database.after_commit(callback)
 
+    def sweep_turn(self) -> bool:
+        """Whether this process should run the expiry sweep now: always on SQLite; on
+        PostgreSQL only while it holds the sweeper lock, which one replica at a time holds
+        and another takes at its next sweep once the holder is gone."""
+        return self.sweeper is None or self.sweeper.hold()
+
     def run(self, work: Callable[[], T]) -> T:
         """``work()`` inside ``transaction()``, run again when it loses a race (``run_in_transaction``)."""
         return run_in_transaction(self.database, work)
 
     def close(self) -> None:
+        if self.sweeper is not None:
+            self.sweeper.release()
         self.database.close()
 
 
@@ -158,8 +176,13 @@ def _open_postgres(url: DatabaseURL) -> CoordinatorState:
 
     database = PostgresDatabase(url.url, source=DATABASE_URL_SOURCE)
     try:
-        return CoordinatorState(database, Ledger(database), PostgresLeaseStore(database),
-                                PostgresManifestStore(database), PostgresNodeStore(database), url)
+        state = CoordinatorState(database, Ledger(database), PostgresLeaseStore(database),
+                                 PostgresManifestStore(database), PostgresNodeStore(database), url)
+        # Advisory locks are per database; a deployment is a database and a schema, so two
+        # coordinators in two schemas of one database each have their own sweeper.
+        name, schema = database.fetchone("SELECT current_database(), current_schema()") or ("", "")
+        state.sweeper = database.session_lock(f"expiry sweeper of {name}.{schema}")
+        return state
     except BaseException:
         database.close()
         raise
