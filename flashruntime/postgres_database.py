@@ -391,6 +391,22 @@ class PostgresDatabase:
                 (version,),
             )
 
+    def ping(self, timeout_s: float) -> None:
+        """One ``SELECT 1`` on a pooled connection taken within ``timeout_s``: ``StoreError``
+        saying why when the server does not answer in that time, for a readiness probe that
+        must answer sooner than a statement would wait for a connection."""
+        try:
+            conn = self._pool.getconn(timeout=timeout_s)
+            try:
+                conn.execute("SELECT 1")
+            finally:
+                self._checkin(conn)
+        except Exception as exc:
+            message = _describe(exc, self.where, self.source)
+            if message is None:
+                raise
+            raise StoreError(message) from exc
+
     def session_lock(self, name: str) -> SessionLock:
         """The advisory lock ``name`` held by a session of its own (``SessionLock``): for a role
         one process at a time plays, such as the expiry sweeper of replicas sharing this database."""

@@ -108,6 +108,10 @@ class PostgresCluster:
             conn.close()
         self._pg_ctl_run("stop", "-m", mode, "-w", "-t", "60")
 
+    def resume(self) -> None:
+        """Start the server again on the same port after ``stop``; what it held is still there."""
+        self._pg_ctl_run("start", "-w", "-t", "60", "-l", str(self.log))
+
     def restart(self, mode: str = "immediate") -> None:
         """Stop the server as ``mode`` says and start it again on the same port."""
         self.stop(mode)

@@ -67,6 +67,8 @@ log = logging.getLogger("flashruntime.service")
 # The backends this coordinator runs, and the one a job gets when it names none. Lease jobs
 # are the coordinator's own; no Ray backend is part of it, so a job for Ray is refused.
 BACKENDS = ("leases",)
+# How long /readyz waits for the database: less than a prober's usual timeout.
+READINESS_TIMEOUT_S = 2.0
 DEFAULT_BACKEND = "leases"
 
 
@@ -428,8 +430,10 @@ class Coordinator:
         return None
 
     def readiness_problem(self) -> str | None:
-        """Why this coordinator cannot serve now (a database that does not answer), or None."""
+        """Why this coordinator cannot serve now, or None: the database does not answer within
+        ``READINESS_TIMEOUT_S``, or its tables do not (missing, or not readable)."""
         try:
+            self.state.ping(READINESS_TIMEOUT_S)
             self.manager.store.counts()  # type: ignore[attr-defined]
             self.ledger.get_job("")
         except Exception as exc:  # any failure to read is "not ready"; the probe says which

@@ -88,6 +88,13 @@ class CoordinatorState:
         """Run ``callback`` once the current transaction has committed (never if it rolls back)."""
         self.database.after_commit(callback)
 
+    def ping(self, timeout_s: float) -> None:
+        """``StoreError`` when the database does not answer within ``timeout_s`` (PostgreSQL: a
+        server that is down or unreachable); a SQLite file, opened for good, always answers."""
+        ping = getattr(self.database, "ping", None)
+        if ping is not None:
+            ping(timeout_s)
+
     def sweep_turn(self) -> bool:
         """Whether this process should run the expiry sweep now: always on SQLite; on
         PostgreSQL only while it holds the sweeper lock, which one replica at a time holds

@@ -1,6 +1,6 @@
 """The coordinator on PostgreSQL: a job from submission to SUCCEEDED over real HTTP with
 every store in one PostgreSQL database, a restarted coordinator that finds it all there,
-and ``flashruntime serve`` refusing a database it cannot use with exit 2 and a message
+``/readyz`` following the database down and up again, and ``flashruntime serve`` refusing a database it cannot use with exit 2 and a message
 that names the server and never the password."""
 
 from __future__ import annotations
@@ -8,17 +8,21 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests._support import wait_until
+from tests.postgres_server import PostgresCluster
 from tests.service_server import free_port, process_env, serve_in_thread, settings_for
 
 pytestmark = pytest.mark.service
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
+psycopg = pytest.importorskip("psycopg")
 
 SPEC = {"apiVersion": "flashml.dev/v1alpha1", "kind": "Job", "metadata": {"name": "pg-sweep"},
         "spec": {"execution": {"backend": "leases"},
@@ -92,3 +96,25 @@ def test_serve_exits_2_saying_what_to_install_without_the_postgres_driver(tmp_pa
     assert result.returncode == 2, result.stderr
     assert "pip install 'flashruntime[postgres]'" in result.stderr
     assert "s3cret" not in result.stdout + result.stderr and "Traceback" not in result.stderr
+
+
+def test_readyz_answers_503_while_the_database_is_down_and_200_once_it_is_back(
+        tmp_path: Path, postgres_url: str, postgres_cluster: PostgresCluster) -> None:
+    settings = settings_for(tmp_path / "data", database_url=postgres_url)
+    with serve_in_thread(settings) as url, httpx.Client(base_url=url, timeout=30) as api:
+        assert api.get("/readyz").json() == {"status": "ok", "profile": "local"}
+        postgres_cluster.stop("fast")
+        try:
+            started = time.monotonic()
+            down = api.get("/readyz")
+            assert time.monotonic() - started < 10  # a probe's answer, not a statement's wait for a connection
+            assert down.status_code == 503 and down.json()["status"] == "unavailable"
+            assert f"{postgres_cluster.host}:{postgres_cluster.port}" in down.json()["detail"]
+            assert api.get("/healthz").status_code == 200  # alive, only not ready
+        finally:
+            postgres_cluster.resume()
+        wait_until(lambda: api.get("/readyz").status_code == 200, "/readyz to answer 200 again", timeout=30)
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute("DROP TABLE jobs")
+        missing = api.get("/readyz")
+        assert missing.status_code == 503 and "jobs" in missing.json()["detail"]  # the tables answer too
