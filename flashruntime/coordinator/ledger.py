@@ -77,28 +77,30 @@ class Ledger:
     """
 
     def __init__(self, path: str | os.PathLike[str] | SqliteDatabase | PostgresDatabase) -> None:
-        tables: LedgerTables
+        if isinstance(path, PostgresDatabase):
+            self.where, self.path = f"ledger in {path.where}", None
+            self._tables: LedgerTables = PostgresLedgerTables(path, owns=False)
+            return
         if isinstance(path, SqliteDatabase):
-            tables = SqliteLedgerTables(path, owns=False)
-        elif isinstance(path, PostgresDatabase):
-            tables = PostgresLedgerTables(path, owns=False)
+            db, owns = path, False
         elif isinstance(path, (str, os.PathLike)):
             if str(path) == "":
                 raise ValueError("Ledger needs a file path (or ':memory:'), got ''")
             db = SqliteDatabase(path if str(path) == ":memory:" else Path(path).expanduser(),
                                 busy_timeout_ms=_BUSY_TIMEOUT_MS)
-            try:
-                tables = SqliteLedgerTables(db, owns=True)
-            except BaseException:
-                db.close()
-                raise
+            owns = True
         else:
             raise TypeError(f"path must be a str, os.PathLike, SqliteDatabase or PostgresDatabase, "
                             f"got {type(path).__name__}")
-        self._tables = tables
-        self.where = tables.where
-        # The SQLite file (None on PostgreSQL).
-        self.path: Path | None = getattr(tables, "path", None)
+        # Named before the tables are made: a SQLite failure making them is reported naming the file.
+        self.where = f"ledger {db.path}"
+        self.path: Path | None = db.path  # the SQLite file (None on PostgreSQL)
+        try:
+            self._tables = SqliteLedgerTables(db, owns=owns)
+        except BaseException:
+            if owns:
+                db.close()
+            raise
 
     def __repr__(self) -> str:
         return f"Ledger({str(self.path) if self.path is not None else self.where!r})"

@@ -32,7 +32,7 @@ from flashruntime.leases.store import LeaseStore
 from flashruntime.postgres_database import is_retryable
 
 __all__ = ["DATABASE_URL_SOURCE", "TRANSACTION_ATTEMPTS", "CoordinatorState", "InTransaction", "StateDatabase",
-           "open_state", "run_in_transaction"]
+           "SweeperLock", "open_state", "run_in_transaction"]
 
 log = logging.getLogger("flashruntime.service")
 
