@@ -1,11 +1,11 @@
-"""The coordinator's node registry: registrations in a ``NodeStore``, liveness in
-memory, and the rule for node ids.
+"""The coordinator's node registry: registrations and heartbeats in a ``NodeStore``, and
+the rule for node ids.
 
-Registrations, accepted counts and the last recorded heartbeat are stored, so a
-restarted coordinator still knows every node: it may heartbeat and claim without
-registering again. Whether a node is online is only what this process has heard: after
-a restart a node is offline until its next heartbeat. The clock is injected so tests can
-age nodes.
+Registrations, accepted counts and the last heartbeat are stored, so a restarted
+coordinator still knows every node (it may heartbeat and claim without registering
+again), and every replica sharing the database sees a node heard by any of them. A node
+is online while its last heartbeat, heard here or stored by any replica, is recent. The
+clock is injected so tests can age nodes.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from flashruntime.protocol.v1alpha1 import NodeHeartbeat, NodeRegistration
 __all__ = ["MAX_NODE_ID_LENGTH", "ONLINE_WINDOW_S", "NodeRegistry", "node_id_problem"]
 
 ONLINE_WINDOW_S = 15.0  # a node is online if it registered or heartbeated this recently
-# A heartbeat is written to the store only when the stored one is this much older: the age
-# shown after a restart is then at most this far off (an over-estimate), while a fleet's
-# heartbeats cost one write per node per window instead of one each.
-SEEN_WRITE_INTERVAL_S = ONLINE_WINDOW_S
+# A heartbeat is written to the store only when the stored one is this much older: a fleet's
+# heartbeats (every 5 s from the agent) cost one write per node per interval instead of one
+# each, and a replica that did not hear a node sees it at most this much older than it is,
+# well inside the online window.
+SEEN_WRITE_INTERVAL_S = ONLINE_WINDOW_S / 3
 MAX_NODE_ID_LENGTH = 128
 # A node id names a machine in URL paths, token lists ("node:token,...") and logs: a
 # hostname-like word, so it needs no escaping anywhere.
@@ -106,8 +107,8 @@ class NodeRegistry:
         }
 
     def _ages(self, nodes: list[Any]) -> dict[str, tuple[float, bool]]:
-        """``node id -> (seconds since last heard of, online)``: online only if this process heard
-        from it within the window; the age also counts what the store recorded before it started."""
+        """``node id -> (seconds since last heard of, online)``: the later of what this process
+        heard and what the store holds (another replica's, or an earlier process's, heartbeat)."""
         clock = self._clock()
         with self._lock:
             heard = dict(self._heard)
@@ -116,7 +117,8 @@ class NodeRegistry:
             node_id = node.registration.node_id
             here = heard.get(node_id)
             last = node.last_seen if here is None else max(here, node.last_seen)
-            ages[node_id] = (max(0.0, clock - last), here is not None and clock - here < ONLINE_WINDOW_S)
+            age = max(0.0, clock - last)
+            ages[node_id] = (age, age < ONLINE_WINDOW_S)
         return ages
 
     def views(self, cordons: Cordons, now: datetime) -> list[dict[str, Any]]:

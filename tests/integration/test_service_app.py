@@ -488,8 +488,8 @@ def test_a_lease_survives_a_kill9_of_the_coordinator(tmp_path: Path) -> None:
 
 def test_a_restart_keeps_every_registration_and_cordon(tmp_path: Path) -> None:
     """After a ``kill -9`` of the coordinator, a registered node heartbeats and claims without
-    registering again, its registration (pools from its last heartbeat) and accepted count
-    are kept, and a cordoned node stays cordoned: it gets no lease."""
+    registering again, its registration (pools from its last heartbeat), accepted count and
+    last heartbeat are kept, and a cordoned node stays cordoned: it gets no lease."""
     data = tmp_path / "data"
     first = CoordinatorProcess(data).start()
     try:
@@ -521,9 +521,9 @@ def test_a_restart_keeps_every_registration_and_cordon(tmp_path: Path) -> None:
                 k: v for k, v in before[node_id].items() if k not in ("online", "last_heartbeat_age_s")}
         assert after["node-a"]["capabilities"]["pools"] == ["team-7"] and after["node-a"]["accepted_tasks"] == 1
         assert after["node-b"]["cordon_reason"] == "disk"
-        assert not after["node-a"]["online"]
+        # its last heartbeat was stored: still online, from the age the stored one gives
+        assert after["node-a"]["online"] and after["node-a"]["last_heartbeat_age_s"] < 15
         assert api.post("/v1alpha1/nodes/node-a/heartbeat", json={"node_id": "node-a"}).status_code == 200
-        assert {row["node_id"]: row["online"] for row in api.get("/v1alpha1/nodes").json()}["node-a"] is True
         assert api.post("/v1alpha1/leases/claim", json={"node_id": "node-b"}).status_code == 204  # still cordoned
         claimed = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"})  # no new registration
         assert claimed.status_code == 200 and claimed.json()["job_id"] == job_id

@@ -99,6 +99,27 @@ def test_node_registry_liveness_pools_and_accepted_counts() -> None:
     assert view["capabilities"]["cpu_cores"] == 4 and nodes.claim_view("ghost") is None
 
 
+def test_replicas_on_one_store_see_the_heartbeats_the_others_heard() -> None:
+    """Two registries over one store, as two coordinator replicas over one database: a node
+    heard only by the first is online for the second, from the heartbeat the first stored."""
+    from flashruntime.coordinator.node_store import InMemoryNodeStore
+    from flashruntime.coordinator.nodes import SEEN_WRITE_INTERVAL_S
+
+    clock = [1000.0]
+    store = InMemoryNodeStore()
+    first, second = (NodeRegistry(store, clock=lambda: clock[0]) for _ in range(2))
+    first.register(_registration("a"))
+    assert [r["online"] for r in second.views({}, T0)] == [True]
+    # the first replica keeps hearing the node; each heartbeat older than the write interval is stored
+    for _ in range(6):
+        clock[0] += SEEN_WRITE_INTERVAL_S / 2
+        assert first.heartbeat("a", NodeHeartbeat(node_id="a")) is True
+    (row,) = second.views({}, T0)
+    assert row["online"] and row["last_heartbeat_age_s"] <= SEEN_WRITE_INTERVAL_S
+    clock[0] += ONLINE_WINDOW_S
+    assert [r["online"] for r in second.views({}, T0)] == [False]
+
+
 @pytest.mark.parametrize(("counts", "state"), [
     ({}, JobState.PENDING),
     ({"PENDING": 1, "COMPLETED": 3}, JobState.RUNNING),
