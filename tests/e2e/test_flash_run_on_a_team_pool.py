@@ -1,8 +1,8 @@
 """``flash.run`` of an ``independent_tasks`` plan carried out by the bundled worker through
 placement gate 2's trusted-pool alternative: a real coordinator, the job POSTed by
 ``flash.run(..., pool=...)``, and one real ``flashruntime worker --runner trusted --pools``
-process running every task. Without a pool the job's argv tasks are never claimed by the
-bundled worker, which is not ``argv_capable``."""
+process running every task, on a coordinator on SQLite and on PostgreSQL. Without a pool
+the job's argv tasks are never claimed by the bundled worker, which is not ``argv_capable``."""
 
 from __future__ import annotations
 
@@ -37,8 +37,19 @@ def _workload() -> flash.CommandWorkload:
                                  isolation=IsolationSpec(tier="sandboxed", allowFallback=True))
 
 
-def test_a_plan_run_with_a_pool_is_carried_out_by_a_trusted_worker_of_that_pool(tmp_path: Path) -> None:
-    with serve_in_thread(settings_for(tmp_path / "data")) as url, httpx.Client(base_url=url, timeout=10) as api:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The coordinator's database: its default SQLite file, or a PostgreSQL one (the same
+    flash.run and worker code, unchanged)."""
+    if request.param == "sqlite":
+        return {}
+    return {"database_url": request.getfixturevalue("postgres_url")}
+
+
+def test_a_plan_run_with_a_pool_is_carried_out_by_a_trusted_worker_of_that_pool(
+        tmp_path: Path, database: dict[str, str]) -> None:
+    with serve_in_thread(settings_for(tmp_path / "data", **database)) as url, \
+            httpx.Client(base_url=url, timeout=10) as api:
         record = flash.run(_plan(), url, workload=_workload(), image="local/trial:1", pool="team-7")
         assert record.spec.spec.placement.pool == "team-7"
         code, log = run_worker(url, tmp_path / "work", "--node-id", "w1", "--runner", "trusted", "--pools", "team-7",
