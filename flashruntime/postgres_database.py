@@ -514,8 +514,13 @@ class SessionLock:
             return self._held
 
     def release(self) -> None:
-        """Give the lock up (close its connection); idempotent."""
+        """Give the lock up, then close its connection; idempotent. The lock is released by a
+        statement first: closing alone frees it only once the server has seen the connection
+        end, which a replica asking at once could miss."""
         with self._mutex:
+            if self._held and self._conn is not None:
+                with contextlib.suppress(Exception):  # a broken connection: the server frees the lock anyway
+                    self._conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (self.name,))
             self._drop()
 
     def _drop(self) -> None:
