@@ -1,9 +1,10 @@
 """Where a coordinator's time goes under the ``coordinator_claims`` load, by layer.
 
     pip install py-spy
-    python -m benchmarks.profile_coordinator [--tasks 1200] [--clients 4] [--rate 250]
+    python -m benchmarks.profile_coordinator [--tasks 1200] [--clients 4] [--rate 250] [--postgres] [--idle]
 
-Starts a ``flashruntime serve`` subprocess (data under ``benchmarks/.work``), samples it
+Starts a ``flashruntime serve`` subprocess (data under ``benchmarks/.work``; with
+``--postgres``, on a throwaway PostgreSQL server started for the run), samples it
 with ``py-spy record`` (every thread, idle ones excluded) while ``--clients`` threads drain
 a job of ``--tasks`` tasks with the benchmark's cycle (claim → upload metrics.json →
 complete), and prints each layer's share of the samples. A sample belongs to the first
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -35,11 +37,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("waiting (event loop poll, idle worker threads)", (
         "EpollSelector.select", "Condition.wait", "_worker (concurrent/futures/thread.py", "_read_from_self",
         "_write_to_self", "Condition.notify")),
-    ("database: transaction begin/commit", ("flashruntime/sqlite_database.py",)),
-    ("database: lease store statements", ("flashruntime/leases/sqlite_store.py", "flashruntime/leases/_sqlite")),
-    ("database: ledger (jobs, events, evidence)", ("flashruntime/coordinator/ledger.py",)),
-    ("database: nodes", ("flashruntime/coordinator/sqlite_node_store.py",)),
-    ("database: checkpoint manifests", ("flashruntime/checkpoint/sqlite_store.py",)),
+    ("database: transaction begin/commit", ("flashruntime/sqlite_database.py", "flashruntime/postgres_database.py")),
+    ("database: lease store statements", ("flashruntime/leases/sqlite_store.py", "flashruntime/leases/_sqlite",
+                                          "flashruntime/leases/postgres_store.py")),
+    ("database: ledger (jobs, events, evidence)", ("flashruntime/coordinator/ledger",)),
+    ("database: nodes", ("flashruntime/coordinator/sqlite_node_store.py", "flashruntime/coordinator/postgres_node")),
+    ("database: checkpoint manifests", ("flashruntime/checkpoint/sqlite_store.py",
+                                        "flashruntime/checkpoint/postgres_store.py")),
+    ("database driver (psycopg, its pool)", ("psycopg/", "psycopg_pool/")),
     ("lease manager and placement", ("flashruntime/leases/", "flashruntime/scheduler/")),
     ("artifacts (upload, sha256, fsync)", ("flashruntime/coordinator/artifacts.py", "flashruntime/files.py")),
     ("auth, access, rate limit", ("flashruntime/coordinator/auth.py", "flashruntime/coordinator/access.py",
@@ -107,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=1200)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument("--postgres", action="store_true", help="serve on a throwaway PostgreSQL server")
+    parser.add_argument("--idle", action="store_true", help="also sample threads that wait (where requests queue)")
     parser.add_argument("--frames", type=int, default=0, metavar="N",
                         help="also print each layer's N most sampled innermost frames")
     args = parser.parse_args(argv)
@@ -116,11 +123,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     work = http.make_work_dir("profile")
     try:
-        with http.serving(work / "data") as server:
+        with contextlib.ExitStack() as stack:
+            database_url = None
+            if args.postgres:
+                from benchmarks.scenarios import _postgres
+
+                missing = _postgres.postgres_missing()
+                if missing:
+                    print(f"profile_coordinator --postgres: {missing}", file=sys.stderr)
+                    return 2
+                database_url = stack.enter_context(_postgres.postgres_database())
+            server = stack.enter_context(http.serving(work / "data", database_url=database_url))
             assert server.process is not None
             out = work / "profile.txt"
             recorder = subprocess.Popen([py_spy, "record", "--pid", str(server.process.pid), "--rate", str(args.rate),
-                                         "--format", "raw", "--output", str(out), "--nonblocking"],
+                                         "--format", "raw", "--output", str(out), "--nonblocking",
+                                         *(["--idle"] if args.idle else [])],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             try:
                 _drain(server.url, args.tasks, args.clients)

@@ -16,6 +16,7 @@ __all__ = [
     "FEDAVG_COMPACT_OVER_BASE64_FLOOR",
     "FEDAVG_FAST_OVER_NUMPY",
     "FORBIDDEN_MODULES",
+    "HTTP_OVER_IN_PROCESS",
     "IMPORT_OVER_PYDANTIC",
     "LAUNCH_OVER_TORCHRUN",
     "LEASE_FLATNESS",
@@ -23,6 +24,7 @@ __all__ = [
     "LEASE_SQLITE_OVER_FLOOR",
     "MANUAL_INTERVENTIONS",
     "PLAN_RENDER_MS",
+    "REPLICAS_OVER_ONE",
     "SWEEP_PARALLEL_OVER_SERIAL",
     "faults_routed",
     "trials_completed",
@@ -51,6 +53,12 @@ PLAN_RENDER_MS = Target("<=", 1.0, "ms", "a plan answers interactively, well ins
 SWEEP_PARALLEL_OVER_SERIAL = Target(
     "<=", 0.6, "x", "two trials at a time finish a sweep of light trials in little more than half the time of one "
                     "at a time: the sweep's own bookkeeping never serialises them")
+HTTP_OVER_IN_PROCESS = Target(
+    ">=", 0.2, "x", "a coordinator serves four HTTP clients at least a fifth of the cycles the lease manager does in "
+                    "process: HTTP, the ledger and the artifact checks do not swamp the transition's own commit")
+REPLICAS_OVER_ONE = Target(
+    ">=", 1.5, "x", "a second coordinator replica on one PostgreSQL database adds at least half again the throughput: "
+                    "replicas share no lock but the rows they touch")
 MANUAL_INTERVENTIONS = Target("<=", 0, "trials", "a crashed trial resumes by itself; nobody has to touch it")
 
 

@@ -78,9 +78,11 @@ class ServeProcess:
     Start it with ``serving(...)``, which stops it (SIGTERM, then SIGKILL) on the way
     out, errors included. ``sweep_interval_s=None`` keeps the coordinator's default."""
 
-    def __init__(self, data_dir: Path, *, sweep_interval_s: float | None = None, start_timeout_s: float = 60.0) -> None:
+    def __init__(self, data_dir: Path, *, sweep_interval_s: float | None = None, start_timeout_s: float = 60.0,
+                 database_url: str | None = None) -> None:
         self.data_dir = data_dir
         self.sweep_interval_s = sweep_interval_s
+        self.database_url = database_url
         self.start_timeout_s = start_timeout_s
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -88,8 +90,9 @@ class ServeProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
+        database = ["--database-url", self.database_url] if self.database_url else []
         return [sys.executable, "-m", "flashruntime.cli", "serve", "--host", "127.0.0.1", "--port",
-                str(self.port), "--data-dir", str(self.data_dir), "--log-level", "warning"]
+                str(self.port), "--data-dir", str(self.data_dir), *database, "--log-level", "warning"]
 
     def env(self) -> dict[str, str]:
         env = subprocess_env()
@@ -146,9 +149,11 @@ class ServeProcess:
 
 
 @contextlib.contextmanager
-def serving(data_dir: Path, *, sweep_interval_s: float | None = None) -> Iterator[ServeProcess]:
-    """A healthy ``flashruntime serve`` for the block; stopped however the block ends."""
-    server = ServeProcess(data_dir, sweep_interval_s=sweep_interval_s)
+def serving(data_dir: Path, *, sweep_interval_s: float | None = None,
+            database_url: str | None = None) -> Iterator[ServeProcess]:
+    """A healthy ``flashruntime serve`` for the block (on ``database_url`` when given, else
+    the SQLite file in ``data_dir``); stopped however the block ends."""
+    server = ServeProcess(data_dir, sweep_interval_s=sweep_interval_s, database_url=database_url)
     try:
         server.start()
         yield server

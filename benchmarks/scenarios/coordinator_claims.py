@@ -1,27 +1,30 @@
-"""``coordinator_claims``: HTTP claim+complete cycles/s against a real
-``flashruntime serve`` on loopback with concurrent clients, against the in-process
-``LeaseManager`` doing the same cycle with the same concurrency.
+"""``coordinator_claims``: HTTP claim+complete cycles/s against real ``flashruntime serve``
+processes on loopback, at 1 and 4 concurrent clients, on SQLite and on PostgreSQL with one
+and two replicas, each beside its comparator in the same run.
 
-HTTP side: one ``flashruntime serve`` subprocess on 127.0.0.1 for the run (its one
-database file and artifacts under ``benchmarks/.work``); each sample submits a fresh
-``hyperparameter_search`` job of N tasks and ``CLIENTS`` threads drain it, each with its
-own ``httpx.Client`` and its own registered node id. One cycle = claim → PUT the task's
-``metrics.json`` → complete with its sha256 (the coordinator accepts a commit only when
-the ``commit_key`` file was uploaded and its sha256 matches), answered ``accepted: true``.
+HTTP side: ``flashruntime serve`` subprocesses on 127.0.0.1 (data and artifacts under
+``benchmarks/.work``; PostgreSQL: a throwaway server started for the run, ``fsync`` on);
+each sample submits a fresh ``hyperparameter_search`` job of N tasks and the clients
+(threads, each its own ``httpx.Client`` and registered node id) drain it. One cycle =
+claim → PUT the task's ``metrics.json`` → complete with its sha256 (the coordinator
+accepts a commit only when the ``commit_key`` file was uploaded and its sha256 matches),
+answered ``accepted: true``. With two replicas, client k sends cycle i to replica
+(k + i) mod 2: every replica serves every client, as behind a load balancer.
 
-Comparator: the same N ``TaskSpec``s (``expand_tasks`` of the same job spec) on
-``LeaseManager(SqliteLeaseStore(<file in the work dir>), on_event=None)`` in this
-process, ``CLIENTS`` threads sharing it; cycle = ``claim(node, job_id, policy=
-IsolationAwarePlacement(), node=<the view the coordinator builds>)`` → ``complete``.
-No HTTP, no ledger events, no artifact: the ratio is what HTTP plus the service cost.
+Comparators: for SQLite and for one PostgreSQL replica, the same N ``TaskSpec``s on
+``LeaseManager(SqliteLeaseStore(<file in the work dir>), on_event=None)`` in this process,
+as many threads as clients; cycle = ``claim(node, job_id, policy=IsolationAwarePlacement(),
+node=<the view the coordinator builds>)`` → ``complete``: no HTTP, no ledger events, no
+artifact. For two PostgreSQL replicas, one replica with the same clients.
 
 cycles/s = N / drain wall time (barrier release → the last accepted commit); the
 per-cycle p50 is over the N cycles of a drain, each timed by its client thread. Samples
-alternate HTTP drain, comparator drain. No target is set for this scenario: rows carry none.
+alternate the row's drain and its comparator's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -35,17 +38,29 @@ from benchmarks.host import filesystem_type
 from benchmarks.registry import Scenario
 from benchmarks.rows import measured_row, quantile, skipped_rows
 from benchmarks.scenarios import _coordinator_http as http
+from benchmarks.scenarios import _postgres as postgres
+from benchmarks.targets import HTTP_OVER_IN_PROCESS, REPLICAS_OVER_ONE
 
 NAME = "coordinator_claims"
 SECTION = "performance"
-CLIENTS = 4
+CLIENTS = 4  # the most clients of a row; every configuration is also measured with one
+CLIENT_COUNTS = (1, CLIENTS)
 TASKS = 400
 SMOKE_TASKS = 40
 MIN_SAMPLES = 3
 LEASE_SECONDS = 60.0  # no lease expires during a drain
 JOB_NAME = "coordinator-claims"  # a DNS-1123 label, as JobSpec requires
-COMPARATOR = f"in-process LeaseManager (SqliteLeaseStore file, {CLIENTS} threads)"
-METRICS = (("cycles_per_s", "cycles/s"), ("per_cycle_p50_ms", "ms"))
+METRICS = tuple((f"{database}_{clients}_client{'s' if clients > 1 else ''}_cycles_per_s", "cycles/s")
+                for database in ("sqlite", "postgres_1_replica", "postgres_2_replicas") for clients in CLIENT_COUNTS)
+METRICS = (*METRICS, ("sqlite_4_clients_per_cycle_p50_ms", "ms"))
+
+
+def _in_process_name(clients: int) -> str:
+    return f"in-process LeaseManager (SqliteLeaseStore file, {clients} thread{'s' if clients > 1 else ''})"
+
+
+def _metric(database: str, clients: int) -> str:
+    return f"{database}_{clients}_client{'s' if clients > 1 else ''}_cycles_per_s"
 
 
 class _Drain:
@@ -90,18 +105,26 @@ def _run_threads(loops: list[Callable[[threading.Barrier], list[tuple[float, flo
     return [end - start for start, end in pairs], max(end for _, end in pairs) - started
 
 
-def _http_drain(url: str, tasks: int, node_ids: list[str]) -> _Drain:
+def _http_drain(urls: list[str], tasks: int, node_ids: list[str]) -> _Drain:
+    """One job of ``tasks`` drained by one client per node id; client k sends its cycle i to
+    ``urls[(k + i) % len(urls)]``."""
+    url = urls[0]
     with http.http_client(url) as admin:
         job_id = http.submit(admin, http.job_spec(tasks, LEASE_SECONDS, name=JOB_NAME))
 
-    def loop_for(node_id: str) -> Callable[[threading.Barrier], list[tuple[float, float]]]:
+    def loop_for(index: int, node_id: str) -> Callable[[threading.Barrier], list[tuple[float, float]]]:
         def loop(barrier: threading.Barrier) -> list[tuple[float, float]]:
             done: list[tuple[float, float]] = []
-            with http.http_client(url) as client:
-                client.get("/healthz")  # open the keep-alive connection before timing
+            with contextlib.ExitStack() as stack:
+                clients = [stack.enter_context(http.http_client(replica)) for replica in urls]
+                for client in clients:
+                    client.get("/healthz")  # open the keep-alive connections before timing
                 barrier.wait()
                 clock = time.perf_counter
+                cycle = 0
                 while True:
+                    client = clients[(index + cycle) % len(clients)]
+                    cycle += 1
                     start = clock()
                     claimed = client.post("/v1alpha1/leases/claim", json={"node_id": node_id, "job_id": job_id})
                     if claimed.status_code == 204:
@@ -114,7 +137,7 @@ def _http_drain(url: str, tasks: int, node_ids: list[str]) -> _Drain:
                     done.append((start, clock()))
         return loop
 
-    cycles, wall_s = _run_threads([loop_for(node_id) for node_id in node_ids])
+    cycles, wall_s = _run_threads([loop_for(index, node_id) for index, node_id in enumerate(node_ids)])
     with http.http_client(url) as admin:
         job = admin.get(f"/v1alpha1/jobs/{job_id}").json()
         states = [task["state"] for task in admin.get(f"/v1alpha1/jobs/{job_id}/tasks").json()]
@@ -179,6 +202,17 @@ def _in_process_drain(work_dir: Path, sample: int, tasks: int, node_ids: list[st
         store.close()
 
 
+def _serve_many(stack: contextlib.ExitStack, data_dir: Path, count: int, database_url: str | None) -> list[str]:
+    """``count`` healthy serve processes on one database (and one artifacts directory) → their URLs."""
+    return [stack.enter_context(http.serving(data_dir, database_url=database_url)).url for _ in range(count)]
+
+
+def _register(url: str, node_ids: list[str]) -> None:
+    with http.http_client(url) as admin:
+        for node_id in node_ids:
+            http.register(admin, node_id)
+
+
 def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
     missing = http.service_missing()
     if missing:
@@ -187,59 +221,96 @@ def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
 
     samples = 1 if smoke else max(repeats, MIN_SAMPLES)
     tasks = SMOKE_TASKS if smoke else TASKS
-    node_ids = [f"bench-client-{i}" for i in range(CLIENTS)]
+    all_nodes = [f"bench-client-{i}" for i in range(CLIENTS)]
     work_dir = http.make_work_dir(NAME)
+    drains: dict[tuple[str, int], list[_Drain]] = {}  # (configuration, clients) -> its drains
+
+    pg_missing = postgres.postgres_missing()
     try:
         fs = filesystem_type(work_dir)
-        http_drains: list[_Drain] = []
-        local_drains: list[_Drain] = []
-        with http.serving(work_dir / "coordinator") as server:
-            with http.http_client(server.url) as admin:
-                for node_id in node_ids:
-                    http.register(admin, node_id)
-            for sample in range(samples):
-                http_drains.append(_http_drain(server.url, tasks, node_ids))
-                local_drains.append(_in_process_drain(work_dir, sample, tasks, node_ids))
+        with contextlib.ExitStack() as stack:
+            (url,) = _serve_many(stack, work_dir / "sqlite", 1, None)
+            _register(url, all_nodes)
+            drain_number = 0
+            for clients in CLIENT_COUNTS:  # alternate HTTP and in-process, sample by sample
+                node_ids = all_nodes[:clients]
+                for _ in range(samples):
+                    drains.setdefault(("sqlite", clients), []).append(_http_drain([url], tasks, node_ids))
+                    drains.setdefault(("in_process", clients), []).append(
+                        _in_process_drain(work_dir, drain_number, tasks, node_ids))
+                    drain_number += 1
+        if pg_missing is None:
+            with postgres.postgres_database() as database_url, contextlib.ExitStack() as stack:
+                urls = _serve_many(stack, work_dir / "postgres", 2, database_url)
+                _register(urls[0], all_nodes)
+                for clients in CLIENT_COUNTS:  # alternate one replica and two, sample by sample
+                    node_ids = all_nodes[:clients]
+                    for _ in range(samples):
+                        drains.setdefault(("postgres_1_replica", clients), []).append(
+                            _http_drain(urls[:1], tasks, node_ids))
+                        drains.setdefault(("postgres_2_replicas", clients), []).append(
+                            _http_drain(urls, tasks, node_ids))
         sweep_s = RuntimeSettings.from_env({}).sweep_interval_s
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
 
-    http_rates = [d.rate for d in http_drains]
-    local_rates = [d.rate for d in local_drains]
-    http_p50 = [d.p50_ms for d in http_drains]
-    local_p50 = [d.p50_ms for d in local_drains]
+    def rates(configuration: str, clients: int) -> list[float]:
+        return [drain.rate for drain in drains[(configuration, clients)]]
+
     common = [
-        (f"HTTP: `flashruntime serve` subprocess on 127.0.0.1, default sweep interval {sweep_s:g} s (no lease "
-         f"expires: lease_seconds {LEASE_SECONDS:g}), one database file + artifacts on {fs} under benchmarks/.work; "
-         f"{CLIENTS} concurrent client threads, each its own httpx.Client (keep-alive) and its own registered node id"),
-        (f"N={tasks} tasks per drain (one fresh hyperparameter_search job per sample), {samples} sample(s), each "
-         "sample = one HTTP drain then one in-process drain; every task committed and accepted, job SUCCEEDED"),
+        (f"HTTP: `flashruntime serve` subprocesses on 127.0.0.1, default sweep interval {sweep_s:g} s (no lease "
+         f"expires: lease_seconds {LEASE_SECONDS:g}), artifacts on {fs} under benchmarks/.work; SQLite: one database "
+         "file there; PostgreSQL: a throwaway local server (fsync on) started for the run, two replicas sharing it and "
+         "one artifacts directory"),
+        (f"N={tasks} tasks per drain (one fresh hyperparameter_search job per sample), {samples} sample(s) per row; "
+         "every task committed and accepted, job SUCCEEDED"),
         ("one HTTP cycle = POST /v1alpha1/leases/claim → PUT the task's metrics.json artifact (small JSON; the "
          "coordinator accepts a commit only after that upload with a matching sha256) → "
-         "POST /v1alpha1/attempts/{id}/complete answered accepted=true"),
-        (f"comparator: the same {tasks} TaskSpecs (expand_tasks of the same spec) on LeaseManager(SqliteLeaseStore "
-         f"file in the same work dir, on_event=None), {CLIENTS} threads sharing it; cycle = claim(node, job_id, "
-         "IsolationAwarePlacement, the coordinator's node view) → complete(lease, sha256): no HTTP, no ledger "
-         "events, no artifact"),
-        f"coordinator, clients and comparator share this host's {os.cpu_count()} CPUs",
+         "POST /v1alpha1/attempts/{id}/complete answered accepted=true; each client thread has its own httpx.Client "
+         "(keep-alive) per replica and its own registered node id"),
+        (f"in-process comparator: the same {tasks} TaskSpecs (expand_tasks of the same spec) on "
+         "LeaseManager(SqliteLeaseStore file in the same work dir, on_event=None), one thread per client; cycle = "
+         "claim(node, job_id, IsolationAwarePlacement, the coordinator's node view) → complete(lease, sha256): no "
+         "HTTP, no ledger events, no artifact"),
+        f"servers, clients and comparator share this host's {os.cpu_count()} CPUs",
+        "cycles/s = N / drain wall time (barrier release → the last accepted commit)",
     ]
-    return [
-        measured_row(
-            NAME, SECTION, "cycles_per_s", "cycles/s", http_rates, comparator=(COMPARATOR, local_rates),
-            ratio=_median_ratio(local_rates, http_rates),
-            notes=[*common,
-                   "cycles/s = N / drain wall time (barrier release → the last accepted commit)",
-                   ("ratio = comparator cycles/s ÷ HTTP cycles/s (how many times faster the in-process manager "
-                    "drains; > 1 is the cost of HTTP + the service)")],
-        ),
-        measured_row(
-            NAME, SECTION, "per_cycle_p50_ms", "ms", http_p50, comparator=(COMPARATOR, local_p50),
-            notes=[*common,
-                   ("per-cycle p50 over the N cycles of each drain (perf_counter in the client thread around the "
-                    "whole cycle); the row's samples are the drains' p50s"),
-                   "ratio = HTTP per-cycle p50 ÷ in-process per-cycle p50 (> 1 is the cost of HTTP + the service)"],
-        ),
-    ]
+    rows = []
+    for clients in CLIENT_COUNTS:
+        in_process = (_in_process_name(clients), rates("in_process", clients))
+        target = HTTP_OVER_IN_PROCESS if clients == CLIENTS else None
+        rows.append(measured_row(
+            NAME, SECTION, _metric("sqlite", clients), "cycles/s", rates("sqlite", clients), comparator=in_process,
+            ratio=_median_ratio(rates("sqlite", clients), in_process[1]), target=target,
+            notes=[*common, f"{clients} client(s) on one coordinator on SQLite",
+                   "ratio = HTTP cycles/s ÷ in-process cycles/s (the share of the in-process rate served over HTTP)"]))
+    for clients in CLIENT_COUNTS:
+        metric_one, metric_two = _metric("postgres_1_replica", clients), _metric("postgres_2_replicas", clients)
+        if pg_missing is not None:
+            rows += skipped_rows(NAME, SECTION, ((metric_one, "cycles/s"), (metric_two, "cycles/s")), pg_missing)
+            continue
+        in_process = (_in_process_name(clients), rates("in_process", clients))
+        one = rates("postgres_1_replica", clients)
+        rows.append(measured_row(
+            NAME, SECTION, metric_one, "cycles/s", one, comparator=in_process,
+            ratio=_median_ratio(one, in_process[1]),
+            notes=[*common, f"{clients} client(s) on one coordinator on PostgreSQL",
+                   "ratio = HTTP cycles/s ÷ in-process (SQLite) cycles/s"]))
+        two = rates("postgres_2_replicas", clients)
+        rows.append(measured_row(
+            NAME, SECTION, metric_two, "cycles/s", two,
+            comparator=(f"one replica on PostgreSQL, {clients} client(s)", one), ratio=_median_ratio(two, one),
+            target=REPLICAS_OVER_ONE if clients == CLIENTS else None,
+            notes=[*common, f"{clients} client(s), each sending its cycles to the two replicas in turn",
+                   "ratio = two replicas' cycles/s ÷ one replica's, samples alternating"]))
+    p50 = [drain.p50_ms for drain in drains[("sqlite", CLIENTS)]]
+    rows.append(measured_row(
+        NAME, SECTION, "sqlite_4_clients_per_cycle_p50_ms", "ms", p50,
+        comparator=(_in_process_name(CLIENTS), [drain.p50_ms for drain in drains[("in_process", CLIENTS)]]),
+        notes=[*common, ("per-cycle p50 over the N cycles of each drain (perf_counter in the client thread around the "
+                         "whole cycle); the row's samples are the drains' p50s"),
+               "ratio = HTTP per-cycle p50 ÷ in-process per-cycle p50 (> 1 is the cost of HTTP + the service)"]))
+    return rows
 
 
 def _median_ratio(numerator: list[float], denominator: list[float]) -> float | None:
@@ -253,8 +324,9 @@ def _median_ratio(numerator: list[float], denominator: list[float]) -> float | N
 SCENARIO = Scenario(
     name=NAME,
     hypothesis=(
-        f"a coordinator on loopback serves claim → upload → complete cycles to {CLIENTS} concurrent clients; what "
-        "HTTP and the service cost shows as the factor against the in-process LeaseManager doing the same cycle"
+        "a coordinator on loopback serves claim → upload → complete cycles to 1 and 4 concurrent clients at a fair "
+        "share of what the in-process LeaseManager does with the same cycle; on PostgreSQL a second replica adds "
+        "throughput"
     ),
     section=SECTION,
     run=run,

@@ -15,8 +15,9 @@ PAGE_SIZE = 256  # pending specs offered to a first-eligible policy per call
 PendingPage = Callable[[int, int], list[Any]]  # (after_seq, limit) -> records in queue order
 
 
-def offer_pending(policy: Any, view: dict[str, Any], pending_page: PendingPage) -> Any:
-    """The spec ``policy.choose`` picks from the pending scope, or None."""
+def offer_pending(policy: Any, view: dict[str, Any], pending_page: PendingPage, page_size: int = PAGE_SIZE) -> Any:
+    """The spec ``policy.choose`` picks from the pending scope, or None; a first-eligible
+    policy is offered ``page_size`` specs at a time."""
     choose = getattr(policy, "choose", None)
     if not callable(choose):
         raise TypeError(f"policy {type(policy).__name__} has no choose(pending, node) method")
@@ -24,19 +25,19 @@ def offer_pending(policy: Any, view: dict[str, Any], pending_page: PendingPage) 
         specs = []
         after = -1
         while True:
-            page = pending_page(after, PAGE_SIZE)
+            page = pending_page(after, page_size)
             specs.extend(record.spec for record in page)
-            if len(page) < PAGE_SIZE:
+            if len(page) < page_size:
                 break
             after = page[-1].seq
         return choose(specs, view) if specs else None
     after = -1
     while True:
-        page = pending_page(after, PAGE_SIZE)
+        page = pending_page(after, page_size)
         if not page:
             return None
         chosen = choose([record.spec for record in page], view)
-        if chosen is not None or len(page) < PAGE_SIZE:
+        if chosen is not None or len(page) < page_size:
             return chosen
         after = page[-1].seq
 

@@ -6,8 +6,8 @@ as Python sorts, whatever the database's locale. States are SQL literals, never
 parameters, so the planner can match the partial indexes' ``WHERE state = ...``. Each
 read that a transition acts on has a ``_LOCKED`` form for use inside a transaction:
 ``FOR UPDATE`` where one task is named, ``FOR UPDATE SKIP LOCKED`` where the store picks
-tasks (claims, expiries), so concurrent claimers never pick the same task and never wait
-on each other.
+tasks (claims, a policy's choice, expiries), so concurrent claimers never pick the same
+task and never wait on each other. Pages offered to a policy are read without locks.
 """
 
 from __future__ import annotations
@@ -83,11 +83,13 @@ NEXT_PENDING_LOCKED = NEXT_PENDING + _LOCK_FREE
 NEXT_PENDING_JOB = f"SELECT {COLUMNS} FROM lease_tasks WHERE state = 'PENDING' AND job_id = %s ORDER BY seq LIMIT 1"
 NEXT_PENDING_JOB_LOCKED = NEXT_PENDING_JOB + _LOCK_FREE
 PENDING_PAGE = f"SELECT {COLUMNS} FROM lease_tasks WHERE state = 'PENDING' AND seq > %s ORDER BY seq LIMIT %s"
-PENDING_PAGE_LOCKED = PENDING_PAGE + _LOCK_FREE
 PENDING_PAGE_JOB = (
     f"SELECT {COLUMNS} FROM lease_tasks WHERE state = 'PENDING' AND job_id = %s AND seq > %s ORDER BY seq LIMIT %s"
 )
-PENDING_PAGE_JOB_LOCKED = PENDING_PAGE_JOB + _LOCK_FREE
+# The task a claim chose, if it is still PENDING and no other transaction holds it.
+LOCK_PENDING = (
+    f"SELECT {COLUMNS} FROM lease_tasks WHERE job_id = %s AND task_id = %s AND state = 'PENDING'" + _LOCK_FREE
+)
 EXPIRED = f"SELECT {COLUMNS} FROM lease_tasks WHERE state = 'LEASED' AND deadline <= %s ORDER BY deadline, seq"
 EXPIRED_LOCKED = EXPIRED + _LOCK_FREE
 # The task that holds or held a lease (its history rows follow in a second read).

@@ -43,6 +43,9 @@ _COMPLETED = TaskState.COMPLETED
 _FAILED = TaskState.FAILED
 _CANCELLED = TaskState.CANCELLED
 _TERMINAL = frozenset((_COMPLETED, _FAILED, _CANCELLED))
+# How many choices one claim tries on a store shared by concurrent claimers, each taken by
+# another claimer meanwhile, before it answers "nothing now" (the worker asks again).
+_CHOICES_PER_CLAIM = 64
 _datetime = datetime
 
 
@@ -82,6 +85,9 @@ class LeaseManager:
         self._remove_cordon = ops.remove_cordon
         self._cordons = ops.cordons
         self._cordon_for = ops.cordon_for
+        # A store shared by claimers that run at once (PostgreSQL) locks only the chosen task.
+        self._lock_pending: Callable[[str, str], TaskRecord | None] | None = getattr(store, "lock_pending", None)
+        self._page_size: int = getattr(store, "pending_page_size", PAGE_SIZE)
 
     @property
     def store(self) -> LeaseStore:
@@ -608,21 +614,47 @@ class LeaseManager:
         return count
 
     def _select(self, policy: Any, node_id: str, node: dict[str, Any] | None, job_id: str | None) -> TaskRecord | None:
-        """offer pending specs to the policy, then re-locate its choice."""
+        """offer pending specs to the policy, then re-locate its choice.
+
+        On a store with ``lock_pending`` the pages are read without locks and only the choice
+        is locked; a choice another claimer took (or is taking) meanwhile is left out and the
+        rest offered again, so claimers running at once each get a task while any is free."""
         view = node if node is not None else {"node_id": node_id}
-        chosen = offer_pending(policy, view, lambda after, limit: self._pending_page(job_id, after, limit))
-        if chosen is None:
-            return None
-        chosen_job = getattr(chosen, "job_id", None)
-        chosen_task = getattr(chosen, "task_id", None)
-        if not _is_str(chosen_job) or not _is_str(chosen_task):
-            return None
-        if job_id is not None and chosen_job != job_id:
-            return None
-        record = self._get(chosen_job, chosen_task)
-        if record is None or record.state is not _PENDING:
-            return None  # a foreign or stale spec
-        return record
+        lock_pending = self._lock_pending
+        excluded: set[tuple[str, str]] = set()
+        for _ in range(_CHOICES_PER_CLAIM):
+            chosen = offer_pending(policy, view, lambda after, limit: self._page_without(job_id, after, limit, excluded),
+                                   self._page_size)
+            if chosen is None:
+                return None
+            chosen_job = getattr(chosen, "job_id", None)
+            chosen_task = getattr(chosen, "task_id", None)
+            if not _is_str(chosen_job) or not _is_str(chosen_task):
+                return None
+            if job_id is not None and chosen_job != job_id:
+                return None
+            if lock_pending is None:
+                record = self._get(chosen_job, chosen_task)
+                if record is None or record.state is not _PENDING:
+                    return None  # a foreign or stale spec
+                return record
+            record = lock_pending(chosen_job, chosen_task)
+            if record is not None:
+                return record
+            if (chosen_job, chosen_task) in excluded:
+                return None  # a policy that keeps choosing what it was not offered
+            excluded.add((chosen_job, chosen_task))
+        return None  # every choice was taken meanwhile: the caller asks again
+
+    def _page_without(self, job_id: str | None, after: int, limit: int,
+                      excluded: set[tuple[str, str]]) -> list[TaskRecord]:
+        """A page of ``limit`` pending records after ``after`` without those in ``excluded``
+        (read ``limit + len(excluded)`` so that a full page still means more may follow)."""
+        if not excluded:
+            return self._pending_page(job_id, after, limit)
+        page = self._pending_page(job_id, after, limit + len(excluded))
+        kept = [record for record in page if (record.spec.job_id, record.spec.task_id) not in excluded]
+        return kept[:limit] if len(page) == limit + len(excluded) else kept
 
 
 # --- helpers -------------------------------------------------------------------

@@ -3,9 +3,10 @@
 The SQLite store's layout and contract on a server: each call reads the rows it touches
 and returns fresh ``TaskRecord`` objects; nothing is cached. Inside a transaction the
 reads a transition acts on lock their rows (``FOR UPDATE``), and the reads that pick
-tasks — ``next_pending``, ``pending_page``, ``expired`` — skip rows another transaction
-has locked (``SKIP LOCKED``): two replicas claiming at once never hand out the same
-task, and neither waits for the other. Given a ``PostgresDatabase`` instead of a URL,
+tasks — ``next_pending``, ``expired``, and ``lock_pending`` for a placement policy's
+choice from unlocked ``pending_page`` reads — skip rows another transaction has locked
+(``SKIP LOCKED``): two replicas claiming at once never hand out the same task, and
+neither waits for the other. Given a ``PostgresDatabase`` instead of a URL,
 the store shares its transactions, so other stores' writes made inside one commit with
 the transition.
 """
@@ -252,22 +253,32 @@ class PostgresLeaseStore(LeaseStore):
 
     # --- optional operations ------------------------------------------------
 
+    # Pages offered to a placement policy per read: a claim usually takes the first eligible
+    # task, and every row read is a round of decoding in the driver.
+    pending_page_size = 32
+
     def pending_page(self, job_id: str | None, after_seq: int, limit: int) -> list[TaskRecord]:
-        """Up to ``limit`` PENDING records after ``after_seq``, in ``seq`` order. Inside a
-        transaction the page is locked until it ends, and records another transaction has
-        locked (is claiming) are left out."""
+        """Up to ``limit`` PENDING records after ``after_seq``, in ``seq`` order, read without
+        locks: a claim locks only the task it chose (``lock_pending``), so claimers running at
+        once never hide the rest of the queue from one another."""
         if limit <= 0 or (job_id is not None and not _storable(job_id)):
             return []
-        db = self.database
-        locked = db.in_transaction()
-        with db.connection() as conn:
+        with self.database.connection() as conn:
             if job_id is None:
-                rows = conn.execute(sql.PENDING_PAGE_LOCKED if locked else sql.PENDING_PAGE,
-                                    (after_seq, limit)).fetchall()
+                rows = conn.execute(sql.PENDING_PAGE, (after_seq, limit)).fetchall()
             else:
-                rows = conn.execute(sql.PENDING_PAGE_JOB_LOCKED if locked else sql.PENDING_PAGE_JOB,
-                                    (job_id, after_seq, limit)).fetchall()
+                rows = conn.execute(sql.PENDING_PAGE_JOB, (job_id, after_seq, limit)).fetchall()
             return self._records(conn, rows)
+
+    def lock_pending(self, job_id: str, task_id: str) -> TaskRecord | None:
+        """Inside a transaction: the record of ``(job_id, task_id)``, locked until the
+        transaction ends, when it is still PENDING and no other transaction holds it; else None
+        (another claimer took it, or is taking it)."""
+        if not (_storable(job_id) and _storable(task_id)):
+            return None
+        with self.database.connection() as conn:
+            row = conn.execute(sql.LOCK_PENDING, (job_id, task_id)).fetchone()
+            return None if row is None else self._records(conn, [row])[0]
 
     def expired(self, now: datetime) -> list[TaskRecord]:
         """LEASED records whose deadline is at or before ``now``, in ``(deadline, seq)`` order;

@@ -37,16 +37,18 @@ def _serve_processes() -> set[int]:
             if " serve " in line and str(WORK) in line}
 
 
-def _common_checks(rows: list[dict[str, Any]], name: str, section: str) -> None:
+def _common_checks(rows: list[dict[str, Any]], name: str, section: str, targeted: frozenset[str] = frozenset()) -> None:
     assert {row["scenario"] for row in rows} == {name}
     for row in rows:
         assert row["section"] == section
         assert row["status"] == "measured", row.get("skip_reason")
-        assert row["target"] is None and row["skip_reason"] is None
-        assert row["unit"] and row["notes"]
+        assert row["skip_reason"] is None and row["unit"] and row["notes"]
         assert row["repeats"] >= 1 and row["min"] <= row["median"] <= row["max"]
         judged = judge(dict(row), on_reference_host=True)
-        assert judged["met"] is None  # no target, nothing to judge
+        if row["metric"] in targeted:
+            assert row["target"] is not None and judged["met"] in (True, False)
+        else:
+            assert row["target"] is None and judged["met"] is None  # no target, nothing to judge
 
 
 def test_both_scenarios_are_registered() -> None:
@@ -60,19 +62,25 @@ def test_coordinator_claims_smoke_rows() -> None:
     before, serving = _scratch("coordinator_claims"), _serve_processes()
     rows = coordinator_claims.SCENARIO.run(1, True)
     by_metric = _by_metric(rows)
-    assert set(by_metric) == {"cycles_per_s", "per_cycle_p50_ms"}
-    _common_checks(rows, "coordinator_claims", "performance")
+    assert set(by_metric) == {metric for metric, _ in coordinator_claims.METRICS}
+    targeted = frozenset({"sqlite_4_clients_cycles_per_s", "postgres_2_replicas_4_clients_cycles_per_s"})
+    _common_checks(rows, "coordinator_claims", "performance", targeted)
 
-    rate = by_metric["cycles_per_s"]
-    assert rate["unit"] == "cycles/s" and rate["repeats"] == 1 and rate["median"] > 0
-    assert "LeaseManager" in rate["comparator"]["name"] and rate["comparator"]["median"] > 0
-    assert rate["ratio"] == pytest.approx(rate["comparator"]["median"] / rate["median"])
-    notes = " ".join(rate["notes"])
-    assert f"{coordinator_claims.CLIENTS} concurrent client threads" in notes
-    assert f"N={coordinator_claims.SMOKE_TASKS}" in notes
-    assert "metrics.json" in notes and "ratio = comparator cycles/s ÷ HTTP cycles/s" in notes
+    for clients in ("1_client", "4_clients"):
+        sqlite = by_metric[f"sqlite_{clients}_cycles_per_s"]
+        assert sqlite["unit"] == "cycles/s" and sqlite["repeats"] == 1 and sqlite["median"] > 0
+        assert "LeaseManager" in sqlite["comparator"]["name"] and sqlite["comparator"]["median"] > 0
+        assert sqlite["ratio"] == pytest.approx(sqlite["median"] / sqlite["comparator"]["median"])
+        one = by_metric[f"postgres_1_replica_{clients}_cycles_per_s"]
+        two = by_metric[f"postgres_2_replicas_{clients}_cycles_per_s"]
+        assert "LeaseManager" in one["comparator"]["name"] and one["median"] > 0
+        assert two["comparator"]["name"].startswith("one replica on PostgreSQL")
+        assert two["ratio"] == pytest.approx(two["median"] / one["median"])
+    notes = " ".join(by_metric["sqlite_4_clients_cycles_per_s"]["notes"])
+    assert f"N={coordinator_claims.SMOKE_TASKS}" in notes and "4 client(s) on one coordinator on SQLite" in notes
+    assert "metrics.json" in notes and "ratio = HTTP cycles/s ÷ in-process cycles/s" in notes
 
-    p50 = by_metric["per_cycle_p50_ms"]
+    p50 = by_metric["sqlite_4_clients_per_cycle_p50_ms"]
     assert p50["unit"] == "ms" and p50["median"] > 0 and p50["comparator"]["median"] > 0
     assert p50["ratio"] == pytest.approx(p50["median"] / p50["comparator"]["median"])
 

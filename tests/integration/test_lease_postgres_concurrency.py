@@ -136,3 +136,42 @@ def test_two_sweepers_expire_each_silent_lease_exactly_once(postgres_url: str) -
     for sweeper in sweepers:
         sweeper.store.close()  # type: ignore[attr-defined]
     store.close()
+
+
+def test_a_claim_in_flight_hides_only_its_own_choice_from_the_next_claimer(postgres_url: str) -> None:
+    """While one claimer's transaction is open (it holds its chosen task), a policy claim of
+    another gets the next task, not "nothing now": pages are read without locks and only
+    the choice is locked."""
+    from flashruntime.scheduler import FifoPlacement
+
+    first_store, second_store = PostgresLeaseStore(postgres_url), PostgresLeaseStore(postgres_url)
+    try:
+        first, second = LeaseManager(first_store), LeaseManager(second_store)
+        for index in range(3):
+            first.add_task(TaskSpec(task_id=f"t{index}", job_id="job", commit_key=f"job/t{index}"), now=T0)
+        holding, release = threading.Event(), threading.Event()
+        taken: list[str] = []
+
+        def claim_and_hold() -> None:
+            with first_store.transaction():
+                lease = first.claim("node-a", now=T0, policy=FifoPlacement())
+                assert lease is not None
+                taken.append(lease.task_id)
+                holding.set()
+                release.wait(30)  # a hang guard
+
+        holder = threading.Thread(target=claim_and_hold)
+        holder.start()
+        try:
+            assert holding.wait(30)
+            lease = second.claim("node-b", now=T0, policy=FifoPlacement())
+            assert lease is not None and lease.task_id != taken[0]
+            assert second.claim("node-c", now=T0, policy=FifoPlacement()) is not None  # the third
+            assert second.claim("node-d", now=T0, policy=FifoPlacement()) is None  # all three taken or held
+        finally:
+            release.set()
+            holder.join(30)
+        assert sorted(record.state.value for record in second_store.all("job")) == ["LEASED"] * 3
+    finally:
+        first_store.close()
+        second_store.close()
