@@ -22,6 +22,7 @@ that built-in as a second base::
     ├── CodeExecutionNotPermitted(PermissionError)  a job would run commands its submitter may not run
     ├── StoreError(RuntimeError)         a store's database failed (locked, full, damaged, unreachable)
     ├── BadDatabaseURL(ValueError)       a database URL of a form the coordinator does not open
+    ├── SchemaVersionError(RuntimeError) a database a newer (or unknown) flashruntime wrote
     ├── UnplannableRequest(ValueError)   a plan request lacks a figure the planner needs
     ├── ModuleUnavailable(ImportError)   an import path whose code this release does not have yet
     ├── BadArtifactKey(ValueError)       an artifact key that is not a safe relative path
@@ -72,6 +73,7 @@ __all__ = [
     "NonFiniteWeights",
     "QuorumNotMet",
     "RateLimited",
+    "SchemaVersionError",
     "StoreError",
     "TaskInterrupted",
     "TaskRefused",
@@ -170,6 +172,12 @@ class StoreError(FlashRuntimeError, RuntimeError):
 class BadDatabaseURL(FlashRuntimeError, ValueError):
     """A database URL that is neither ``sqlite:///absolute/path`` nor
     ``postgresql://user:password@host:port/database``; the message never shows the password."""
+
+
+class SchemaVersionError(FlashRuntimeError, RuntimeError):
+    """A store of the coordinator's database records a schema version this flashruntime does
+    not read (a newer one, or one it does not know); the message names the store, the
+    database and both versions. Nothing was changed."""
 
 
 class UnplannableRequest(FlashRuntimeError, ValueError):

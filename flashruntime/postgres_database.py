@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from flashruntime.errors import StoreError
+from flashruntime.errors import SchemaVersionError, StoreError
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -370,16 +370,12 @@ class PostgresDatabase:
         upgrades = upgrades or {}
         with self.transaction():
             self.lock(f"flashruntime schema {meta_table}")
-            exists = self.fetchone("SELECT to_regclass(%s) IS NOT NULL", (meta_table,))
-            row = None
-            if exists and exists[0]:
-                row = self.fetchone(f"SELECT value FROM {meta_table} WHERE key = 'schema_version'")
-            stored = None if row is None else str(row[0])
+            stored = self.recorded_version(meta_table)
             if stored == version:
                 return
             if stored is not None and stored not in upgrades:
                 known = "".join(f", and upgrades {old!r} in place" for old in sorted(upgrades))
-                raise RuntimeError(
+                raise SchemaVersionError(
                     f"{self.where}: {what} schema version {stored!r} is not one this flashruntime reads (it reads "
                     f"{version!r}{known}); use the flashruntime version that wrote it"
                 )
@@ -390,6 +386,15 @@ class PostgresDatabase:
                 "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
                 (version,),
             )
+
+    def recorded_version(self, meta_table: str) -> str | None:
+        """The ``schema_version`` a store recorded in ``meta_table`` (found through the
+        ``search_path``), or None when that table or its row is absent. Reads only."""
+        exists = self.fetchone("SELECT to_regclass(%s) IS NOT NULL", (meta_table,))
+        if not (exists and exists[0]):
+            return None
+        row = self.fetchone(f"SELECT value FROM {meta_table} WHERE key = 'schema_version'")
+        return None if row is None else str(row[0])
 
     def ping(self, timeout_s: float) -> None:
         """One ``SELECT 1`` on a pooled connection taken within ``timeout_s``: ``StoreError``

@@ -18,7 +18,7 @@ from types import TracebackType
 
 from flashruntime.sqlite_errors import translate_sqlite_errors
 
-__all__ = ["SqliteDatabase"]
+__all__ = ["SqliteDatabase", "has_table", "recorded_version"]
 
 
 @translate_sqlite_errors(lambda transaction: f"database {transaction._db.path}")
@@ -139,3 +139,18 @@ class SqliteDatabase:
 
     def __repr__(self) -> str:
         return f"SqliteDatabase({str(self.path)!r})"
+
+
+def has_table(connection: sqlite3.Connection, name: str) -> bool:
+    """Whether the database of ``connection`` holds the table ``name``; reads only."""
+    row = connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone()
+    return row is not None
+
+
+def recorded_version(connection: sqlite3.Connection, meta_table: str) -> str | None:
+    """The ``schema_version`` a store recorded in its ``meta_table`` (key/value rows), or None
+    when that table or its row is absent; reads only, so it suits a read-only connection."""
+    if not has_table(connection, meta_table):
+        return None
+    row = connection.execute(f"SELECT value FROM {meta_table} WHERE key = 'schema_version'").fetchone()
+    return None if row is None else str(row[0])

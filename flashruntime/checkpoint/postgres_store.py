@@ -18,7 +18,7 @@ from flashruntime.protocol.v1alpha1 import CheckpointManifest, CheckpointPart
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["PostgresManifestStore"]
+__all__ = ["SCHEMA_VERSION", "PostgresManifestStore", "stored_schema_version"]
 
 SCHEMA_VERSION = "1"
 
@@ -61,6 +61,12 @@ _BIGINT_MAX = 2**63 - 1
 def _storable(*values: str) -> bool:
     """Whether PostgreSQL's ``text`` can hold every value (it cannot hold NUL)."""
     return not any("\x00" in value for value in values)
+
+
+def stored_schema_version(database: PostgresDatabase) -> str | None:
+    """The checkpoint store's schema version recorded in ``database``, or None where it has no
+    checkpoint tables yet. Reads only."""
+    return database.recorded_version("checkpoint_meta")
 
 
 class PostgresManifestStore:

@@ -15,11 +15,12 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from flashruntime.errors import SchemaVersionError
 from flashruntime.protocol.v1alpha1 import CheckpointManifest, CheckpointPart
-from flashruntime.sqlite_database import SqliteDatabase
+from flashruntime.sqlite_database import SqliteDatabase, recorded_version
 from flashruntime.sqlite_errors import translate_sqlite_errors
 
-__all__ = ["SqliteManifestStore"]
+__all__ = ["SCHEMA_VERSION", "SqliteManifestStore", "stored_schema_version"]
 
 SCHEMA_VERSION = "1"
 
@@ -40,6 +41,12 @@ _SCHEMA = (
     " size_bytes INTEGER NOT NULL,"
     " PRIMARY KEY (job_id, attempt_id, step, key))",
 )
+
+
+def stored_schema_version(connection: sqlite3.Connection) -> str | None:
+    """The checkpoint store's schema version recorded in the database of ``connection`` (read-only
+    will do), or None where it has no checkpoint tables yet. Reads only."""
+    return recorded_version(connection, "checkpoint_meta")
 
 
 @translate_sqlite_errors(lambda store: f"manifest store {store.path}")
@@ -70,7 +77,7 @@ class SqliteManifestStore:
                 )
                 stored = cur.execute("SELECT value FROM checkpoint_meta WHERE key = 'schema_version'").fetchone()[0]
                 if stored != SCHEMA_VERSION:
-                    raise RuntimeError(
+                    raise SchemaVersionError(
                         f"{self.path}: checkpoint schema version {stored!r} is not one this flashruntime reads (it "
                         f"reads {SCHEMA_VERSION!r}); open it with the version that wrote it"
                     )

@@ -30,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flashruntime.cli.jobs",
     "flashruntime.cli.job_output",
     "flashruntime.cli.serve",
+    "flashruntime.cli.db",
     "flashruntime.cli.worker",
 )
 

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from flashruntime.errors import CommandError
+
 EXIT_OK, EXIT_SERVER_FAILED, EXIT_CONFIG = 0, 1, 2
 
 DEFAULT_DATA_DIR = Path("flashruntime-data")
@@ -45,14 +47,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=8100, help="port to bind (default 8100)")
-    parser.add_argument("--data-dir", default=None, metavar="D",
-                        help=f"D/{LEDGER_NAME} (the coordinator's database: jobs, events, tasks and leases, "
-                             f"nodes and cordons, checkpoint manifests) and D/{ARTIFACTS_NAME}/, overriding env")
-    parser.add_argument("--database-url", default=None, metavar="URL",
-                        help="the database instead of the SQLite file under the data directory: "
-                             "sqlite:///absolute/path or postgresql://user:password@host:port/database (needs "
-                             "pip install 'flashruntime[postgres]'; replicas may share it, given one shared "
-                             "artifacts directory); overrides FLASHML_DATABASE_URL")
+    add_database_options(parser)
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="uvicorn log level (default info)")
     parser.add_argument("--ssl-certfile", default=None, metavar="PEM",
                         help="serve HTTPS with this certificate (chain) file; needs --ssl-keyfile")
@@ -61,6 +56,46 @@ def register(subparsers: Any) -> None:
                         help="allow an open coordinator (no tokens configured) to listen beyond loopback: "
                              "anyone who reaches it can submit jobs and run code on trusted workers")
     parser.set_defaults(handler=handle)
+
+
+def add_database_options(parser: argparse.ArgumentParser) -> None:
+    """``--data-dir`` and ``--database-url``, as ``serve`` and ``db`` take them."""
+    parser.add_argument("--data-dir", default=None, metavar="D",
+                        help=f"D/{LEDGER_NAME} (the coordinator's database: jobs, events, tasks and leases, "
+                             f"nodes and cordons, checkpoint manifests) and D/{ARTIFACTS_NAME}/, overriding env")
+    parser.add_argument("--database-url", default=None, metavar="URL",
+                        help="the database instead of the SQLite file under the data directory: "
+                             "sqlite:///absolute/path or postgresql://user:password@host:port/database (needs "
+                             "pip install 'flashruntime[postgres]'; replicas may share it, given one shared "
+                             "artifacts directory); overrides FLASHML_DATABASE_URL")
+
+
+def coordinator_settings(data_dir: str | None, database_url: str | None, env: Mapping[str, str]) -> Any:
+    """The ``RuntimeSettings`` a coordinator started with ``--data-dir`` / ``--database-url``
+    (None: not given) runs on, with the rest from ``env``: the database is ``database_url``,
+    else ``FLASHML_DATABASE_URL``, else the SQLite file of the data directory (``resolve_paths``,
+    made absolute). ``CommandError`` (exit 2) saying what to correct when a setting is invalid
+    or the service extra is missing; a URL is never shown with its password."""
+    try:
+        from flashruntime.coordinator.settings import RuntimeSettings
+    except ImportError as exc:
+        raise CommandError(f"{exc}; {SERVICE_HINT}", EXIT_CONFIG) from None
+    from flashruntime.database_url import parse_database_url
+    from flashruntime.errors import BadDatabaseURL
+
+    try:
+        settings = RuntimeSettings.from_env(env)
+    except ValueError as exc:
+        raise CommandError(f"invalid settings: {exc}", EXIT_CONFIG) from None
+    ledger, artifacts = (path.expanduser().absolute() for path in resolve_paths(data_dir, env))
+    settings.ledger_path, settings.artifacts_dir = str(ledger), str(artifacts)
+    if database_url is not None:
+        try:
+            parse_database_url(database_url, source="--database-url")
+        except BadDatabaseURL as exc:
+            raise CommandError(str(exc), EXIT_CONFIG) from None
+        settings.database_url = database_url
+    return settings
 
 
 def _port(value: str) -> int:
@@ -134,15 +169,13 @@ def _fail(message: str) -> int:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from flashruntime.coordinator.settings import RuntimeSettings
-    from flashruntime.database_url import parse_database_url
-    from flashruntime.errors import AuthConfigError, BadDatabaseURL, StoreError
+    from flashruntime.errors import AuthConfigError, StoreError
 
     env = os.environ
     try:
-        settings = RuntimeSettings.from_env(env)
-    except ValueError as exc:
-        return _fail(f"invalid settings: {exc}")
+        settings = coordinator_settings(args.data_dir, args.database_url, env)
+    except CommandError as exc:
+        return _fail(str(exc))
     try:
         import uvicorn
 
@@ -173,14 +206,7 @@ def handle(args: argparse.Namespace) -> int:
         print(f"WARNING: serving plain HTTP on {args.host}: tokens cross the network in clear text; serve HTTPS "
               "(--ssl-certfile/--ssl-keyfile) or put a TLS reverse proxy in front", file=sys.stderr, flush=True)
 
-    ledger, artifacts = (path.expanduser().absolute() for path in resolve_paths(args.data_dir, env))
-    settings.ledger_path, settings.artifacts_dir = str(ledger), str(artifacts)
-    if args.database_url is not None:
-        try:
-            parse_database_url(args.database_url, source="--database-url")
-        except BadDatabaseURL as exc:
-            return _fail(str(exc))
-        settings.database_url = args.database_url
+    artifacts = Path(settings.artifacts_dir)
     database = settings.database
     for directory in (database.path.parent if database.path is not None else None, artifacts):
         if directory is None:

@@ -15,10 +15,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+from flashruntime.errors import SchemaVersionError
 from flashruntime.postgres_database import PostgresDatabase
-from flashruntime.sqlite_database import SqliteDatabase
+from flashruntime.sqlite_database import SqliteDatabase, has_table
 
-__all__ = ["EventRow", "EvidenceRow", "JobRow", "LedgerTables", "PostgresLedgerTables", "SqliteLedgerTables"]
+__all__ = ["POSTGRES_SCHEMA_VERSION", "SQLITE_SCHEMA_VERSION", "SQLITE_UPGRADES_FROM", "EventRow", "EvidenceRow",
+           "JobRow", "LedgerTables", "PostgresLedgerTables", "SqliteLedgerTables", "stored_schema_version"]
 
 # (job_id, record JSON, state, created_at text)
 JobRow = tuple[str, str, str, str]
@@ -60,6 +62,7 @@ class LedgerTables(Protocol):
 # attempt_evidence; 2: the same tables, in a file that may also hold the coordinator's
 # other stores (tasks and leases, nodes, checkpoints), which a reader of 1 would not look for.
 SQLITE_SCHEMA_VERSION = 2
+SQLITE_UPGRADES_FROM = ("0", "1")  # what the constructor brings to SQLITE_SCHEMA_VERSION in place
 _SQLITE_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS jobs (
         job_id TEXT PRIMARY KEY, record TEXT NOT NULL, state TEXT NOT NULL, created_at TEXT NOT NULL)""",
@@ -95,7 +98,7 @@ class SqliteLedgerTables:
         with self._write() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SQLITE_SCHEMA_VERSION:
-                raise RuntimeError(
+                raise SchemaVersionError(
                     f"{self.path}: ledger schema version {version} is newer than the {SQLITE_SCHEMA_VERSION} this "
                     "flashruntime reads; open it with the version that wrote it"
                 )
@@ -171,6 +174,20 @@ class SqliteLedgerTables:
 
 POSTGRES_SCHEMA_VERSION = "1"
 POSTGRES_META_TABLE = "ledger_meta"
+
+
+def stored_schema_version(database: sqlite3.Connection | PostgresDatabase) -> str | None:
+    """The ledger's schema version recorded in ``database`` (a SQLite connection, read-only
+    will do, or a ``PostgresDatabase``), or None where it has no ledger tables yet. Reads
+    only. On SQLite it is the file's ``user_version``, "0" for a ledger from before it
+    was recorded."""
+    if isinstance(database, PostgresDatabase):
+        return database.recorded_version(POSTGRES_META_TABLE)
+    version = int(database.execute("PRAGMA user_version").fetchone()[0])
+    if version == 0 and not has_table(database, "jobs"):
+        return None
+    return str(version)
+
 # The SQLite layout, with an explicit ``seq`` where SQLite orders by rowid. Ids and
 # timestamps are ``COLLATE "C"``: byte order, so fixed-width timestamp text sorts as time.
 _POSTGRES_SCHEMA = (

@@ -16,7 +16,7 @@ from flashruntime.coordinator.node_store import StoredNode
 from flashruntime.postgres_database import PostgresDatabase
 from flashruntime.protocol.v1alpha1 import NodeRegistration
 
-__all__ = ["PostgresNodeStore"]
+__all__ = ["SCHEMA_VERSION", "PostgresNodeStore", "stored_schema_version"]
 
 SCHEMA_VERSION = "1"
 _SCHEMA = (
@@ -29,6 +29,12 @@ _SCHEMA = (
     )""",
 )
 _COLUMNS = "registration, last_seen, accepted"
+
+
+def stored_schema_version(database: PostgresDatabase) -> str | None:
+    """The node store's schema version recorded in ``database``, or None where it has no
+    node tables yet. Reads only."""
+    return database.recorded_version("node_meta")
 
 
 class PostgresNodeStore:

@@ -14,11 +14,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from flashruntime.coordinator.node_store import StoredNode
+from flashruntime.errors import SchemaVersionError
 from flashruntime.protocol.v1alpha1 import NodeRegistration
-from flashruntime.sqlite_database import SqliteDatabase
+from flashruntime.sqlite_database import SqliteDatabase, recorded_version
 from flashruntime.sqlite_errors import translate_sqlite_errors
 
-__all__ = ["SqliteNodeStore"]
+__all__ = ["SCHEMA_VERSION", "SqliteNodeStore", "stored_schema_version"]
 
 SCHEMA_VERSION = "1"
 _SCHEMA = (
@@ -30,6 +31,12 @@ _SCHEMA = (
     " accepted INTEGER NOT NULL DEFAULT 0)",
 )
 _COLUMNS = "registration, last_seen, accepted"
+
+
+def stored_schema_version(connection: sqlite3.Connection) -> str | None:
+    """The node store's schema version recorded in the database of ``connection`` (read-only
+    will do), or None where it has no node tables yet. Reads only."""
+    return recorded_version(connection, "node_meta")
 
 
 @translate_sqlite_errors(lambda store: f"node store {store.path}")
@@ -53,7 +60,7 @@ class SqliteNodeStore:
                 if row is None:
                     conn.execute("INSERT INTO node_meta (key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
                 elif row[0] != SCHEMA_VERSION:
-                    raise RuntimeError(
+                    raise SchemaVersionError(
                         f"{self.path}: node schema version {row[0]!r} is not one this flashruntime reads (it reads "
                         f"{SCHEMA_VERSION!r}); open it with the version that wrote it"
                     )

@@ -19,7 +19,7 @@ import random
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from flashruntime.checkpoint.store import ManifestStore
@@ -69,8 +69,9 @@ class SweeperLock(Protocol):
 @dataclass
 class CoordinatorState:
     """The stores of one coordinator, on one database; ``url`` names it (password masked
-    when shown). ``sweeper`` is None where one process owns the database (SQLite), else the
-    lock that picks the one replica that sweeps."""
+    when shown). ``sweeper`` is None where every process on the database sweeps (SQLite,
+    whose writers take turns), else the lock that picks the one replica that sweeps.
+    ``imported``: the rows copied from each older store file when this opened it."""
 
     database: StateDatabase
     ledger: Ledger
@@ -79,6 +80,7 @@ class CoordinatorState:
     nodes: NodeStore
     url: DatabaseURL
     sweeper: SweeperLock | None = None
+    imported: dict[str, int] = field(default_factory=dict)
 
     def transaction(self) -> AbstractContextManager[object]:
         """The one transaction every store here writes in; re-entrant, only the outermost commits."""
@@ -146,7 +148,11 @@ def open_state(settings: RuntimeSettings) -> CoordinatorState:
     """Open (creating their tables if needed) the four stores on ``settings.database``: the
     SQLite file (importing ``leases.db`` / ``checkpoints.db`` found beside it), or the
     PostgreSQL database. A database that cannot be opened raises ``StoreError`` saying why
-    (the server's address, never the password); a newer schema raises ``RuntimeError``."""
+    (the server's address, never the password); a newer schema raises ``RuntimeError``.
+
+    The four stores make or migrate their tables in one transaction, so a migration that
+    fails leaves every store as it was; each older file is then imported in a transaction
+    of its own (``store_files``)."""
     url = settings.database
     if url.kind == "postgresql":
         return _open_postgres(url)
@@ -164,11 +170,12 @@ def _open_sqlite(url: DatabaseURL, settings: RuntimeSettings) -> CoordinatorStat
     memory = str(url.path) == ":memory:"
     database = SqliteDatabase(url.path, page_size=PAGE_SIZE)
     try:
-        state = CoordinatorState(database, Ledger(database), SqliteLeaseStore(database),
-                                 SqliteManifestStore(database), SqliteNodeStore(database), url)
+        with database.transaction():
+            state = CoordinatorState(database, Ledger(database), SqliteLeaseStore(database),
+                                     SqliteManifestStore(database), SqliteNodeStore(database), url)
         if not memory:  # a private database has no directory to import from
-            import_store_files(database, {"leases.db": settings.leases_path,
-                                          "checkpoints.db": settings.checkpoints_path})
+            state.imported = import_store_files(database, {"leases.db": settings.leases_path,
+                                                           "checkpoints.db": settings.checkpoints_path})
     except BaseException:
         database.close()
         raise
@@ -183,8 +190,9 @@ def _open_postgres(url: DatabaseURL) -> CoordinatorState:
 
     database = PostgresDatabase(url.url, source=DATABASE_URL_SOURCE)
     try:
-        state = CoordinatorState(database, Ledger(database), PostgresLeaseStore(database),
-                                 PostgresManifestStore(database), PostgresNodeStore(database), url)
+        with database.transaction():
+            state = CoordinatorState(database, Ledger(database), PostgresLeaseStore(database),
+                                     PostgresManifestStore(database), PostgresNodeStore(database), url)
         # Advisory locks are per database; a deployment is a database and a schema, so two
         # coordinators in two schemas of one database each have their own sweeper.
         name, schema = database.fetchone("SELECT current_database(), current_schema()") or ("", "")

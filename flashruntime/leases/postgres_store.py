@@ -34,7 +34,9 @@ from flashruntime.protocol.v1alpha1 import Lease, TaskState
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["PostgresLeaseStore"]
+__all__ = ["SCHEMA_VERSION", "PostgresLeaseStore", "stored_schema_version"]
+
+SCHEMA_VERSION = sql.SCHEMA_VERSION
 
 _STATES = {state.value: state for state in TaskState}
 _ALL_COLUMNS = tuple(range(len(sql.MUTABLE)))
@@ -55,6 +57,12 @@ class _History(dict):  # type: ignore[type-arg]
         self.persisted: set[str] = set()
         self.stored: tuple[Any, ...] | None = None
         self.stored_lease: Lease | None = None
+
+
+def stored_schema_version(database: PostgresDatabase) -> str | None:
+    """The lease store's schema version recorded in ``database``, or None where it has no
+    lease tables yet. Reads only."""
+    return database.recorded_version(sql.META_TABLE)
 
 
 def _storable(value: str) -> bool:

@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from flashruntime.errors import SchemaVersionError
 from flashruntime.leases import _sqlite_sql as sql
 from flashruntime.leases._models import (
     coerce_now,
@@ -30,10 +31,16 @@ from flashruntime.leases._models import (
 from flashruntime.leases._sqlite_migrate import migrate_single_document, single_document_layout
 from flashruntime.leases.store import LeaseStore, TaskRecord
 from flashruntime.protocol.v1alpha1 import Lease, TaskState
-from flashruntime.sqlite_database import SqliteDatabase
+from flashruntime.sqlite_database import SqliteDatabase, has_table, recorded_version
 from flashruntime.sqlite_errors import translate_sqlite_errors
 
-__all__ = ["SqliteLeaseStore"]
+__all__ = ["SCHEMA_VERSION", "UNVERSIONED", "UPGRADES_FROM", "SqliteLeaseStore", "stored_schema_version"]
+
+SCHEMA_VERSION = sql.SCHEMA_VERSION
+# A ``lease_tasks`` table with no version recorded beside it: the single-document layout,
+# which the constructor migrates, or tables made before the version was stamped.
+UNVERSIONED = "unversioned"
+UPGRADES_FROM = ("2", UNVERSIONED)  # what the constructor brings to SCHEMA_VERSION in place
 
 _STATES = {state.value: state for state in TaskState}
 _ALL_COLUMNS = tuple(range(len(sql.MUTABLE)))
@@ -42,6 +49,15 @@ _ROW_WIDTH = 4 + len(sql.MUTABLE)
 _LEASED = TaskState.LEASED
 _record_new = TaskRecord.__new__
 PAGE_SIZE = 2048
+
+
+def stored_schema_version(connection: sqlite3.Connection) -> str | None:
+    """The lease store's schema version recorded in the database of ``connection`` (read-only
+    will do): ``UNVERSIONED`` for lease tables without one, None where there are none. Reads only."""
+    version = recorded_version(connection, "lease_meta")
+    if version is None and has_table(connection, "lease_tasks"):
+        return UNVERSIONED
+    return version
 
 
 class _History(dict):  # type: ignore[type-arg]
@@ -119,7 +135,7 @@ class SqliteLeaseStore(LeaseStore):
                 conn.execute(sql.PUT_VERSION, (sql.SCHEMA_VERSION,))
                 return
             if version is not None:
-                raise RuntimeError(
+                raise SchemaVersionError(
                     f"{self.path}: lease schema version {version!r} is not one this flashruntime reads "
                     f"(it reads {sql.SCHEMA_VERSION!r}, and upgrades '2' in place); open it with the version that wrote it"
                 )

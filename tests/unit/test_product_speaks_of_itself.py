@@ -60,9 +60,10 @@ def test_no_pointer_to_an_outside_document_and_no_development_history() -> None:
 
 
 @pytest.mark.parametrize("command", ["", "submit", "chaos", "runs", "view", "demo", "plan", "submit-spec", "status", "events",
-                                     "logs", "tasks", "goodput", "artifacts", "cancel", "serve", "worker"])
+                                     "logs", "tasks", "goodput", "artifacts", "cancel", "serve", "worker", "db",
+                                     "db check", "db upgrade"])
 def test_help_texts_speak_of_the_product(command: str) -> None:
-    argv = [sys.executable, "-m", "flashruntime.cli", *([command] if command else []), "--help"]
+    argv = [sys.executable, "-m", "flashruntime.cli", *command.split(), "--help"]
     shown = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT, check=False)
     assert shown.returncode == 0, shown.stderr
     assert not POINTER.search(shown.stdout) and not HISTORY.search(shown.stdout), shown.stdout
