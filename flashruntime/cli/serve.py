@@ -11,6 +11,15 @@ says why); 2 the ``service`` extra is missing, the settings are invalid, the dat
 be opened (a bad URL, the PostgreSQL driver missing, a server that does not answer or
 refuses the login), or an open coordinator was asked to listen beyond loopback without
 ``--insecure``.
+
+``--workers N`` runs N uvicorn worker processes on the one port (the kernel spreads the
+connections among them). This process checks the settings and opens the database once
+(running any migration) before they start; each worker then builds its own app with
+``create_app()`` from the settings this process puts in the environment. What a worker
+keeps in memory is its own: the rate limit buckets and the ``/metrics`` counters and
+latency histogram. The expiry sweep runs in each of them on SQLite (the sweeps take turns
+on the database's write lock, and each re-reads the leases inside its transaction) and in
+one of them on PostgreSQL (the advisory lock).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from flashruntime.cli._arguments import whole_number
 from flashruntime.errors import CommandError
 
 EXIT_OK, EXIT_SERVER_FAILED, EXIT_CONFIG = 0, 1, 2
@@ -36,6 +46,8 @@ LEDGER_NAME = "flashruntime.db"
 ARTIFACTS_NAME = "artifacts"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's names
 SERVICE_HINT = "install the service extra: pip install 'flashruntime[service]'"
+# What a worker process builds its app from (``--workers``): it reads its settings from the environment.
+APP_FACTORY = "flashruntime.coordinator.app:create_app"
 
 
 def register(subparsers: Any) -> None:
@@ -48,6 +60,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=8100, help="port to bind (default 8100)")
     add_database_options(parser)
+    parser.add_argument("--workers", type=whole_number("--workers", 1), default=1, metavar="N",
+                        help="uvicorn worker processes sharing the port (default 1), on SQLite or PostgreSQL; "
+                             "each keeps its own rate limit buckets and /metrics counters")
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="uvicorn log level (default info)")
     parser.add_argument("--ssl-certfile", default=None, metavar="PEM",
                         help="serve HTTPS with this certificate (chain) file; needs --ssl-keyfile")
@@ -96,6 +111,16 @@ def coordinator_settings(data_dir: str | None, database_url: str | None, env: Ma
             raise CommandError(str(exc), EXIT_CONFIG) from None
         settings.database_url = database_url
     return settings
+
+
+def worker_environment(settings: Any) -> dict[str, str]:
+    """The variables that give a worker process started by ``--workers`` (which builds its app
+    with ``create_app()`` from the environment) the settings this process resolved from its
+    options: the data paths, and the database URL when one is set."""
+    env = {"FLASHML_LEDGER_PATH": settings.ledger_path, "FLASHML_LOCAL_ARTIFACTS_DIR": settings.artifacts_dir}
+    if settings.database_url:
+        env["FLASHML_DATABASE_URL"] = settings.database_url
+    return env
 
 
 def _port(value: str) -> int:
@@ -223,13 +248,25 @@ def handle(args: argparse.Namespace) -> int:
     except (AuthConfigError, RuntimeError, OSError, sqlite3.Error) as exc:
         return _fail(f"invalid settings: {exc}")
 
+    target: Any = app
+    if args.workers > 1:
+        # This app only proved that the settings and the database are usable (and ran any
+        # migration once, before the workers race to); each worker builds its own from the
+        # environment, which its process inherits.
+        app.state.coordinator.close()
+        os.environ.update(worker_environment(settings))
+        target = APP_FACTORY
+
     print(f"FlashRuntime coordinator on {url}", flush=True)
     print(f"  database   {database.path if database.kind == 'sqlite' else database}", flush=True)
     print(f"  artifacts  {artifacts}", flush=True)
+    if args.workers > 1:
+        print(f"  workers    {args.workers} processes sharing the port", flush=True)
     try:
         with _sigterm_stops_cleanly():
-            uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                        ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
+            uvicorn.run(target, host=args.host, port=args.port, log_level=args.log_level,
+                        ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, workers=args.workers,
+                        factory=args.workers > 1)
     except (KeyboardInterrupt, _Terminated):
         return EXIT_OK
     except SystemExit as exc:

@@ -1,5 +1,7 @@
 """Concurrent claimers never lease one task to two nodes at once: 8 threads on one
-manager (in memory and on SQLite), and 2 processes sharing one SQLite file."""
+manager (in memory and on SQLite), and 2 processes sharing one SQLite file. Sweeps of
+several connections to one SQLite file (as every worker process of ``serve --workers``
+runs one) expire each overdue lease once."""
 
 from __future__ import annotations
 
@@ -221,3 +223,33 @@ def test_two_processes_on_one_file_claim_each_task_exactly_once(tmp_path: Path) 
     assert reopened.job_state("job") == {"COMPLETED": count}
     assert all(record.attempts_used == 1 for record in reopened.records())
     reopened.store.close()  # type: ignore[attr-defined]
+
+
+def test_sweeps_of_four_connections_to_one_file_expire_each_lease_once(tmp_path: Path) -> None:
+    """Each sweep reads the overdue leases inside its own write transaction, so a sweep that
+    waited for another finds what that one expired already requeued."""
+    stores = [SqliteLeaseStore(tmp_path / "leases.db") for _ in range(4)]
+    try:
+        first = LeaseManager(stores[0])
+        with stores[0].transaction():
+            for spec in _specs(40, lease_seconds=10):
+                first.add_task(spec, now=T0)
+        for index in range(40):
+            assert first.claim(f"node-{index % 3}", now=T0) is not None
+        later = T0 + timedelta(seconds=60)
+        expired: list[int] = []
+        barrier = threading.Barrier(len(stores))
+
+        def sweep(store: SqliteLeaseStore) -> None:
+            manager = LeaseManager(store)
+            barrier.wait()
+            expired.append(manager.sweep(now=later))
+
+        _run([threading.Thread(target=sweep, args=(store,)) for store in stores])
+        assert sorted(expired) == [0, 0, 0, 40]  # one sweep expired all forty; the others found none
+        records = stores[0].all()
+        assert {record.state for record in records} == {TaskState.PENDING}
+        assert {record.expiries_seen for record in records} == {1}
+    finally:
+        for store in stores:
+            store.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import signal
 import sys
 import types
@@ -125,7 +126,7 @@ def test_serve_wires_create_app_into_uvicorn_with_resolved_settings(
     assert data.is_dir() and (data / "artifacts").is_dir()
     assert not (tmp_path / "ignored").exists()
     assert fake.runs == [{"app": fake.app, "host": "0.0.0.0", "port": 9123, "log_level": "warning",
-                          "ssl_certfile": None, "ssl_keyfile": None}]
+                          "ssl_certfile": None, "ssl_keyfile": None, "workers": 1, "factory": False}]
     out = capsys.readouterr()
     assert "http://0.0.0.0:9123" in out.out and str(data) in out.out
     assert "WARNING: no tokens are configured, so this coordinator is open" in out.err
@@ -371,11 +372,48 @@ def test_uvicorn_giving_up_exits_1(fake: FakeApp, tmp_path: Path, capsys: pytest
 # --- options --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv", [["--port", "70000"], ["--port", "http"], ["--log-level", "loud"]])
+@pytest.mark.parametrize("argv", [["--port", "70000"], ["--port", "http"], ["--log-level", "loud"],
+                                  ["--workers", "0"], ["--workers", "two"]])
 def test_bad_options_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         _args(*argv)
     assert exit_info.value.code == 2
+    if argv[0] == "--workers":
+        assert "--workers must be" in capsys.readouterr().err
+
+
+# --- worker processes -----------------------------------------------------------
+
+
+@pytest.mark.service
+def test_workers_get_the_app_factory_and_the_resolved_settings_through_the_environment(
+    fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The app built here only checks the settings and the database, and is closed; each worker
+    process builds its own from ``create_app()`` and the environment it inherits."""
+    for name in ("FLASHML_LEDGER_PATH", "FLASHML_LOCAL_ARTIFACTS_DIR", "FLASHML_DATABASE_URL"):
+        monkeypatch.setenv(name, "")  # restored after the test: the handler sets them for its workers
+    closed: list[bool] = []
+    fake.app = types.SimpleNamespace(state=types.SimpleNamespace(
+        coordinator=types.SimpleNamespace(close=lambda: closed.append(True))))
+    data = tmp_path / "data"
+    assert serve.handle(_args("--workers", "3", "--data-dir", str(data), "--database-url", PG_URL)) == 0
+    assert closed == [True]
+    [run] = fake.runs
+    assert (run["app"], run["workers"], run["factory"]) == ("flashruntime.coordinator.app:create_app", 3, True)
+    assert os.environ["FLASHML_DATABASE_URL"] == PG_URL
+    assert os.environ["FLASHML_LOCAL_ARTIFACTS_DIR"] == str(data / "artifacts")
+    assert RuntimeSettings.from_env().database.url == PG_URL  # what a worker reads back
+    out = capsys.readouterr().out
+    assert "workers    3 processes sharing the port" in out and "s3cret" not in out
+
+
+def test_worker_environment_names_the_database_only_when_a_url_is_set() -> None:
+    settings = RuntimeSettings(ledger_path="/d/flashruntime.db", artifacts_dir="/d/artifacts")
+    assert serve.worker_environment(settings) == {"FLASHML_LEDGER_PATH": "/d/flashruntime.db",
+                                                  "FLASHML_LOCAL_ARTIFACTS_DIR": "/d/artifacts"}
+    settings.database_url = PG_URL
+    assert serve.worker_environment(settings)["FLASHML_DATABASE_URL"] == PG_URL
 
 
 def test_url_for_brackets_ipv6() -> None:
