@@ -58,7 +58,7 @@ def register(subparsers: Any) -> None:
 
 def handle_check(args: argparse.Namespace) -> int:
     try:
-        report = _read(args, "check")
+        report = _read(args)
     except CommandError as exc:
         return _fail("check", exc)
     if args.json:
@@ -72,7 +72,7 @@ def handle_check(args: argparse.Namespace) -> int:
     return EXIT_NEEDS_UPGRADE if report.needs_upgrade else EXIT_CURRENT
 
 
-def _read(args: argparse.Namespace, action: str) -> Any:
+def _read(args: argparse.Namespace) -> Any:
     from flashruntime.coordinator.schema import read_schema
     from flashruntime.errors import StoreError
 

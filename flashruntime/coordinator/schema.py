@@ -10,16 +10,19 @@ not been imported yet also needs the upgrade. ``classify`` is the pure rule.
 
 from __future__ import annotations
 
+import errno
 import sqlite3
 from collections.abc import Callable, Mapping
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from flashruntime.coordinator.settings import RuntimeSettings
 from flashruntime.database_url import DatabaseURL
 from flashruntime.errors import SchemaVersionError
+from flashruntime.sqlite_database import has_table
 
 __all__ = ["ABSENT", "CURRENT", "NEEDS_UPGRADE", "NEWER", "UNKNOWN", "OldStoreFile", "SchemaReport",
            "StoreVersion", "Upgrade", "classify", "read_schema", "upgrade_schema"]
@@ -27,9 +30,6 @@ __all__ = ["ABSENT", "CURRENT", "NEEDS_UPGRADE", "NEWER", "UNKNOWN", "OldStoreFi
 CURRENT, ABSENT, NEEDS_UPGRADE, NEWER, UNKNOWN = "current", "absent", "needs upgrade", "newer", "unknown"
 # What an older store file beside the SQLite database is waiting for.
 WAITS, SET_ASIDE, IGNORED = "waits to be imported", "imported before, to be set aside", "ignored"
-
-STORES = ("ledger", "leases", "checkpoints", "nodes")
-
 
 def classify(stored: str | None, reads: str, upgrades_from: tuple[str, ...] = ()) -> str:
     """What a store's recorded version ``stored`` means to a release that reads ``reads`` and
@@ -89,8 +89,8 @@ class OldStoreFile:
 
 @dataclass(frozen=True)
 class SchemaReport:
-    """What ``read_schema`` found in ``database``: one ``StoreVersion`` per store (in
-    ``STORES`` order) and the older store files beside a SQLite database."""
+    """What ``read_schema`` found in ``database``: one ``StoreVersion`` per store (ledger,
+    leases, checkpoints, nodes) and the older store files beside a SQLite database."""
 
     database: DatabaseURL
     stores: tuple[StoreVersion, ...]
@@ -148,7 +148,8 @@ def read_schema(settings: RuntimeSettings) -> SchemaReport:
     anything: a SQLite file through a read-only connection (a file that does not exist is
     an empty database, and is not created), PostgreSQL in a read-only transaction. A
     database that cannot be read raises ``StoreError`` (PostgreSQL: naming the server,
-    never the password) or ``sqlite3.Error`` (the file is not a database)."""
+    never the password), ``sqlite3.Error`` (the file is not a database) or ``OSError`` (the
+    path names a directory)."""
     database = settings.database
     if database.kind == "postgresql":
         return _read_postgres(database)
@@ -184,8 +185,6 @@ def _read_only(path: Path) -> sqlite3.Connection:
     connection has the database open in WAL mode and nothing waits in a log, so it is read
     as it lies (``immutable``: SQLite creates no ``-wal`` or ``-shm`` file for it either);
     with one, as any reader reads it (``mode=ro``, through the shared memory)."""
-    from urllib.parse import quote
-
     flags = "mode=ro" if path.with_name(path.name + "-wal").exists() else "immutable=1"
     return sqlite3.connect(f"file:{quote(str(path.absolute()))}?{flags}", uri=True, isolation_level=None)
 
@@ -199,10 +198,12 @@ def _read_sqlite(database: DatabaseURL, files: Mapping[str, Path]) -> SchemaRepo
     readers = _sqlite_readers()
     path = database.path
     imported: set[str] = set()
+    if path.exists() and not path.is_file():
+        raise IsADirectoryError(errno.EISDIR, "not a SQLite file (a directory?)", str(path))
     if path.is_file():
         with closing(_read_only(path)) as conn:
             stores = _versions(readers, conn)
-            if _has_imports(conn):
+            if has_table(conn, "store_imports"):
                 imported = {str(row[0]) for row in conn.execute("SELECT file FROM store_imports")}
     else:
         stores = tuple(StoreVersion(name, None, reads, upgrades) for name, reads, upgrades, _ in readers)
@@ -223,12 +224,6 @@ def _read_sqlite(database: DatabaseURL, files: Mapping[str, Path]) -> SchemaRepo
         problem = version.problem(str(file)) if status == WAITS else None
         old.append(OldStoreFile(name, file, status, version, problem))
     return SchemaReport(database, stores, tuple(old))
-
-
-def _has_imports(conn: sqlite3.Connection) -> bool:
-    from flashruntime.sqlite_database import has_table
-
-    return has_table(conn, "store_imports")
 
 
 def _read_postgres(database: DatabaseURL) -> SchemaReport:

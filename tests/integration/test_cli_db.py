@@ -235,12 +235,18 @@ def test_a_newer_store_is_refused_naming_it_and_both_versions(tmp_path: Path, ca
     assert digests(data) == untouched
 
 
-def test_a_file_that_is_not_a_database_cannot_be_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "flashruntime.db").write_text("not a database " * 100)
+@pytest.mark.parametrize("what", ["text", "directory"])
+def test_a_path_that_is_not_a_database_cannot_be_read(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      what: str) -> None:
+    path = tmp_path / "data" / "flashruntime.db"
+    if what == "text":
+        path.parent.mkdir()
+        path.write_text("not a database " * 100)
+    else:
+        path.mkdir(parents=True)
     code, _, err = db(capsys, "check", "--data-dir", str(tmp_path / "data"))
-    assert code == 2 and "flashruntime db check: cannot read the database sqlite://" in err
-    assert "file is not a database" in err
+    assert code == 2 and f"flashruntime db check: cannot read the database sqlite://{path}: " in err
+    assert ("file is not a database" if what == "text" else "not a SQLite file (a directory?)") in err
 
 
 @pytest.mark.parametrize("action", ["check", "upgrade"])
