@@ -35,6 +35,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("FLASHML_INPUTS_FILE", f"{_JOB} (worker)", "", "a JSON file: input name -> local path"),
     Variable("FLASHML_PLAN_ID", f"{_JOB} (flash.run)", "", "the plan this run carries out"),
     Variable("FLASHML_STRATEGY_FAMILY", f"{_JOB} (flash.run)", "", "the plan's strategy family"),
+    Variable("FLASHML_PROFILE_WARMUP_STEPS", f"{_JOB} (profiler)", "",
+             "steps flashruntime.torch runs before it times any, when the profiler launched the script"),
+    Variable("FLASHML_PROFILE_MEASURED_STEPS", f"{_JOB} (profiler)", "",
+             "steps flashruntime.torch times before it measures a checkpoint and ends the profiled process"),
     # Local runs.
     Variable("FLASHML_RUNS_DIR", "flash.submit, flashruntime submit / runs", "~/.local/share/flashruntime/runs",
              "where runs without an output directory are kept (else the platform's user data directory)"),

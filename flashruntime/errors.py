@@ -25,6 +25,8 @@ that built-in as a second base::
     ├── SchemaVersionError(RuntimeError) a database a newer (or unknown) flashruntime wrote
     ├── UnplannableRequest(ValueError)   a plan request lacks a figure the planner needs
     ├── ModuleUnavailable(ImportError)   an import path whose code this release does not have yet
+    ├── ProfileError(RuntimeError)       a profile of the user's command hung, crashed or measured nothing
+    │   └── InvalidProfileRequest(ValueError)  profiler or cache arguments that cannot describe a profile
     ├── BadArtifactKey(ValueError)       an artifact key that is not a safe relative path
     ├── ArtifactTooLarge(ValueError)     an artifact over the coordinator's limit
     ├── ArtifactConflict(ValueError)     an artifact key that clashes with stored ones
@@ -65,12 +67,14 @@ __all__ = [
     "CoordinatorUnavailable",
     "ExpansionError",
     "FlashRuntimeError",
+    "InvalidProfileRequest",
     "InvalidSubmission",
     "LaunchError",
     "LeaseError",
     "ModuleUnavailable",
     "NoBackend",
     "NonFiniteWeights",
+    "ProfileError",
     "QuorumNotMet",
     "RateLimited",
     "SchemaVersionError",
@@ -188,6 +192,17 @@ class ModuleUnavailable(FlashRuntimeError, ImportError):
     """An import path that code written for an earlier release imports, whose code arrives
     with a later one; the message says with what, which extra it will need, and what to use
     today. ``name`` is the module's path, as for any ``ImportError``."""
+
+
+class ProfileError(FlashRuntimeError, RuntimeError):
+    """A profile of the user's command did not measure: it ran past its budget, crashed, or
+    ended before its steps; the message names the command, what happened and the fix. A plan
+    asked to profile keeps its static figures when this is raised."""
+
+
+class InvalidProfileRequest(ProfileError, ValueError):
+    """Profiler, cache or checkpoint-advice arguments that cannot describe a measurement
+    (a budget that is not a positive number of seconds, zero measured steps, ...)."""
 
 
 class BadArtifactKey(FlashRuntimeError, ValueError):

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flashruntime.torch import _heartbeat, _state
+from flashruntime.torch import _heartbeat, _profile, _state
 from flashruntime.torch._prepare import unwrap
 
 
@@ -110,14 +110,23 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def _profile_step(step: int, metrics: dict[str, Any]) -> None:
+    # Outside the never-raises guard of log_metrics: a profiled process ends here on purpose.
+    _profile.on_step(step, metrics)
+
+
 def log_metrics(metrics: dict[str, Any]) -> None:
     """Heartbeat with ``metrics["step"]`` when it is an integer; rank 0 appends the
     metrics as one JSON line to ``<output dir>/metrics.jsonl``, with ``ts`` (seconds since
-    the epoch) added unless given. Never raises."""
+    the epoch) added unless given. Never raises. Under the profiler, the step is timed and
+    the process ends after the profile's last measured step."""
+    profiled_step: int | None = None
     try:
         step = metrics.get("step") if isinstance(metrics, dict) else None
         integral = isinstance(step, numbers.Integral) and not isinstance(step, bool)
         _heartbeat.beat(int(step) if integral else None)
+        if integral:
+            profiled_step = int(step)
         if not _state.is_main():
             return
         if "ts" not in metrics:  # when the step ended: the goodput ledger times steps by it
@@ -129,3 +138,6 @@ def log_metrics(metrics: dict[str, Any]) -> None:
             handle.write(line + "\n")
     except Exception:
         pass
+    finally:  # every rank, rank 0 after its line is written
+        if profiled_step is not None:
+            _profile_step(profiled_step, metrics)

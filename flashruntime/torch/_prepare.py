@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flashruntime.errors import CheckpointError
-from flashruntime.torch import _heartbeat, _state
+from flashruntime.torch import _heartbeat, _profile, _state
 
 
 def unwrap(model: Any) -> Any:
@@ -162,4 +162,5 @@ def prepare(model: Any, optimizer: Any = None, dataloader: Any = None) -> tuple[
     state.start_step = _restore(model, optimizer, device, multi_node)
     state.last_step = state.start_step
     _heartbeat.beat(state.start_step, force=True)
+    dataloader = _profile.attach(model, optimizer, dataloader)  # unchanged unless the profiler runs this
     return model, optimizer, dataloader

@@ -5,6 +5,7 @@ paths such code imports. Each test drives the real code path."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import math
 import random
@@ -254,8 +255,6 @@ def test_service_dashboard_is_the_coordinator_dashboard() -> None:
 @pytest.mark.parametrize(("module", "says"), [
     ("flashml_workloads.sharded_kmeans",
      ("arrives with the Ray backend", "pip install 'flashruntime[ray]'", "flashml_workloads.kmeans_driver")),
-    ("flashruntime.profiling",
-     ("arrives with the measurement work", "flashruntime plan", "flashruntime.monitor")),
 ])
 def test_modules_yet_to_come_raise_an_import_error_saying_when_and_what_to_use(module: str,
                                                                                  says: tuple[str, ...]) -> None:
@@ -264,3 +263,14 @@ def test_modules_yet_to_come_raise_an_import_error_saying_when_and_what_to_use(m
             importlib.import_module(module)
         assert isinstance(caught.value, errors.ModuleUnavailable) and caught.value.name == module
         assert all(phrase in str(caught.value) for phrase in says), str(caught.value)
+
+
+def test_the_profiling_module_of_0_4_keeps_its_names() -> None:
+    profiling = importlib.import_module("flashruntime.profiling")
+    for name in ("Profiler", "ProfileResult", "ProfileCache", "ProfileError"):
+        assert hasattr(profiling, name), name
+    assert profiling.ProfileError is errors.ProfileError
+    assert profiling.ProfileResult(step_time_s=1.0, measured_steps=1).basis == "profiled"
+    assert list(inspect.signature(profiling.Profiler.profile).parameters) == [
+        "self", "request", "plan", "budget_seconds"]
+    assert inspect.signature(profiling.Profiler.profile).parameters["budget_seconds"].default == 300.0

@@ -26,6 +26,8 @@ EXPECTED_BASES = {
     "SchemaVersionError": (RuntimeError,),
     "UnplannableRequest": (ValueError,),
     "ModuleUnavailable": (ImportError,),
+    "ProfileError": (RuntimeError,),
+    "InvalidProfileRequest": (ValueError,),
     "BadArtifactKey": (ValueError,),
     "ArtifactTooLarge": (ValueError,),
     "ArtifactConflict": (ValueError,),
@@ -45,7 +47,8 @@ def test_root() -> None:
     assert errors.FlashRuntimeError.__bases__ == (Exception,)
 
 
-PARENTS = {"ArtifactNotFound": "CoordinatorHTTPError", "RateLimited": "AuthFailure"}  # else FlashRuntimeError
+PARENTS = {"ArtifactNotFound": "CoordinatorHTTPError", "RateLimited": "AuthFailure",
+           "InvalidProfileRequest": "ProfileError"}  # else FlashRuntimeError
 
 
 def _raise(cls: type[Exception], message: str) -> None:

@@ -29,6 +29,7 @@ LAYOUT = {
     "checkpoint": "verified checkpoints and their catalog",
     "recovery": "failure classification and the recovery policy",
     "planner": "the strategy planner",
+    "profiling": "measuring a few real steps, the profile cache and the calibration ledger",
     "launchers": "starting and stopping local processes",
     "strategies": "compiling a workload into a launch",
     "workloads": "the command workload",

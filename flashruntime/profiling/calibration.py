@@ -1,0 +1,147 @@
+"""``CalibrationLedger``: what finished runs measured, by the plan they ran. Each record is
+one run's median step time and peak memory (and its failures and wall time) under a plan
+key; later plans for the key use the medians over its runs (basis ``ledger``) and the
+failure rate for checkpoint advice. SQLite, beside the local runs by default.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from flashruntime.errors import InvalidProfileRequest, StoreError
+from flashruntime.protocol.profile_v1alpha1 import ProfileResult
+
+__all__ = ["CalibrationLedger", "LedgerRun", "default_ledger_path", "plan_key"]
+
+LEDGER_FILE = "calibration.sqlite"
+SCHEMA_VERSION = 1
+
+
+def plan_key(plan_id: str, strategy_family: str, workers: int) -> str:
+    """The key runs of one plan are recorded under: ``<plan_id>/<family>/x<workers>``."""
+    return f"{plan_id}/{strategy_family}/x{workers}"
+
+
+def default_ledger_path() -> Path:
+    """``<runs root>/calibration.sqlite`` (the runs root is ``$FLASHML_RUNS_DIR`` or the user data directory)."""
+    from flashruntime.local.run_dirs import runs_root
+
+    return runs_root() / LEDGER_FILE
+
+
+@dataclass(frozen=True)
+class LedgerRun:
+    """One finished run's figures."""
+
+    run_id: str
+    step_time_s: float
+    peak_memory_gb: float | None
+    failures: int
+    wall_s: float | None
+    recorded_at: float
+
+
+class CalibrationLedger:
+    """Runs' measured figures by plan key, in a SQLite file (default ``default_ledger_path()``)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = default_ledger_path() if path is None else Path(os.path.expanduser(str(path)))
+        if self.path.is_dir():
+            raise InvalidProfileRequest(
+                f"ledger path {str(self.path)!r} is a directory; give a file path such as "
+                f"{str(self.path / LEDGER_FILE)!r}"
+            )
+        self._lock = threading.Lock()
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS runs (plan_key TEXT NOT NULL, run_id TEXT NOT NULL, step_time_s REAL NOT NULL,"
+            " peak_memory_gb REAL, failures INTEGER NOT NULL, wall_s REAL, recorded_at REAL NOT NULL,"
+            " PRIMARY KEY (plan_key, run_id))"
+        )
+        db.execute("INSERT INTO schema_version (version) SELECT ? WHERE NOT EXISTS (SELECT 1 FROM schema_version)",
+                   (SCHEMA_VERSION,))
+        return db
+
+    def record(self, key: str, run_id: str, step_time_s: float, *, peak_memory_gb: float | None = None,
+               failures: int = 0, wall_s: float | None = None, now: float | None = None) -> None:
+        """Record (or replace) ``run_id``'s figures under ``key``."""
+        if not isinstance(step_time_s, (int, float)) or isinstance(step_time_s, bool) or not step_time_s > 0:
+            raise InvalidProfileRequest(f"step_time_s must be a number of seconds > 0, got {step_time_s!r}")
+        if isinstance(failures, bool) or not isinstance(failures, int) or failures < 0:
+            raise InvalidProfileRequest(f"failures must be an integer >= 0, got {failures!r}")
+        at = time.time() if now is None else now
+        try:
+            with self._lock:
+                db = self._connect()
+                try:
+                    db.execute("BEGIN IMMEDIATE")
+                    db.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)",
+                               (key, run_id, float(step_time_s), peak_memory_gb, failures, wall_s, at))
+                    db.execute("COMMIT")
+                finally:
+                    db.close()
+        except sqlite3.Error as exc:
+            raise StoreError(f"calibration ledger {str(self.path)!r} cannot be written: {exc}") from exc
+
+    def runs(self, key: str) -> list[LedgerRun]:
+        """The runs recorded under ``key``, oldest first."""
+        if not self.path.exists():
+            return []
+        try:
+            with self._lock:
+                db = self._connect()
+                try:
+                    rows = db.execute(
+                        "SELECT run_id, step_time_s, peak_memory_gb, failures, wall_s, recorded_at FROM runs "
+                        "WHERE plan_key = ? ORDER BY recorded_at, run_id", (key,)).fetchall()
+                finally:
+                    db.close()
+        except sqlite3.Error as exc:
+            raise StoreError(f"calibration ledger {str(self.path)!r} cannot be read: {exc}") from exc
+        return [LedgerRun(*row) for row in rows]
+
+    def figures(self, key: str, *, strategy_family: str | None = None, workers: int | None = None,
+                minimum_runs: int = 1) -> ProfileResult | None:
+        """Medians over the runs of ``key`` as a ``ProfileResult`` with basis ``ledger`` (its
+        ``sources`` are the run ids), None with fewer than ``minimum_runs`` runs."""
+        runs = self.runs(key)
+        if len(runs) < max(1, minimum_runs):
+            return None
+        memory = [r.peak_memory_gb for r in runs if r.peak_memory_gb is not None]
+        return ProfileResult(
+            basis="ledger",
+            step_time_s=statistics.median(r.step_time_s for r in runs),
+            peak_vram_gb=statistics.median(memory) if memory else None,
+            measured_steps=len(runs),
+            notes=[f"median of {len(runs)} finished run(s)"],
+            strategy_family=strategy_family,
+            workers=workers,
+            sources=[r.run_id for r in runs],
+        )
+
+    def observed_mtbf_s(self) -> float | None:
+        """Wall time of every recorded run over their failures; None before the first failure."""
+        if not self.path.exists():
+            return None
+        try:
+            with self._lock:
+                db = self._connect()
+                try:
+                    wall, failures = db.execute(
+                        "SELECT COALESCE(SUM(wall_s), 0), COALESCE(SUM(failures), 0) FROM runs").fetchone()
+                finally:
+                    db.close()
+        except sqlite3.Error as exc:
+            raise StoreError(f"calibration ledger {str(self.path)!r} cannot be read: {exc}") from exc
+        return wall / failures if failures and wall else None
