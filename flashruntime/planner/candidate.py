@@ -97,6 +97,10 @@ class Candidate:
     # what the deadline, budget and ranking compare (None: the shown figure is exact).
     time_exact: float | None = None
     cost_exact: float | None = None
+    # Where each figure came from: static (the cited model), profiled or ledger (measured).
+    memory_basis: str = "static"
+    time_basis: str = "static"
+    cost_basis: str = "static"
 
     def set_time(self, minutes: float, arithmetic: str, exact: float | None = None) -> None:
         self.time_min, self.time_note, self.time_exact = minutes, arithmetic, exact

@@ -1,19 +1,21 @@
 """The planning pipeline: digest the request, resolve model and GPU, run the
-workload's candidate menu, rank, mint. Pure and deterministic; a request the planner
-cannot resolve, or whose figures no float can carry, becomes a report with a hint, never an
-exception.
+workload's candidate menu, take measured figures in, rank, mint. Without measurements it is
+pure and deterministic; a request the planner cannot resolve, or whose figures no float can
+carry, becomes a report with a hint, never an exception. ``profile=True`` runs the profiler
+(the one step that does I/O); a ledger is read, never written.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flashruntime.planner.candidate import Candidate
 from flashruntime.planner.catalog_gpus import GpuFacts, resolve_gpu
 from flashruntime.planner.hints import no_valid_strategy_hint
 from flashruntime.planner.limits import apply_finite, unmodelable_input
+from flashruntime.planner.measured import apply_measurement, matches
 from flashruntime.planner.menu_classical import classical_candidates
 from flashruntime.planner.menu_finetune import finetune_candidates
 from flashruntime.planner.menu_pytorch import pytorch_candidates
@@ -31,22 +33,48 @@ from flashruntime.protocol.plan_v1alpha1 import (
     TransformerFineTune,
 )
 
+if TYPE_CHECKING:
+    from flashruntime.profiling import CalibrationLedger, ProfileCache
+    from flashruntime.protocol.profile_v1alpha1 import ProfileResult
+
 
 def request_digest(request: PlanRequest) -> str:
     """First 16 hex chars of sha256(request JSON + planner version)."""
     return hashlib.sha256((request.model_dump_json() + PLANNER_VERSION).encode()).hexdigest()[:16]
 
 
-def plan(request: PlanRequest | Mapping[str, Any]) -> PlanReport:
-    """Plan ``request``: every candidate with its verdict, the selected plan (or a hint)."""
+def plan(
+    request: PlanRequest | Mapping[str, Any],
+    *,
+    profile: bool | ProfileResult | None = None,
+    command: str | list[str] | None = None,
+    steps: int | None = None,
+    budget_seconds: float = 300.0,
+    cache: ProfileCache | None = None,
+    ledger: CalibrationLedger | None = None,
+    mtbf_s: float | None = None,
+) -> PlanReport:
+    """Plan ``request``: every candidate with its verdict, the selected plan (or a hint).
+
+    Measured figures replace static ones on the candidate they were measured on:
+    ``profile`` is a ``ProfileResult``, or True to measure ``command`` now with
+    ``LocalProfiler`` within ``budget_seconds`` (through ``cache`` when given); ``ledger``
+    supplies finished runs' medians (basis ``ledger``, trusted over a profile). ``steps``
+    (optimizer steps of the full run) turns a measured step time into time and cost when the
+    request does not fix a step count. A measured checkpoint cost and a failure rate
+    (``mtbf_s``, else the ledger's observed one) give the Young/Daly checkpoint interval.
+    A profile that fails leaves the figures static and says why in the report's notes.
+    """
     if not isinstance(request, PlanRequest):
         request = PlanRequest.model_validate(request)  # a ValidationError propagates unwrapped
     digest = request_digest(request)
     warnings: list[str] = []
+    measurements = _measurements(request, profile, command, budget_seconds, cache, warnings)
     try:
         candidates = _candidates(request, warnings)
         for candidate in candidates:
             apply_finite(candidate, request.workload.kind)
+        measured = _take_measurements(request, candidates, measurements, ledger, digest, steps, warnings)
     except UnplannableRequest as exc:
         return PlanReport(
             planner_version=PLANNER_VERSION,
@@ -62,7 +90,8 @@ def plan(request: PlanRequest | Mapping[str, Any]) -> PlanReport:
         winner = ranked[0]
         winner.status = "selected"
         because = [*winner.reasons, objective_line(mode, ranked), runner_up_line(ranked)]
-        selected = mint(winner, digest, PLANNER_VERSION, because)
+        advice = _checkpoint_advice(measured.get(id(winner)), ledger, mtbf_s, warnings)
+        selected = mint(winner, digest, PLANNER_VERSION, because, advice)
     else:
         hint = no_valid_strategy_hint(candidates)
     return PlanReport.model_validate(
@@ -96,3 +125,72 @@ def _candidates(request: PlanRequest, warnings: list[str]) -> list[Candidate]:
 
 def _gpu(request: PlanRequest) -> GpuFacts | None:
     return resolve_gpu(request.resources.gpu_type, request.resources.vram_gb)
+
+
+def _measurements(request: PlanRequest, profile: Any, command: Any, budget_seconds: float,
+                  cache: Any, warnings: list[str]) -> list[ProfileResult]:
+    if profile is None or profile is False:
+        return []
+    if profile is not True:
+        return [profile]
+    from flashruntime.errors import InvalidProfileRequest, ProfileError
+    from flashruntime.profiling import LocalProfiler, profile_key
+
+    if command is None:
+        raise InvalidProfileRequest(
+            "profile=True measures a command: pass command='torchrun ... train.py' (or a ProfileResult as profile=)"
+        )
+    profiler = LocalProfiler(command)
+    key = profile_key(request, None, profiler.command)
+    cached = None if cache is None else cache.get(key)
+    if cached is not None:
+        warnings.append(f"profile of {profiler.command!r} taken from the profile cache")
+        return [cached]
+    try:
+        result = profiler.profile(request, None, budget_seconds)
+    except ProfileError as exc:
+        warnings.append(f"profile failed, figures stay static: {exc}")
+        return []
+    if cache is not None:
+        cache.put(key, result)
+    return [result]
+
+
+def _take_measurements(request: PlanRequest, candidates: list[Candidate], measurements: list[Any], ledger: Any,
+                       digest: str, steps: int | None, warnings: list[str]) -> dict[int, Any]:
+    """Apply the most trusted measurement of each candidate (ledger over profile); returns them by candidate."""
+    applied: dict[int, Any] = {}
+    for c in candidates:
+        chosen = None
+        if ledger is not None:
+            from flashruntime.profiling.calibration import plan_key
+
+            chosen = ledger.figures(plan_key(f"pl_{digest}", c.family, c.workers), strategy_family=c.family,
+                                    workers=c.workers)
+        if chosen is None:
+            chosen = next((m for m in measurements if matches(c, m)), None)
+        if chosen is not None:
+            apply_measurement(c, chosen, request, request.objective, steps)
+            applied[id(c)] = chosen
+    for m in measurements:
+        if not any(matches(c, m) for c in candidates):
+            warnings.append(f"the profile measured {m.strategy_family} on {m.workers} worker(s), which is not a "
+                            "candidate of this request; its figures were not used")
+    return applied
+
+
+def _checkpoint_advice(measured: Any, ledger: Any, mtbf_s: float | None,
+                       warnings: list[str]) -> tuple[int, str] | None:
+    if measured is None or measured.checkpoint_save_s is None:
+        return None
+    source = "stated MTBF"
+    if mtbf_s is None and ledger is not None:
+        mtbf_s, source = ledger.observed_mtbf_s(), "failure rate observed in the ledger"
+    if mtbf_s is None:
+        warnings.append("checkpoint interval not advised: no failure rate (give mtbf_s, or record runs in a ledger)")
+        return None
+    from flashruntime.profiling.advice import checkpoint_advice
+
+    advice = checkpoint_advice(measured.checkpoint_save_s, mtbf_s,
+                               source=f"C {measured.basis}, {source}")
+    return max(1, round(advice.interval_s)), "Young/Daly: " + advice.line()

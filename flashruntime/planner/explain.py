@@ -113,11 +113,11 @@ def _candidate_lines(c: CandidateVerdict) -> str:
         label = f"{STATUS_LABELS.get(c.status, c.status):<{_LABEL_WIDTH}}"
     figures = []
     if c.memory is not None:
-        figures.append("%.1f GB/GPU" % c.memory.total_gb)
+        figures.append("%.1f GB/GPU" % c.memory.total_gb + _basis(c.memory.basis))
     if c.est_time_min is not None:
-        figures.append("%.0f min" % c.est_time_min.value)
+        figures.append("%.0f min" % c.est_time_min.value + _basis(c.est_time_min.basis))
     if c.est_cost_usd is not None:
-        figures.append("$%.2f" % c.est_cost_usd.value)
+        figures.append("$%.2f" % c.est_cost_usd.value + _basis(c.est_cost_usd.basis))
     if c.profiling_required:
         figures.append("profile first")
     head = "  %s  %s [%s, %s worker(s)]%s" % (
@@ -126,6 +126,11 @@ def _candidate_lines(c: CandidateVerdict) -> str:
     if not c.reasons:
         return head
     return head + _REASON_BREAK + _REASON_BREAK.join(c.reasons)
+
+
+def _basis(basis: str) -> str:
+    """A measured figure is marked; a static one (the usual case) is not."""
+    return "" if basis == "static" else f" ({basis})"
 
 
 def _order(c: CandidateVerdict) -> tuple[int, int, str]:

@@ -18,10 +18,11 @@ CHECKPOINT_NOTE = (
 )
 
 
-def _memory(mem: Memory | None) -> dict[str, float] | None:
+def _memory(mem: Memory | None, basis: str = "static") -> dict[str, Any] | None:
     if mem is None:
         return None
     return {
+        "basis": basis,
         "weights_gb": mem.weights_gb,
         "gradients_gb": mem.gradients_gb,
         "optimizer_gb": mem.optimizer_gb,
@@ -36,13 +37,13 @@ def _memory(mem: Memory | None) -> dict[str, float] | None:
 def _time(c: Candidate) -> dict[str, Any] | None:
     if c.time_min is None:
         return None
-    return {"value": c.time_min, "unit": "min", "note": c.time_note}
+    return {"value": c.time_min, "unit": "min", "note": c.time_note, "basis": c.time_basis}
 
 
 def _cost(c: Candidate) -> dict[str, Any] | None:
     if c.cost_usd is None:
         return None
-    return {"value": c.cost_usd, "unit": "USD", "note": c.cost_note}
+    return {"value": c.cost_usd, "unit": "USD", "note": c.cost_note, "basis": c.cost_basis}
 
 
 def verdict(c: Candidate) -> dict[str, Any]:
@@ -53,20 +54,24 @@ def verdict(c: Candidate) -> dict[str, Any]:
         "strategy_family": c.family,
         "workers": c.workers,
         "status": c.status,
-        "memory": None if c.memory is None else _memory(c.memory),
-        "est_time_min": None if c.time_min is None else {"value": c.time_min, "unit": "min", "note": c.time_note},
-        "est_cost_usd": None if c.cost_usd is None else {"value": c.cost_usd, "unit": "USD", "note": c.cost_note},
+        "memory": None if c.memory is None else _memory(c.memory, c.memory_basis),
+        "est_time_min": None if c.time_min is None else _time(c),
+        "est_cost_usd": None if c.cost_usd is None else _cost(c),
         "scaling_efficiency": c.efficiency,
         "profiling_required": c.profiling_required,
         "reasons": c.reasons,
     }
 
 
-def mint(c: Candidate, request_digest: str, planner_version: str, because: list[str]) -> dict[str, Any]:
-    """The ``StrategyPlan`` fields for the winning candidate ``c``."""
+def mint(c: Candidate, request_digest: str, planner_version: str, because: list[str],
+         checkpoint_advice: tuple[int, str] | None = None) -> dict[str, Any]:
+    """The ``StrategyPlan`` fields for the winning candidate ``c``; ``checkpoint_advice``
+    (interval seconds, note) replaces the fixed interval when a measurement gave one."""
     checkpoint = None
     if c.workload_mode == "coordinated_training":
         checkpoint = {"backend": "pytorch_dcp", "interval_seconds": K.CHECKPOINT_INTERVAL_S, "note": CHECKPOINT_NOTE}
+        if checkpoint_advice is not None:
+            checkpoint["interval_seconds"], checkpoint["note"] = checkpoint_advice
     k = c.knobs
     return {
         "plan_id": f"pl_{request_digest}",
@@ -86,7 +91,7 @@ def mint(c: Candidate, request_digest: str, planner_version: str, because: list[
         "offload": k.offload,
         "libraries": [{"name": n, "role": r, "purpose": p} for n, r, p in c.libraries],
         "checkpoint": checkpoint,
-        "memory": _memory(c.memory),
+        "memory": _memory(c.memory, c.memory_basis),
         "est_time_min": _time(c),
         "est_cost_usd": _cost(c),
         "scaling_efficiency": c.efficiency,

@@ -89,3 +89,19 @@ def test_a_command_without_steps_measures_nothing(tmp_path: Path) -> None:
     quiet.write_text("print('done')\n")
     with pytest.raises(ProfileError, match=r"ended before its measured steps were done.*ft\.log_metrics"):
         LocalProfiler([sys.executable, str(quiet)], workdir=tmp_path).profile(None, None, budget_seconds=60)
+
+
+@pytest.mark.torch
+def test_a_plan_with_profile_true_carries_profiled_figures_of_the_example(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import flashruntime as flash
+
+    command = [*torchrun_argv(), "--nproc-per-node=2", "--nnodes=1", "--standalone", "--local-addr=127.0.0.1",
+               str(SCRIPT), *ARGS]
+    request = {"workload": {"kind": "pytorch_training", "parameters_m": 0.0003, "est_train_gpu_hours": 1},
+               "resources": {"gpus": 2, "vram_gb": 24}}
+    report = flash.plan(request, profile=True, command=command, steps=1_000, budget_seconds=120, mtbf_s=86_400)
+    ddp = next(c for c in report.candidates if c.name == "ddp_x2")
+    assert ddp.est_time_min.basis == "profiled", report.warnings
+    assert report.selected.strategy_family == "ddp" and report.selected.est_time_min.basis == "profiled"
+    assert report.selected.checkpoint.note.startswith("Young/Daly: ")
