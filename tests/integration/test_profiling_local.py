@@ -63,7 +63,7 @@ def test_the_ddp_example_is_measured_in_isolation_close_to_its_normal_run(tmp_pa
     assert result.peak_vram_gb is None and result.device == "cpu" and 0 < result.host_ram_gb < 8
     assert result.checkpoint_save_s > 0 and result.checkpoint_restore_s > 0 and result.checkpoint_size_gb > 0
     assert 0 <= result.dataloader_wait_fraction < 1
-    # A hang guard, not a benchmark (benchmarks/scenarios/profile_accuracy.py holds the 15 % target):
+    # A generous bound, not a benchmark (this host's pace varies 1.6-2x for minutes at a time):
     # the measurement is of the same order as the normal run's steady state.
     assert 0.5 < result.step_time_s / steady < 2.0, (result.step_time_s, steady)
 
