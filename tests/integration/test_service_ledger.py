@@ -4,7 +4,7 @@ itself raises. What every database must do is in tests/contract/test_ledger_cont
 from __future__ import annotations
 
 import sqlite3
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -12,35 +12,14 @@ import pytest
 from flashruntime.coordinator.ledger import Ledger
 from flashruntime.errors import StoreError
 from flashruntime.protocol.v1alpha1 import (
-    Event,
     EventType,
     ExecutionEvidence,
-    JobRecord,
-    JobSpec,
     JobState,
 )
 from tests._support import run_core_only
-
-T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
-
-
-def _spec(name: str = "sweep-a") -> JobSpec:
-    return JobSpec.model_validate({
-        "metadata": {"name": name, "labels": {"team": "ml"}},
-        "spec": {
-            "execution": {"backend": "leases"},
-            "image": {"repository": "python", "tag": "3.11"},
-            "workload": {"type": "hyperparameter_search", "parameters": {"grid": {"C": [0.1, 1.0]}}},
-        },
-    })
-
-
-def _job(job_id: str, created_at: datetime = T0, **fields: object) -> JobRecord:
-    return JobRecord(job_id=job_id, spec=_spec(), backend="leases", created_at=created_at, **fields)
-
-
-def _event(job_id: str, kind: EventType = EventType.TASK_CREATED, **data: object) -> Event:
-    return Event(job_id=job_id, type=kind, source="flashruntime.leases", message=f"{kind} {data}", data=data)
+from tests.contract.test_ledger_contract import T0
+from tests.contract.test_ledger_contract import event as _event
+from tests.contract.test_ledger_contract import job as _job
 
 
 @pytest.fixture()
