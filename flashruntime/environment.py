@@ -42,6 +42,9 @@ VARIABLES: tuple[Variable, ...] = (
     # Local runs.
     Variable("FLASHML_RUNS_DIR", "flash.submit, flashruntime submit / runs", "~/.local/share/flashruntime/runs",
              "where runs without an output directory are kept (else the platform's user data directory)"),
+    Variable("FLASHML_CALIBRATION_LEDGER", "flash.run, flashruntime plan",
+             "<runs root>/calibration.sqlite",
+             "the calibration ledger runs of a plan are recorded into and plan reads; off: record nothing"),
     # Clients.
     Variable("FLASHML_RUNTIME_API", "the CLI, the worker, flash.run", "http://localhost:8100",
              "the coordinator's URL (--api wins)"),

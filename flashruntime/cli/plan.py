@@ -51,8 +51,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--budget", type=float, default=300.0, metavar="SECONDS",
                         help="wall-clock limit of the profile (default 300); past it the plan stays static")
     parser.add_argument("--ledger", metavar="PATH", default=None,
-                        help="calibration ledger of finished runs (SQLite; default: calibration.sqlite under the "
-                             "runs directory, when it exists)")
+                        help="calibration ledger of finished runs (SQLite; default: $FLASHML_CALIBRATION_LEDGER, else "
+                             "calibration.sqlite under the runs directory, when it exists)")
     parser.add_argument("--mtbf-hours", type=float, default=None, metavar="H",
                         help="mean time between failures of the fleet, for the checkpoint-interval advice")
     parser.add_argument("--explain", action="store_true",

@@ -13,6 +13,7 @@ import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from flashruntime.client import CoordinatorClient
 from flashruntime.errors import CoordinatorUnavailable
@@ -44,6 +45,7 @@ def run(
     name: str | None = None,
     headers: dict[str, str] | None = None,
     pool: str | None = None,
+    ledger: Any = None,
 ) -> Run | JobRecord:
     """Run ``workload`` (or ``command``) the way ``plan`` says: a local ``Run`` for ``local`` and
     ``coordinated_training`` plans, the coordinator's ``JobRecord`` for ``independent_tasks``.
@@ -57,6 +59,14 @@ def run(
     ``Authorization`` header in ``headers``, the token in ``FLASHML_TOKEN`` (if set) is sent:
     a coordinator with tokens configured takes jobs from submitters and operators only, and
     a command job only from one granted code execution.
+
+    A local run that ends SUCCEEDED is recorded in the calibration ledger under the plan's key
+    (``plan_key(plan.plan_id, plan.strategy_family, plan.workers)``): its median step time from
+    the ``ts`` of its ``metrics.jsonl`` records and the largest ``peak_vram_gb`` they carry, so
+    ``flash.plan(request, ledger=...)`` for the same request uses them. ``ledger`` is a
+    ``CalibrationLedger`` or a path; None takes ``default_ledger_path()``
+    (``$FLASHML_CALIBRATION_LEDGER``, else ``calibration.sqlite`` under the runs root) unless
+    that variable is ``off``; False records nothing.
     """
     if plan is None:
         raise ValueError("run() got plan=None: the planner selected nothing; read report.no_valid_strategy_hint")
@@ -66,7 +76,10 @@ def run(
     if plan.workload_mode in ("coordinated_training", "local"):
         launched = (coordinated_workload(plan, chosen) if plan.workload_mode == "coordinated_training"
                     else chosen.model_copy(update={"mode": "local"}))
-        return submit(launched, output_dir=output_dir, wait=wait, max_restarts=max_restarts, watch=watch)
+        target = calibration_ledger(ledger)
+        key = None if target is None else _plan_key(plan)
+        return submit(launched, output_dir=output_dir, wait=wait, max_restarts=max_restarts, watch=watch,
+                      ledger=target, plan_key=key)
     if plan.workload_mode != "independent_tasks":
         raise ValueError(
             f"plan {plan.plan_id} has workload_mode={plan.workload_mode!r}; flash.run carries out 'local', "
@@ -75,6 +88,30 @@ def run(
     url = resolve_coordinator_url(coordinator_url, os.environ)
     return post_job(url, independent_jobspec(plan, chosen, name=name, image=image, pool=pool),
                     with_env_token(headers, os.environ))
+
+
+def calibration_ledger(ledger: Any) -> Any:
+    """The ledger a plan's run is recorded into: ``ledger`` itself, a ``CalibrationLedger`` at
+    a path, the default one for None (None when ``$FLASHML_CALIBRATION_LEDGER`` is off), or
+    None for False."""
+    if ledger is False:
+        return None
+    from flashruntime.profiling.calibration import CalibrationLedger, ledger_disabled
+
+    if isinstance(ledger, CalibrationLedger):
+        return ledger
+    if ledger is None or ledger is True:
+        return None if ledger_disabled() else CalibrationLedger()
+    if isinstance(ledger, (str, os.PathLike)):
+        return CalibrationLedger(ledger)
+    raise TypeError(f"ledger must be a CalibrationLedger, a path, None (the default ledger) or False (record "
+                    f"nothing), got {type(ledger).__name__}")
+
+
+def _plan_key(plan: StrategyPlan) -> str:
+    from flashruntime.profiling.calibration import plan_key
+
+    return plan_key(plan.plan_id, plan.strategy_family, plan.workers)
 
 
 def with_env_token(headers: Mapping[str, str] | None, environ: Mapping[str, str]) -> dict[str, str]:

@@ -70,6 +70,8 @@ def submit(
     quiet: bool = False,
     stream: TextIO | None = None,
     chaos: ChaosPlan | None = None,
+    ledger: Any = None,
+    plan_key: str | None = None,
 ) -> Run:
     """Launch ``workload`` and drive it to a terminal state (inline, or on a thread with ``wait=False``).
 
@@ -82,8 +84,10 @@ def submit(
     ``outputs.primary_metric`` and ``outputs.maximize``), ``max_concurrent_trials`` runs up
     to that many at once, and ``fail_fast=True`` stops the sweep at the first failed trial
     (otherwise every trial runs). ``chaos`` injects a ``ChaosPlan``'s faults into the run on
-    purpose (see ``flashruntime.local.chaos``). Raises ``InvalidSubmission`` for arguments
-    that cannot describe a run, before anything starts.
+    purpose (see ``flashruntime.local.chaos``). With a ``CalibrationLedger`` as ``ledger`` and
+    its ``plan_key``, a run that ends SUCCEEDED records its median step time and peak memory
+    under that key (see ``CalibrationLedger.record_run``; ``flash.run`` passes both for a plan).
+    Raises ``InvalidSubmission`` for arguments that cannot describe a run, before anything starts.
     """
     if not isinstance(workload, CommandWorkload):
         raise TypeError(f"submit() takes a CommandWorkload, got {type(workload).__name__}")
@@ -101,7 +105,19 @@ def submit(
         raise InvalidSubmission(f"mode must be 'min' or 'max', got {mode!r}")
     if chaos is not None and not isinstance(chaos, ChaosPlan):
         raise InvalidSubmission(f"chaos must be a ChaosPlan, got {type(chaos).__name__}")
+    if (ledger is None) != (plan_key is None):
+        raise InvalidSubmission(
+            "ledger and plan_key go together: pass both (plan_key from "
+            "flashruntime.profiling.calibration.plan_key(plan_id, family, workers)) or neither"
+        )
+    if plan_key is not None and (not isinstance(plan_key, str) or not plan_key.strip()):
+        raise InvalidSubmission(f"plan_key must be a non-empty string such as 'pl_.../ddp/x2', got {plan_key!r}")
     fan_out = workload.resolved_mode() == "independent_tasks" and bool(workload.task_params)
+    if ledger is not None and fan_out:
+        raise InvalidSubmission(
+            "a sweep over task_params cannot be recorded into a calibration ledger: its trials run different "
+            "parameters under one key; drop ledger and plan_key, or submit one parameter set at a time"
+        )
     if checkpoint_dir is not None and fan_out:
         raise InvalidSubmission(
             "checkpoint_dir cannot be combined with a fan-out over task_params: each trial keeps its own "
@@ -122,6 +138,9 @@ def submit(
         run.recorder.set_metric(metric or run.metric, mode or run.mode)
     launcher = LocalProcessLauncher(output_dir, checkpoint_dir=checkpoint_dir)
     sweep = _Sweep(max_concurrent_trials=max_concurrent_trials, fail_fast=bool(fail_fast)) if fan_out else None
+    if ledger is not None and plan_key is not None:
+        key = plan_key
+        run.recorder.on_end(lambda: _record_calibration(run, ledger, key))
     if _viewer_wanted(watch):
         _start_viewer(run)
     if not quiet:
@@ -144,6 +163,26 @@ def submit(
             untrack(run)
             raise
     return run
+
+
+def _record_calibration(run: Run, ledger: Any, key: str) -> None:
+    """Record a SUCCEEDED run's figures under ``key``, with an event saying what was recorded.
+    Never raises: the run has succeeded, and a ledger that cannot be written does not change that."""
+    if run.state is not LaunchState.SUCCEEDED:
+        return  # a failed or cancelled run's step time is not what the plan's runs take
+    try:
+        figures = ledger.record_run(key, run.output_dir.name, run.output_dir)
+    except Exception as exc:  # noqa: BLE001 - whatever the ledger raises is reported as an event, never raised
+        run.record_event("CALIBRATION_FAILED", f"not recorded in the calibration ledger {ledger.path}: "
+                         f"{type(exc).__name__}: {exc}")
+        return
+    if figures.step_time_s is None:
+        run.record_event("CALIBRATION_SKIPPED", "not recorded in the calibration ledger: no two timed steps in one "
+                         "attempt (call flashruntime.torch's log_metrics({'step': step, ...}) each step)")
+        return
+    memory = "no peak memory" if figures.peak_memory_gb is None else f"peak {figures.peak_memory_gb:.3g} GB"
+    run.record_event("CALIBRATION_RECORDED", f"median step {figures.step_time_s:.4g} s over {figures.timed_steps} "
+                     f"timed step(s), {memory}, recorded under {key} in {ledger.path}")
 
 
 def _viewer_wanted(watch: bool | None) -> bool:

@@ -1,11 +1,15 @@
 """``CalibrationLedger``: what finished runs measured, by the plan they ran. Each record is
 one run's median step time and peak memory (and its failures and wall time) under a plan
 key; later plans for the key use the medians over its runs (basis ``ledger``) and the
-failure rate for checkpoint advice. SQLite, beside the local runs by default.
+failure rate for checkpoint advice. SQLite, beside the local runs by default
+(``$FLASHML_CALIBRATION_LEDGER`` names another file). ``run_figures`` reads a finished local
+run's figures from its directory; ``flash.run`` records every run of a plan that succeeds.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import sqlite3
 import statistics
@@ -17,9 +21,12 @@ from pathlib import Path
 from flashruntime.errors import InvalidProfileRequest, StoreError
 from flashruntime.protocol.profile_v1alpha1 import ProfileResult
 
-__all__ = ["CalibrationLedger", "LedgerRun", "default_ledger_path", "plan_key"]
+__all__ = ["CalibrationLedger", "LedgerRun", "RunFigures", "default_ledger_path", "ledger_disabled", "plan_key",
+           "run_figures"]
 
 LEDGER_FILE = "calibration.sqlite"
+LEDGER_ENV = "FLASHML_CALIBRATION_LEDGER"
+_OFF = frozenset({"off", "0", "false", "no"})
 SCHEMA_VERSION = 1
 
 
@@ -29,10 +36,97 @@ def plan_key(plan_id: str, strategy_family: str, workers: int) -> str:
 
 
 def default_ledger_path() -> Path:
-    """``<runs root>/calibration.sqlite`` (the runs root is ``$FLASHML_RUNS_DIR`` or the user data directory)."""
+    """``$FLASHML_CALIBRATION_LEDGER`` when it names a file, else ``<runs root>/calibration.sqlite``
+    (the runs root is ``$FLASHML_RUNS_DIR`` or the user data directory)."""
+    configured = os.environ.get(LEDGER_ENV, "").strip()
+    if configured and configured.lower() not in _OFF:
+        return Path(os.path.expanduser(configured))
     from flashruntime.local.run_dirs import runs_root
 
     return runs_root() / LEDGER_FILE
+
+
+def ledger_disabled() -> bool:
+    """Whether ``$FLASHML_CALIBRATION_LEDGER`` is ``off`` (or ``0``/``false``/``no``): runs are not recorded."""
+    return os.environ.get(LEDGER_ENV, "").strip().lower() in _OFF
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """What a finished local run measured: the median time of one step (None without two timed
+    steps in one attempt), the steps that timing came from, the largest ``peak_vram_gb`` its
+    metrics carried (None when none did), its failed attempts and its wall time."""
+
+    step_time_s: float | None
+    timed_steps: int
+    peak_memory_gb: float | None
+    failures: int
+    wall_s: float | None
+
+
+def _finite(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _attempt_records(path: Path) -> list[tuple[int, float, float | None]]:
+    """``(step, ts, peak_vram_gb)`` of each record of a ``metrics.jsonl`` with an integer step and a numeric ts."""
+    out: list[tuple[int, float, float | None]] = []
+    try:
+        with open(path, "rb") as handle:
+            for raw in handle:
+                try:
+                    record = json.loads(raw)
+                except ValueError:
+                    continue  # a torn last line, or not JSON
+                if not isinstance(record, dict):
+                    continue
+                step, ts = record.get("step"), _finite(record.get("ts"))
+                if isinstance(step, int) and not isinstance(step, bool) and ts is not None:
+                    out.append((step, ts, _finite(record.get("peak_vram_gb"))))
+    except OSError:
+        pass
+    return out
+
+
+def run_figures(run_dir: str | os.PathLike[str]) -> RunFigures:
+    """The figures of the local run in ``run_dir``, from its ``run.json`` and each attempt's
+    ``metrics.jsonl`` (the torch helper's ``log_metrics`` stamps each record with ``ts``, when
+    its step ended). A step's time is the time between two consecutive records of one attempt
+    over the steps between them, so logging every N steps still times one step; the first
+    interval of an attempt includes its warm-up, which the median discounts. Raises
+    ``OSError`` / ``ValueError`` when ``run.json`` cannot be read."""
+    document = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
+    if not isinstance(document, dict):
+        raise ValueError(f"{run_dir}/run.json is not a run document")  # noqa: TRY004 - documented: ValueError
+    per_step: list[float] = []
+    peaks: list[float] = []
+    failures = 0
+    for row in document.get("attempts") or []:
+        if not isinstance(row, dict):
+            continue
+        failures += row.get("state") == "FAILED"
+        output = row.get("output_dir")
+        if not isinstance(output, str):
+            continue
+        previous: tuple[int, float] | None = None
+        for step, ts, peak in _attempt_records(Path(output) / "metrics.jsonl"):
+            if peak is not None:
+                peaks.append(peak)
+            if previous is not None and step > previous[0] and ts >= previous[1]:
+                per_step.append((ts - previous[1]) / (step - previous[0]))
+            previous = (step, ts)
+    started, finished = _finite(document.get("started_at")), _finite(document.get("finished_at"))
+    wall = finished - started if started is not None and finished is not None and finished >= started else None
+    positive = [t for t in per_step if t > 0]
+    return RunFigures(
+        step_time_s=statistics.median(positive) if positive else None,
+        timed_steps=len(positive),
+        peak_memory_gb=max(peaks) if peaks else None,
+        failures=failures,
+        wall_s=wall,
+    )
 
 
 @dataclass(frozen=True)
@@ -93,6 +187,15 @@ class CalibrationLedger:
                     db.close()
         except sqlite3.Error as exc:
             raise StoreError(f"calibration ledger {str(self.path)!r} cannot be written: {exc}") from exc
+
+    def record_run(self, key: str, run_id: str, run_dir: str | os.PathLike[str]) -> RunFigures:
+        """Record the figures ``run_figures(run_dir)`` reads under ``key`` and return them;
+        nothing is recorded when they hold no step time."""
+        figures = run_figures(run_dir)
+        if figures.step_time_s is not None:
+            self.record(key, run_id, figures.step_time_s, peak_memory_gb=figures.peak_memory_gb,
+                        failures=figures.failures, wall_s=figures.wall_s)
+        return figures
 
     def runs(self, key: str) -> list[LedgerRun]:
         """The runs recorded under ``key``, oldest first."""
