@@ -39,6 +39,8 @@ VARIABLES: tuple[Variable, ...] = (
              "steps flashruntime.torch runs before it times any, when the profiler launched the script"),
     Variable("FLASHML_PROFILE_MEASURED_STEPS", f"{_JOB} (profiler)", "",
              "steps flashruntime.torch times before it measures a checkpoint and ends the profiled process"),
+    Variable("FLASHML_CHECKPOINT_MTBF_S", "flashruntime.torch (checkpoint every='auto')", "86400",
+             "mean seconds between failures for the Young/Daly checkpoint interval (mtbf_s= wins)"),
     # Local runs.
     Variable("FLASHML_RUNS_DIR", "flash.submit, flashruntime submit / runs", "~/.local/share/flashruntime/runs",
              "where runs without an output directory are kept (else the platform's user data directory)"),

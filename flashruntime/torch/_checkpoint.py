@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flashruntime.torch import _heartbeat, _profile, _state
+from flashruntime.errors import InvalidProfileRequest
+from flashruntime.torch import _auto, _heartbeat, _profile, _state
 from flashruntime.torch._prepare import unwrap
 
 
@@ -81,23 +82,43 @@ def _write_step(model: Any, optimizer: Any, step: int) -> None:
     )
 
 
-def checkpoint(model: Any, optimizer: Any = None, *, step: int, every: int | None = None) -> None:
+def checkpoint(model: Any, optimizer: Any = None, *, step: int, every: int | str | None = None,
+               mtbf_s: float | None = None) -> None:
     """Save ``model`` (and ``optimizer``) as checkpoint ``step`` when the gate allows.
 
+    ``every`` is None (save now), a step count (save at its multiples), or ``"auto"``: the
+    Young/Daly interval ``sqrt(2 x C x MTBF)`` from the measured save cost C and ``mtbf_s``
+    (else ``$FLASHML_CHECKPOINT_MTBF_S``, else 86400 s), in steps of the measured step time;
+    the first save is at the second step seen, to measure C (see ``checkpoint_cadence``).
     Always refreshes the heartbeat with ``step``. Rank 0 writes; with several ranks
     everyone then waits at a barrier, so the call is collective: every rank makes it.
     """
-    due = checkpoint_due(step, every)
+    auto = every == "auto"
+    if not auto and every is not None and (isinstance(every, bool) or not isinstance(every, int)):
+        raise InvalidProfileRequest(f"every must be None, a number of steps or 'auto', got {every!r}")
+    failure_s = _auto.mtbf(mtbf_s) if auto else None
+    due = _auto.due(step) if auto else checkpoint_due(step, every)  # type: ignore[arg-type]
     _heartbeat.beat(step, force=due)  # a written checkpoint is news worth a heartbeat
     if not due:
         return
+    save_s = None
     if _state.is_main():
+        started = time.perf_counter()
         _write_step(model, optimizer, step)
+        save_s = time.perf_counter() - started
     if _state.world_size() > 1:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
+    if failure_s is not None:
+        _auto.saved(step, save_s, failure_s)
+
+
+def checkpoint_cadence() -> _auto.Cadence | None:
+    """The ``every="auto"`` interval in force (save cost, step time, MTBF, interval in seconds
+    and in steps), None before the first auto save."""
+    return _auto.AUTO.cadence
 
 
 def _jsonable(value: Any) -> Any:
