@@ -24,6 +24,7 @@ __all__ = [
     "LEASE_SQLITE_OVER_FLOOR",
     "MANUAL_INTERVENTIONS",
     "PLAN_RENDER_MS",
+    "PROFILED_STEP_ERROR",
     "REPLICAS_OVER_ONE",
     "SWEEP_PARALLEL_OVER_SERIAL",
     "faults_routed",
@@ -61,6 +62,9 @@ REPLICAS_OVER_ONE = Target(
                      "no lock but the rows they touch. On the 2-core reference host one replica, the database and the "
                      "clients already share both cores, so a second replica cannot add throughput there; it adds it "
                      "where each replica has a core of its own")
+PROFILED_STEP_ERROR = Target(
+    "<=", 0.15, "x", "a plan's profiled step time is within 15 % of what the run then takes per step, or ranking by "
+                     "it would mislead")
 MANUAL_INTERVENTIONS = Target("<=", 0, "trials", "a crashed trial resumes by itself; nobody has to touch it")
 
 
