@@ -86,8 +86,8 @@ def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
     errors = [abs(p / n - 1.0) for p, n in zip(profiled_s, normal_s)]
     notes = [f"{pairs} pairs ABBA; profiled ÷ normal per pair: "
              + ", ".join(f"{p / n:.3f}" for p, n in zip(profiled_s, normal_s)),
-             f"script args {' '.join(script_args)}; profile: {WARMUP} warm-up + {MEASURED} measured steps; normal: "
-             f"median ts gap after the first {SKIPPED_HEAD} steps"]
+             (f"script args {' '.join(script_args)}; profile: {WARMUP} warm-up + {MEASURED} measured steps; "
+              f"normal: median ts gap after the first {SKIPPED_HEAD} steps")]
     return [
         measured_row(NAME, SECTION, "step_time_error", "x", errors, ratio=max(errors), target=PROFILED_STEP_ERROR,
                      notes=[*notes, "ratio = the largest error of the pairs: every pair is held to the target"]),
