@@ -27,6 +27,7 @@ from flashruntime.leases._models import (
     spec_from_json,
     spec_to_json,
 )
+from flashruntime.leases._stored_history import StoredHistory, load_history
 from flashruntime.leases.store import LeaseStore, TaskRecord
 from flashruntime.postgres_database import PostgresDatabase
 from flashruntime.protocol.v1alpha1 import Lease, TaskState
@@ -43,20 +44,6 @@ _ALL_COLUMNS = tuple(range(len(sql.MUTABLE)))
 _ACTIVE_JSON = sql.MUTABLE.index("active_lease_json")
 _LEASED = TaskState.LEASED
 _record_new = TaskRecord.__new__
-
-
-class _History(dict):  # type: ignore[type-arg]
-    """A record's ``lease_history`` as loaded, carrying what ``save`` needs to write only
-    what changed: the lease ids already stored, and the stored column values
-    (``sql.MUTABLE``) with the active lease they were read as."""
-
-    __slots__ = ("persisted", "stored", "stored_lease")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.persisted: set[str] = set()
-        self.stored: tuple[Any, ...] | None = None
-        self.stored_lease: Lease | None = None
 
 
 def stored_schema_version(database: PostgresDatabase) -> str | None:
@@ -161,7 +148,7 @@ class PostgresLeaseStore(LeaseStore):
         state = record.state
         lease = record.active_lease
         history = record.lease_history
-        loaded = history if history.__class__ is _History else None
+        loaded = history if history.__class__ is StoredHistory else None
         stored = None if loaded is None else loaded.stored
         if lease is None:
             lease_id = node_id = deadline = lease_json = None
@@ -388,19 +375,7 @@ class PostgresLeaseStore(LeaseStore):
         record.accepted_output_sha256 = row[13]
         record.releases_seen = row[14]
         record.seq = seq
-        history = _History()
-        history.stored = tuple(row[4:])
-        history.stored_lease = active
-        for lease_id, lease_json in history_rows:
-            # The active lease as first issued (never renewed, or renewed to the same deadline)
-            # is stored twice with the same text: decode it once. Leases are never mutated in
-            # place, so history and active may share the object, as they do in memory.
-            if lease_json == active_json and active is not None:
-                history[lease_id] = active
-            else:
-                history[lease_id] = lease_from_json(lease_json, payload)
-        history.persisted.update(history)
-        record.lease_history = history
+        record.lease_history = load_history(tuple(row[4:]), active, active_json, history_rows, payload)
         return record
 
     def _insert_history(

@@ -29,6 +29,7 @@ from flashruntime.leases._models import (
     spec_to_json,
 )
 from flashruntime.leases._sqlite_migrate import migrate_single_document, single_document_layout
+from flashruntime.leases._stored_history import StoredHistory, load_history
 from flashruntime.leases.store import LeaseStore, TaskRecord
 from flashruntime.protocol.v1alpha1 import Lease, TaskState
 from flashruntime.sqlite_database import SqliteDatabase, has_table, recorded_version
@@ -58,20 +59,6 @@ def stored_schema_version(connection: sqlite3.Connection) -> str | None:
     if version is None and has_table(connection, "lease_tasks"):
         return UNVERSIONED
     return version
-
-
-class _History(dict):  # type: ignore[type-arg]
-    """A record's ``lease_history`` as loaded, carrying what ``save`` needs to write
-    only what changed: the lease ids already stored, and the stored column values
-    (``sql.MUTABLE``) with the active lease they were read as."""
-
-    __slots__ = ("persisted", "stored", "stored_lease")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.persisted: set[str] = set()
-        self.stored: tuple[Any, ...] | None = None
-        self.stored_lease: Lease | None = None
 
 
 @translate_sqlite_errors(lambda store: f"lease store {store.path}")
@@ -202,7 +189,7 @@ class SqliteLeaseStore(LeaseStore):
         state = record.state
         lease = record.active_lease
         history = record.lease_history
-        loaded = history if history.__class__ is _History else None
+        loaded = history if history.__class__ is StoredHistory else None
         stored = None if loaded is None else loaded.stored
         if lease is None:
             lease_id = node_id = deadline = lease_json = None
@@ -377,23 +364,9 @@ class SqliteLeaseStore(LeaseStore):
         record.accepted_output_sha256 = row[13]
         record.releases_seen = row[14]
         record.seq = seq
-        history = _History()
-        history.stored = row[4:]
-        history.stored_lease = active
         if history_rows is None and (attempts_used or active_json is not None):
             history_rows = self._conn.execute(sql.HISTORY, (job_id, task_id)).fetchall()
-        if history_rows:
-            for lease_id, lease_json in history_rows:
-                # The active lease as first issued (never renewed, or renewed to the same
-                # deadline) is stored twice with the same text: decode it once. Leases are
-                # never mutated in place, so history and active may share the object, as
-                # they do in memory.
-                if lease_json == active_json and active is not None:
-                    history[lease_id] = active
-                else:
-                    history[lease_id] = lease_from_json(lease_json, payload)
-            history.persisted.update(history)
-        record.lease_history = history
+        record.lease_history = load_history(row[4:], active, active_json, history_rows or (), payload)
         return record
 
     def _insert_history(
