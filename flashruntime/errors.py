@@ -22,6 +22,7 @@ that built-in as a second base::
     ├── CodeExecutionNotPermitted(PermissionError)  a job would run commands its submitter may not run
     ├── StoreError(RuntimeError)         a store's database failed (locked, full, damaged, unreachable)
     ├── BadDatabaseURL(ValueError)       a database URL of a form the coordinator does not open
+    ├── BadRayAddress(ValueError)        a Ray cluster address of a form Ray does not take
     ├── SchemaVersionError(RuntimeError) a database a newer (or unknown) flashruntime wrote
     ├── UnplannableRequest(ValueError)   a plan request lacks a figure the planner needs
     ├── ModuleUnavailable(ImportError)   an import path whose code this release does not have yet
@@ -58,6 +59,7 @@ __all__ = [
     "AuthFailure",
     "BadArtifactKey",
     "BadDatabaseURL",
+    "BadRayAddress",
     "BodyProblem",
     "CheckpointError",
     "CodeExecutionNotPermitted",
@@ -176,6 +178,12 @@ class StoreError(FlashRuntimeError, RuntimeError):
 class BadDatabaseURL(FlashRuntimeError, ValueError):
     """A database URL that is neither ``sqlite:///absolute/path`` nor
     ``postgresql://user:password@host:port/database``; the message never shows the password."""
+
+
+class BadRayAddress(FlashRuntimeError, ValueError):
+    """A Ray cluster address (``FLASHML_RAY_ADDRESS``, ``--ray-address``, ``ray_address=``) of
+    none of the forms ``local``, ``auto``, ``ray://host:port``, ``host:port``; the message
+    names the setting and the forms."""
 
 
 class SchemaVersionError(FlashRuntimeError, RuntimeError):

@@ -63,6 +63,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--workers", type=whole_number("--workers", 1), default=1, metavar="N",
                         help="uvicorn worker processes sharing the port (default 1), on SQLite or PostgreSQL; "
                              "each keeps its own rate limit buckets and /metrics counters")
+    parser.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                        help="run backend 'ray' jobs (then the default) on this Ray cluster: local (an embedded "
+                             "single-node Ray, for development), auto, ray://host:port or host:port; needs "
+                             "pip install 'flashruntime[ray]'; overrides FLASHML_RAY_ADDRESS")
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="uvicorn log level (default info)")
     parser.add_argument("--ssl-certfile", default=None, metavar="PEM",
                         help="serve HTTPS with this certificate (chain) file; needs --ssl-keyfile")
@@ -120,6 +124,8 @@ def worker_environment(settings: Any) -> dict[str, str]:
     env = {"FLASHML_LEDGER_PATH": settings.ledger_path, "FLASHML_LOCAL_ARTIFACTS_DIR": settings.artifacts_dir}
     if settings.database_url:
         env["FLASHML_DATABASE_URL"] = settings.database_url
+    if settings.ray_address:
+        env["FLASHML_RAY_ADDRESS"] = settings.ray_address
     return env
 
 
@@ -208,6 +214,26 @@ def handle(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return _fail(f"{exc}; {SERVICE_HINT}")
 
+    if args.ray_address is not None:
+        from flashruntime.errors import BadRayAddress
+        from flashruntime.ray_backend.cluster import parse_ray_address
+
+        try:
+            settings.ray_address = parse_ray_address(args.ray_address, source="--ray-address")
+        except BadRayAddress as exc:
+            return _fail(str(exc))
+    if settings.ray_address:
+        from flashruntime.errors import ModuleUnavailable
+        from flashruntime.ray_backend.cluster import import_ray
+
+        try:
+            import_ray()
+        except ModuleUnavailable as exc:
+            return _fail(str(exc))
+        if settings.ray_address == "local" and args.workers > 1:
+            return _fail("--ray-address local starts a Ray inside the coordinator's process, one per worker "
+                         "process: with --workers, start Ray once (ray start --head) and give its address")
+
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         return _fail("--ssl-certfile and --ssl-keyfile go together: give both to serve HTTPS, or neither")
     tls = args.ssl_certfile is not None
@@ -262,6 +288,8 @@ def handle(args: argparse.Namespace) -> int:
     print(f"  artifacts  {artifacts}", flush=True)
     if args.workers > 1:
         print(f"  workers    {args.workers} processes sharing the port", flush=True)
+    if settings.ray_address:
+        print(f"  ray        {settings.ray_address} (the default backend)", flush=True)
     try:
         with _sigterm_stops_cleanly():
             uvicorn.run(target, host=args.host, port=args.port, log_level=args.log_level,

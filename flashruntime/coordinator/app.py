@@ -61,6 +61,11 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            await asyncio.to_thread(coordinator.start_backends)  # the Ray cluster, when one is set
+        except BaseException:
+            coordinator.close()
+            raise
         sweeper = asyncio.create_task(_sweep_forever(coordinator), name="flashruntime-sweeper")
         try:
             yield

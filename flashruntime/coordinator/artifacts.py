@@ -160,6 +160,15 @@ class ArtifactStore:
             raise
         return digest.hexdigest(), size
 
+    def write_bytes(self, key: str, data: bytes) -> tuple[str, int]:
+        """``write`` for a body already in memory, from a thread that runs no event loop
+        (the Ray dispatcher's): the same checks, the same atomic publish → (sha256, size)."""
+
+        async def body() -> AsyncIterator[bytes]:
+            yield data
+
+        return asyncio.run(self.write(key, body()))
+
     def _refuse_clash(self, key: str, target: Path) -> None:
         """Raise ``ArtifactConflict`` when ``key`` cannot be a file: an existing artifact
         sits where one of its directories would be, or its path is a directory of other keys."""

@@ -30,6 +30,7 @@ from flashruntime.coordinator.expansion import expand_tasks
 from flashruntime.coordinator.lease_jobs import TERMINAL_JOB_STATES, refreshed
 from flashruntime.coordinator.metrics import Metrics
 from flashruntime.coordinator.nodes import NodeRegistry
+from flashruntime.coordinator.ray_dispatch import BACKEND_KEY, BackendPlacement, RayDispatcher
 from flashruntime.coordinator.settings import RuntimeSettings
 from flashruntime.coordinator.state import InTransaction, open_state
 from flashruntime.coordinator.task_logs import TaskLog, log_share, read_log, task_log_path, with_tail
@@ -53,6 +54,7 @@ from flashruntime.protocol.v1alpha1 import (
     SubmittedBy,
     TaskState,
 )
+from flashruntime.ray_backend.resources import ray_options, unplaceable_reason
 from flashruntime.scheduler import IsolationAwarePlacement
 
 __all__ = ["SUBMITTED_BY_KEY", "Coordinator", "NoBackend"]
@@ -64,9 +66,9 @@ SUBMITTED_BY_KEY = "submitted_by"
 _OPEN_MODE_SUBMITTER = {"role": "anonymous", "name": None, "may_run_code": True}
 EVENTS_LOGGER = logging.getLogger("flashruntime.events")
 log = logging.getLogger("flashruntime.service")
-# The backends this coordinator runs, and the one a job gets when it names none. Lease jobs
-# are the coordinator's own; no Ray backend is part of it, so a job for Ray is refused.
-BACKENDS = ("leases",)
+# The backends a coordinator may run. Both queue their tasks in the lease store: agents claim
+# the tasks of ``leases`` jobs, the Ray dispatcher those of ``ray`` jobs (FLASHML_RAY_ADDRESS).
+BACKENDS = ("leases", "ray")
 # How long /readyz waits for the database: less than a prober's usual timeout.
 READINESS_TIMEOUT_S = 2.0
 DEFAULT_BACKEND = "leases"
@@ -96,13 +98,35 @@ class Coordinator:
             refusals=(CheckpointError,)))
         self.nodes = NodeRegistry(state.nodes, clock=lambda: self.now().timestamp())
         self.artifacts = ArtifactStore(settings.artifacts_dir, settings.max_artifact_mb * 1024 * 1024)
-        self.placement = IsolationAwarePlacement()
+        # Agents claim only the tasks of lease jobs; a ray job's are the Ray dispatcher's.
+        self.placement = BackendPlacement("leases", IsolationAwarePlacement())
+        self.ray: RayDispatcher | None = None
         # Per thread: the lease ids whose TASK_COMMIT_ACCEPTED this thread's manager.complete
         # emitted, i.e. the commits this call made (the manager emits it for the transition only).
         self._committing = threading.local()
         self._sweeping: bool | None = None  # whether the last sweep_once swept (None: none yet)
 
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backends this coordinator runs: ``leases``, and ``ray`` when a Ray address is set."""
+        return BACKENDS if self.settings.ray_address else ("leases",)
+
+    @property
+    def default_backend(self) -> str:
+        """What a job that names no backend gets: ``ray`` when a Ray address is set."""
+        return "ray" if self.settings.ray_address else DEFAULT_BACKEND
+
+    def start_backends(self) -> None:
+        """Connect to the Ray cluster and start dispatching ``ray`` jobs, when a Ray address is set."""
+        if self.settings.ray_address and self.ray is None:
+            dispatcher = RayDispatcher(self, self.settings.ray_address)
+            dispatcher.start()
+            self.ray = dispatcher
+
     def close(self) -> None:
+        if self.ray is not None:
+            self.ray.stop()
+            self.ray = None
         self.state.close()
 
     # --- events ---------------------------------------------------------------
@@ -152,11 +176,13 @@ class Coordinator:
         identity = identity or Identity(None, False)
         if spec.spec.workload.type == "command":
             self._require_code_permission(identity)  # before expansion: its errors describe the command
-        spec = _with_backend(spec, spec.spec.execution.backend or DEFAULT_BACKEND)
-        if spec.spec.execution.backend not in BACKENDS:
+        spec = _with_backend(spec, spec.spec.execution.backend or self.default_backend)
+        backend = spec.spec.execution.backend
+        if backend not in self.backends:
             raise NoBackend(
-                f"backend {spec.spec.execution.backend!r} is not configured on this coordinator; "
-                f"submit with spec.execution.backend = 'leases', or leave it out for the default ({DEFAULT_BACKEND!r})"
+                f"backend {backend!r} is not configured on this coordinator: set FLASHML_RAY_ADDRESS (or serve "
+                "--ray-address) to a Ray cluster's address to run jobs on Ray, or submit with "
+                f"spec.execution.backend = 'leases' (the default here) to run them on the agent fleet"
             )
         where = _non_finite(spec.spec.workload.parameters, "spec.workload.parameters")
         if where is not None:
@@ -173,15 +199,21 @@ class Coordinator:
         submitted_by, stamp = _submitter_of(identity)
         for task in tasks:
             task.payload[SUBMITTED_BY_KEY] = dict(stamp)
+        if backend == "ray":
+            self._require_ray_placement(tasks)
+            for task in tasks:
+                task.payload[BACKEND_KEY] = "ray"
         now = self.now()
-        record = JobRecord(job_id=job_id, spec=spec, state=JobState.RUNNING, backend="leases",
+        record = JobRecord(job_id=job_id, spec=spec, state=JobState.RUNNING, backend=backend,
                            deployment_profile=self.settings.profile, created_at=now, artifacts=[],
                            submitted_by=submitted_by)
+        where = f" on the Ray cluster at {self.settings.ray_address}" if backend == "ray" else ""
         events = [
             self._service_event(job_id, EventType.JOB_ACCEPTED, f"job {spec.metadata.name} accepted as {job_id}",
                                 {"name": spec.metadata.name}),
-            self._service_event(job_id, EventType.BACKEND_SELECTED, f"backend: leases ({len(tasks)} independent tasks)",
-                                {"backend": "leases", "tasks": len(tasks)}),
+            self._service_event(job_id, EventType.BACKEND_SELECTED,
+                                f"backend: {backend} ({len(tasks)} independent tasks{where})",
+                                {"backend": backend, "tasks": len(tasks)}),
         ]
 
         def queue_and_record() -> list[Event]:
@@ -204,6 +236,17 @@ class Coordinator:
         for event in (*events, *created):
             self._observe(event)
         return record
+
+    def _require_ray_placement(self, tasks: list[Any]) -> None:
+        """``ExpansionError`` (422) for the first task Ray cannot honour: a gate with no Ray
+        equivalent, or resources no node of the cluster has."""
+        nodes = self.ray.nodes() if self.ray is not None else None
+        for task in tasks:
+            options, why = ray_options(task.payload)
+            if why is None and nodes is not None:
+                why = unplaceable_reason(options or {}, nodes)
+            if why is not None:
+                raise ExpansionError(f"task {task.task_id!r} cannot run on Ray: {why}")
 
     def _require_code_permission(self, identity: Identity) -> None:
         if identity.role is None or identity.may_run_code:
@@ -233,7 +276,7 @@ class Coordinator:
     def refresh(self, record: JobRecord) -> JobRecord:
         """The record with its derived state (lease jobs only); persisted when it changed.
         A task's end settles its job at once (``_settle``); this catches up the rest."""
-        if record.backend != "leases" or record.state in TERMINAL_JOB_STATES:
+        if record.backend not in BACKENDS or record.state in TERMINAL_JOB_STATES:
             return record
         if refreshed(record, self.manager.job_state(record.job_id), self.now())[0] is record:
             return record  # the common case: unchanged, so nothing to re-read or write
@@ -254,7 +297,7 @@ class Coordinator:
         # Locked: of two tasks ending at once, the second to take the job reads it after the
         # first has committed, so one of them sees every task ended and the job is settled once.
         record = self.ledger.get_job(job_id, lock=True)
-        if record is not None and record.backend == "leases" and record.state not in TERMINAL_JOB_STATES:
+        if record is not None and record.backend in BACKENDS and record.state not in TERMINAL_JOB_STATES:
             self._store_derived(record)
 
     def _store_derived(self, current: JobRecord) -> JobRecord:
@@ -457,7 +500,7 @@ class Coordinator:
             return 0
         expired = self.manager.sweep(now=self.now())
         for record in self.ledger.list_jobs():
-            if record.backend == "leases" and record.state not in TERMINAL_JOB_STATES:
+            if record.backend in BACKENDS and record.state not in TERMINAL_JOB_STATES:
                 self.refresh(record)
         return expired
 

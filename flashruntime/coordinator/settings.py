@@ -21,6 +21,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from flashruntime.database_url import FORMS, DatabaseURL, mask_password, parse_database_url, sqlite_url
+from flashruntime.ray_backend.cluster import ADDRESS_FORMS, parse_ray_address
 
 __all__ = ["DEFAULT_RATE_LIMIT", "RuntimeSettings"]
 
@@ -75,6 +76,11 @@ class RuntimeSettings(BaseSettings):
                                     "1: GET /metrics without a token even when tokens are configured")
     require_node_auth: bool = _setting(False, "FLASHML_REQUIRE_NODE_AUTH", "1 or 0",
                                        "1: refuse to start without tokens (fail closed)")
+    ray_address: str | None = _setting(
+        None, "FLASHML_RAY_ADDRESS", ADDRESS_FORMS,
+        "a Ray cluster to run backend 'ray' jobs on (then the default backend): local (an embedded "
+        "single-node Ray, for development), auto (the cluster of this machine), ray://host:port (through the "
+        "Ray Client) or host:port; needs the ray extra; unset: jobs for Ray are refused (503)")
 
     @field_validator("join_code", mode="before")
     @classmethod
@@ -88,6 +94,15 @@ class RuntimeSettings(BaseSettings):
             if not value.strip():
                 return None
             parse_database_url(value)  # the form only: opening it is the stores' job
+        return value
+
+    @field_validator("ray_address", mode="before")
+    @classmethod
+    def _ray_address(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if not value.strip():
+                return None
+            return parse_ray_address(value)
         return value
 
     @field_validator("rate_limit_per_s", mode="before")

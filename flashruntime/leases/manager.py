@@ -307,8 +307,10 @@ class LeaseManager:
                 )
         return accepted
 
-    def fail(self, lease_id: str, reason: str, now: datetime | None = None) -> None:
-        """A worker-reported failure: spends one of ``max_attempts``, then requeue or exhaust."""
+    def fail(self, lease_id: str, reason: str, now: datetime | None = None, *, retry: bool = True) -> None:
+        """A worker-reported failure: spends one of ``max_attempts``, then requeue or exhaust.
+        ``retry=False`` (a deterministic error, which a retry would repeat) exhausts the task
+        at once, whatever budget is left."""
         now = coerce_now(now)
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, got {type(reason).__name__}")
@@ -334,7 +336,7 @@ class LeaseManager:
                         },
                     )
                 )
-            self._release(record, active, False, now, events)
+            self._release(record, active, False, now, events, final=not retry)
         if events:
             _emit(on_event, events)  # type: ignore[arg-type]
 
@@ -552,24 +554,27 @@ class LeaseManager:
         expiry: bool,
         now: datetime,
         events: list[Event] | None,
+        *,
+        final: bool = False,
     ) -> None:
         """The release rule shared by ``fail`` and ``sweep``: clear the lease, then
-        FAILED if the cause's budget is spent, else PENDING."""
+        FAILED if the cause's budget is spent (or ``final``), else PENDING."""
         spec = record.spec
         if expiry:
             used, budget, name, cause = record.expiries_seen, spec.max_expiries, "max_expiries", "expiries"
         else:
             used, budget, name, cause = record.failures_seen, spec.max_attempts, "max_attempts", "failures"
-        exhausted = used >= budget
+        exhausted = final or used >= budget
         record.active_lease = None
         record.state = _FAILED if exhausted else _PENDING
         self._save(record)
         if events is not None:
             data = {"task_id": spec.task_id, "node_id": lease.node_id, "lease_id": lease.lease_id, "budget": name}
             if exhausted:
-                events.append(
-                    make_event(EventType.TASK_EXHAUSTED, spec.job_id, now, f"all {budget} {cause} used ({name})", data)
-                )
+                message = (f"all {budget} {cause} used ({name})" if used >= budget else
+                           f"failed without a retry: a retry would fail the same way ({used} of {budget} {cause} "
+                           f"used, {name})")
+                events.append(make_event(EventType.TASK_EXHAUSTED, spec.job_id, now, message, data))
             else:
                 data["used"] = used
                 data["limit"] = budget

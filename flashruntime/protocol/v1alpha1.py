@@ -421,6 +421,12 @@ class ExecutionEvidence(WireModel):
     gpu_util_percent_mean: float | None = None
     image_digest: str = ""
     exit_code: int | None = None
+    # Where the attempt ran, when a Ray backend ran it.
+    ray_node_id: str | None = None
+    node_ip: str | None = None
+    hostname: str | None = None
+    worker_pid: int | None = None
+    gpu_ids: list[str] | None = None
 
 
 # --- Checkpoints --------------------------------------------------------------

@@ -130,9 +130,10 @@ def test_a_jobspec_of_only_workload_and_resources_is_accepted_with_the_coordinat
     ray = {**minimal, "spec": {**minimal["spec"], "execution": {"backend": "ray"}}}
     refused = api.post("/v1alpha1/jobs", json=ray, headers=ALICE)
     assert refused.status_code == 503
-    assert refused.json()["detail"] == ("backend 'ray' is not configured on this coordinator; submit with "
-                                        "spec.execution.backend = 'leases', or leave it out for the default "
-                                        "('leases')")
+    assert refused.json()["detail"] == (
+        "backend 'ray' is not configured on this coordinator: set FLASHML_RAY_ADDRESS (or serve --ray-address) "
+        "to a Ray cluster's address to run jobs on Ray, or submit with spec.execution.backend = 'leases' (the "
+        "default here) to run them on the agent fleet")
     assert len(api.get("/v1alpha1/jobs", headers=ALICE).json()) == 2  # the refused one stored nothing
 
 

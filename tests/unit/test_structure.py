@@ -40,6 +40,7 @@ LAYOUT = {
     "torch": "the in-script torch helper",
     "demo": "the demo's training script",
     "providers": "resource requirements",
+    "ray_backend": "running work on a Ray cluster",
     "service": "compatibility import paths",
 }
 CORE_LOGIC = ("leases", "scheduler", "checkpoint", "recovery", "planner")
@@ -242,3 +243,17 @@ def test_nothing_outside_a_module_touches_a_runs_private_members() -> None:
             if re.search(r"\brun\._[a-z]", line):
                 wrong.append(f"{module}:{number}: {line.strip()}")
     assert not wrong, "\n".join(wrong)
+
+
+# Ray is the ray extra's: these modules import it, each inside functions only, so that
+# ``import flashruntime`` and everything it loads stay Ray-free.
+RAY_USERS = ("flashruntime.ray_backend", "flashruntime.coordinator.ray_dispatch", "flashruntime.agent.ray_task",
+             "flashml_workloads.sharded_kmeans")
+
+
+def test_ray_is_imported_inside_functions_of_the_ray_backend_only() -> None:
+    wrong = [f"{edge.source}:{edge.line}" + (" (at import time)" if edge.top_level else "") for edge in IMPORTS
+             if edge.target.split(".")[0] == "ray"
+             and (edge.top_level or not edge.source.startswith(RAY_USERS))]
+    assert not wrong, wrong
+    assert any(edge.target.split(".")[0] == "ray" for edge in IMPORTS)  # the rule has something to check

@@ -1,0 +1,390 @@
+"""The coordinator's Ray backend: the tasks of ``ray`` jobs run as Ray tasks.
+
+A ``ray`` job is queued in the lease store like any other, so its tasks have the same states,
+events, logs, cancel and first-valid-commit rule; only who claims them differs. Agents never
+see them (``BackendPlacement``); this dispatcher, one thread in the coordinator, claims them as
+the node ``ray`` while the cluster has room (one CPU per task), and runs each attempt as one
+Ray task (``flashruntime.agent.ray_task.run_task_attempt``, ``max_retries=0``). While it
+runs, the dispatcher renews the lease, stores the log as it grows, and watches whether the
+lease is still live: a cancelled job's Ray tasks are cancelled (the attempt's processes
+stopped inside the task), then killed if they do not end.
+
+An attempt ends as an agent's would: the output files are stored under the task's output
+prefix and committed (``Coordinator.complete``), or the failure is classified and acted on
+(``flashruntime.ray_backend.failures``): a deterministic error fails the task without a retry;
+a failed exit spends one of ``max_attempts``; a Ray worker or node lost spends one of
+``max_expiries`` and what the dead worker left running is stopped on its node. Every attempt
+has a ``TASK_ATTEMPT_STARTED`` event with where it ran (Ray node id, node IP, hostname,
+worker pid, GPU ids), and every failure a ``FAILURE_CLASSIFIED`` event with the class, the
+recovery decision and that evidence; an accepted attempt's evidence row holds it too.
+
+Should the coordinator die, its leases expire and the sweep requeues the tasks; Ray stops a
+dead driver's tasks. Several replicas with a Ray address each dispatch; the lease store's
+claims keep any task from running twice at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from flashruntime.errors import ArtifactNotFound, FlashRuntimeError, LeaseError
+from flashruntime.protocol.task_logs import task_log_key
+from flashruntime.protocol.v1alpha1 import CompleteRequest, Event, EventType, FailureClass, Lease, TaskSpec
+from flashruntime.agent import ray_task
+from flashruntime.ray_backend.cluster import cluster_nodes, connect
+from flashruntime.ray_backend.failures import classify_ray_error, is_cancellation
+from flashruntime.ray_backend.resources import ray_options
+from flashruntime.recovery import classify, decide, describe_launch, from_local_launch
+from flashruntime.scheduler.policy import NodeView, PlacementPolicy
+
+__all__ = ["BACKEND_KEY", "RAY_NODE_ID", "BackendPlacement", "RayDispatcher", "backend_of"]
+
+log = logging.getLogger("flashruntime.ray")
+
+RAY_NODE_ID = "ray"
+# The payload key naming the backend of a task's job; a task without it is the agents'.
+BACKEND_KEY = "backend"
+SOURCE = "flashruntime.ray"
+MODE = "independent_tasks"
+
+
+def backend_of(task: TaskSpec) -> str:
+    backend = task.payload.get(BACKEND_KEY) if isinstance(task.payload, dict) else None
+    return backend if isinstance(backend, str) else "leases"
+
+
+class BackendPlacement(PlacementPolicy):
+    """Only the tasks of ``backend``'s jobs, then ``inner``'s gates (None: none)."""
+
+    def __init__(self, backend: str, inner: PlacementPolicy | None = None) -> None:
+        self.backend = backend
+        self.inner = inner
+
+    def eligible(self, task: TaskSpec, node: NodeView) -> bool:
+        return backend_of(task) == self.backend and (self.inner is None or self.inner.eligible(task, node))
+
+
+@dataclass
+class _Flight:
+    """One attempt running as a Ray task."""
+
+    lease: Lease
+    stream: Any  # the Ray task's ObjectRefGenerator
+    claimed_at: float
+    next_beat: float
+    next_check: float
+    where: dict[str, Any] = field(default_factory=dict)
+    cancel_since: float | None = None
+    killed: bool = False
+
+
+class RayDispatcher:
+    """Runs the tasks of ``ray`` jobs on the cluster at ``address``; ``start`` connects (and
+    raises what the connection raised), ``stop`` releases what is running."""
+
+    def __init__(self, coordinator: Any, address: str, *, tick_s: float = 0.2, log_every_s: float = 5.0,
+                 check_s: float = 1.0, cancel_grace_s: float = 5.0) -> None:
+        self.coordinator = coordinator
+        self.address = address
+        self.tick_s = tick_s
+        self.log_every_s = log_every_s
+        self.check_s = check_s
+        self.cancel_grace_s = cancel_grace_s
+        self.placement = BackendPlacement("ray")
+        self._flights: dict[str, _Flight] = {}
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ray: Any = None
+        self._capacity = 0
+        self._capacity_at = float("-inf")
+        self._remote_attempt: Any = None
+        self._remote_sweep: Any = None
+
+    # --- lifecycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._ray = ray = connect(self.address)
+        self._remote_attempt = ray.remote(ray_task.run_task_attempt)
+        self._remote_sweep = ray.remote(ray_task.stop_leftovers)
+        self._thread = threading.Thread(target=self._loop, name="flashruntime-ray-dispatch", daemon=True)
+        self._thread.start()
+        log.info("Ray backend: running the tasks of ray jobs on %s", self.address)
+
+    def nodes(self) -> list[dict[str, float]]:
+        """The total resources of each live node of the cluster."""
+        return cluster_nodes(self._ray)
+
+    def stop(self) -> None:
+        """Stop dispatching; give every running attempt's lease back (no budget spent) and
+        cancel its Ray task."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+        for lease_id, flight in list(self._flights.items()):
+            self._cancel(flight, force=False)
+            self._call(lambda lease_id=lease_id: self.coordinator.manager.release(
+                lease_id, "coordinator stopping", now=self.coordinator.now()))
+        self._flights.clear()
+
+    def _loop(self) -> None:
+        while not self._stopping.wait(self.tick_s):
+            try:
+                self.step()
+            except Exception:  # a database hiccup: the next tick tries again
+                log.exception("Ray dispatch step failed")
+
+    # --- one tick --------------------------------------------------------------
+
+    def step(self) -> None:
+        if self._flights:
+            self._collect()
+            self._watch()
+        self._claim()
+
+    def _capacity_now(self) -> int:
+        now = time.monotonic()
+        if now - self._capacity_at > 10.0:
+            self._capacity = max(1, int(sum(node.get("CPU", 0.0) for node in cluster_nodes(self._ray))))
+            self._capacity_at = now
+        return self._capacity
+
+    def _claim(self) -> None:
+        coordinator = self.coordinator
+        while len(self._flights) < self._capacity_now() and not self._stopping.is_set():
+            lease = coordinator.manager.claim(RAY_NODE_ID, now=coordinator.now(), policy=self.placement,
+                                              node={"node_id": RAY_NODE_ID})
+            if lease is None:
+                return
+            self._launch(lease)
+
+    def _launch(self, lease: Lease) -> None:
+        coordinator = self.coordinator
+        options, why = ray_options(lease.payload)
+        if why is not None:  # refused at submission; a task stored before can still say so
+            self._call(lambda: coordinator.manager.fail(lease.lease_id, why, now=coordinator.now(), retry=False))
+            return
+        try:
+            inputs = self._inputs(lease.payload)
+        except (ArtifactNotFound, FlashRuntimeError, OSError) as exc:
+            self._call(lambda: coordinator.manager.fail(lease.lease_id, str(exc), now=coordinator.now()))
+            return
+        stream = self._remote_attempt.options(
+            **options, num_returns="streaming", max_retries=0, name=f"{lease.job_id}/{lease.task_id}",
+        ).remote(lease.model_dump(mode="json"), inputs, self.log_every_s)
+        now = time.monotonic()
+        self._flights[lease.lease_id] = _Flight(lease, stream, claimed_at=coordinator.now().timestamp(),
+                                                next_beat=now + _beat_interval(lease), next_check=now + self.check_s)
+
+    def _inputs(self, payload: dict[str, Any]) -> dict[str, bytes]:
+        """The bytes of every ``artifact://`` input, read from this coordinator's store."""
+        blobs: dict[str, bytes] = {}
+        inputs = payload.get("inputs")
+        for name, uri in (inputs.items() if isinstance(inputs, dict) else ()):
+            if isinstance(uri, str) and uri.startswith("artifact://"):
+                key = uri[len("artifact://"):]
+                path = self.coordinator.artifacts.read_path(key)
+                if path is None:
+                    raise ArtifactNotFound(404, f"input {name!r}: artifact {key!r} does not exist")
+                blobs[key] = path.read_bytes()
+        return blobs
+
+    def _watch(self) -> None:
+        """Renew the leases that are due; a lease no longer live (its job cancelled) cancels
+        its Ray task, and one that does not end within the grace is killed."""
+        coordinator = self.coordinator
+        now = time.monotonic()
+        for lease_id, flight in list(self._flights.items()):
+            if flight.cancel_since is not None:
+                if not flight.killed and now - flight.cancel_since > self.cancel_grace_s:
+                    self._cancel(flight, force=True)
+                continue
+            live = True
+            if now >= flight.next_beat:
+                try:
+                    coordinator.manager.heartbeat(lease_id, now=coordinator.now())
+                    flight.next_beat = now + _beat_interval(flight.lease)
+                except LeaseError:
+                    live = False
+            elif now >= flight.next_check:
+                live = coordinator.manager.lease_is_live(lease_id, coordinator.now())
+                flight.next_check = now + self.check_s
+            if not live:
+                log.info("lease %s is no longer live: cancelling its Ray task", lease_id)
+                self._cancel(flight, force=False)
+
+    def _cancel(self, flight: _Flight, *, force: bool) -> None:
+        if flight.cancel_since is None:
+            flight.cancel_since = time.monotonic()
+        try:
+            self._ray.cancel(flight.stream, force=force)
+        except Exception as exc:  # already finished
+            log.debug("cancel of %s: %s", flight.lease.lease_id, exc)
+        if force:
+            flight.killed = True
+            self._sweep_node(flight)
+
+    def _collect(self) -> None:
+        ray = self._ray
+        streams = [flight.stream for flight in self._flights.values()]
+        ready, _ = ray.wait(streams, num_returns=len(streams), timeout=0)
+        if not ready:
+            return
+        ready_ids = {id(stream) for stream in ready}
+        for lease_id, flight in list(self._flights.items()):
+            if id(flight.stream) not in ready_ids:
+                continue
+            try:
+                kind, body = ray.get(next(flight.stream))
+            except StopIteration:
+                self._flights.pop(lease_id, None)
+                continue
+            except Exception as exc:
+                self._flights.pop(lease_id, None)
+                self._lost(flight, exc)
+                continue
+            if kind == "started":
+                flight.where = body
+                self._started(flight)
+            elif kind == "log":
+                self._store_log(flight.lease, body)
+            elif kind == "refused":
+                self._flights.pop(lease_id, None)
+                self._call(lambda: self.coordinator.manager.fail(lease_id, body, now=self.coordinator.now()))
+            elif kind == "finished":
+                self._flights.pop(lease_id, None)
+                if flight.cancel_since is None:
+                    self._finished(flight, body)
+
+    # --- outcomes --------------------------------------------------------------
+
+    def _event(self, lease: Lease, type_: EventType, message: str, data: dict[str, Any]) -> Event:
+        return Event(job_id=lease.job_id, type=type_, timestamp=self.coordinator.now(), source=SOURCE,
+                     message=message, data={"task_id": lease.task_id, "node_id": RAY_NODE_ID,
+                                            "lease_id": lease.lease_id, "attempt_number": lease.attempt_number,
+                                            **data})
+
+    def _started(self, flight: _Flight) -> None:
+        where = flight.where
+        lease = flight.lease
+        gpus = f", GPUs {','.join(where.get('gpu_ids') or [])}" if where.get("gpu_ids") else ""
+        self._record(self._event(
+            lease, EventType.TASK_ATTEMPT_STARTED,
+            f"attempt {lease.attempt_number} of task {lease.task_id} started on Ray node "
+            f"{str(where.get('ray_node_id'))[:12]} ({where.get('hostname')}, {where.get('node_ip')}), "
+            f"worker pid {where.get('worker_pid')}{gpus}", {"ray": where}))
+
+    def _record(self, event: Event) -> None:
+        self._call(lambda: self.coordinator.state.run(lambda: self.coordinator.record_event(event)))
+
+    def _store_log(self, lease: Lease, data: bytes) -> None:
+        try:
+            self.coordinator.artifacts.write_bytes(task_log_key(_prefix(lease)), data)
+        except (FlashRuntimeError, OSError) as exc:  # a log is an aid, never the outcome
+            log.warning("log of lease %s not stored: %s", lease.lease_id, exc)
+
+    def _finished(self, flight: _Flight, result: dict[str, Any]) -> None:
+        coordinator = self.coordinator
+        lease = flight.lease
+        self._store_log(lease, result.get("log") or b"")
+        exit_code = result.get("exit_code")
+        files = dict(result.get("files") or [])
+        evidence = result.get("evidence") or {}
+        if exit_code == 0 and "metrics.json" in files:
+            prefix = _prefix(lease)
+            try:
+                for relative, data in sorted(files.items()):
+                    coordinator.artifacts.write_bytes(prefix + relative, data)
+            except (FlashRuntimeError, OSError) as exc:
+                self._call(lambda: coordinator.manager.fail(lease.lease_id, f"output not stored: {exc}",
+                                                            now=coordinator.now()))
+                return
+            request = CompleteRequest(output_sha256=hashlib.sha256(files["metrics.json"]).hexdigest(),
+                                      evidence=evidence)
+            self._call(lambda: coordinator.complete(lease, request))
+            return
+        log_tail = str(result.get("log_tail") or "")
+        if exit_code == 0:
+            reason = ("exit 0 without out/metrics.json: a task must write metrics.json into $FLASHML_OUTPUT_DIR; "
+                      f"its last line: {_last_line(log_tail)}")
+            failure, words = FailureClass.APPLICATION_ERROR, "exit 0 without metrics.json"
+        else:
+            reason = f"exit {exit_code}: {_last_line(log_tail)}"
+            failure, words = classify(from_local_launch(exit_code, log_tail)), describe_launch(exit_code, log_tail)
+        self._failed(flight, failure, words, reason, evidence, lost=False)
+
+    def _lost(self, flight: _Flight, exc: BaseException) -> None:
+        if flight.cancel_since is not None or is_cancellation(exc):
+            return  # cancelled: the lease had already ended
+        failure, words = classify_ray_error(exc)
+        reason = f"{failure}: {words}"
+        self._failed(flight, failure, words, reason, dict(flight.where), lost=True)
+        self._sweep_node(flight)
+
+    def _failed(self, flight: _Flight, failure: FailureClass, words: str, reason: str,
+                evidence: dict[str, Any], *, lost: bool) -> None:
+        """Record the class and the decision, then act: no retry for a deterministic error, an
+        expiry's budget for a lost worker or node, an attempt's budget otherwise."""
+        coordinator = self.coordinator
+        lease = flight.lease
+        decision = decide(failure, MODE, {"evidence": words}, at=coordinator.now())
+        retry = decision.action != "fail_job"
+        event = self._event(
+            lease, EventType.FAILURE_CLASSIFIED,
+            f"attempt {lease.attempt_number} of task {lease.task_id}: {failure} ({words}) -> {decision.action}: "
+            f"{decision.reason}" + ("" if retry else " (the task is not retried)"),
+            {"failure_class": str(failure), "evidence": words, "action": str(decision.action),
+             "reason": decision.reason, "retried": retry, "ray": evidence})
+
+        def act() -> None:
+            coordinator.record_event(event)
+            now = coordinator.now()
+            if lost:
+                coordinator.manager.abandon(lease.lease_id, reason, now=now)
+            else:
+                coordinator.manager.fail(lease.lease_id, reason, now=now, retry=retry)
+
+        self._call(lambda: coordinator.state.run(act))
+
+    def _sweep_node(self, flight: _Flight) -> None:
+        """Stop, on the node it ran on, what a dead or killed Ray worker left running."""
+        node_id = flight.where.get("ray_node_id")
+        if not node_id:
+            return
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        lease = flight.lease
+        try:
+            self._remote_sweep.options(
+                num_cpus=0, max_retries=3,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+            ).remote(lease.job_id, lease.task_id, lease.lease_id)
+        except Exception as exc:  # the node is gone, and what ran there with it
+            log.info("no sweep of lease %s on Ray node %s: %s", lease.lease_id, node_id, exc)
+
+    def _call(self, action: Any) -> Any:
+        """Run ``action``; a lease that ended meanwhile (``LeaseError``) is logged, not raised."""
+        try:
+            return action()
+        except LeaseError as exc:
+            log.info("Ray dispatch: %s", exc)
+            return None
+
+
+def _beat_interval(lease: Lease) -> float:
+    seconds = lease.lease_seconds if lease.lease_seconds > 0 else 30.0
+    return max(0.5, seconds / 3.0)
+
+
+def _prefix(lease: Lease) -> str:
+    prefix = lease.payload.get("output_prefix")
+    return prefix if isinstance(prefix, str) and prefix else f"jobs/{lease.job_id}/{lease.task_id}/"
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:500] if lines else "(no output)"

@@ -1,0 +1,90 @@
+"""The Ray cluster to run on: the address forms, and the connection.
+
+``FLASHML_RAY_ADDRESS`` (``serve --ray-address``, ``flash.submit(ray_address=...)``) takes:
+- ``local``: start an embedded single-node Ray in this process, for development;
+- ``auto``: the cluster this machine belongs to (started with ``ray start``);
+- ``ray://host:port``: a remote cluster through the Ray Client (KubeRay's head service);
+- ``host:port``: a cluster's GCS address.
+
+Ray is imported here only, inside functions: without the ``ray`` extra nothing imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from typing import Any
+
+from flashruntime.errors import BadRayAddress, ModuleUnavailable
+
+__all__ = ["ADDRESS_FORMS", "RAY_ADDRESS_ENV", "cluster_nodes", "connect", "import_ray", "parse_ray_address",
+           "placement"]
+
+RAY_ADDRESS_ENV = "FLASHML_RAY_ADDRESS"
+ADDRESS_FORMS = "local, auto, ray://host:port or host:port"
+_HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}$")
+
+
+def parse_ray_address(value: str, *, source: str = RAY_ADDRESS_ENV) -> str:
+    """``value`` stripped, when it has one of the address forms; ``BadRayAddress`` naming
+    ``source`` and the forms otherwise."""
+    if not isinstance(value, str):
+        raise BadRayAddress(f"{source} must be {ADDRESS_FORMS}, got {value!r}")
+    address = value.strip()
+    if address in ("local", "auto"):
+        return address
+    rest = address[len("ray://"):] if address.startswith("ray://") else address
+    if _HOST_PORT.match(rest) and 0 < int(rest.rsplit(":", 1)[1]) <= 65535:
+        return address
+    raise BadRayAddress(f"{source} must be {ADDRESS_FORMS} (e.g. ray://ray-head:10001), got {value!r}")
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or ``ModuleUnavailable`` saying which extra brings it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ModuleUnavailable(
+            f"the Ray backend needs Ray, which is not installed ({exc}); install the ray extra: "
+            "pip install 'flashruntime[ray]'", name="ray") from None
+    return ray
+
+
+def connect(address: str, *, num_cpus: int | None = None) -> Any:
+    """Connect this process to the cluster at ``address`` (already connected: nothing to do)
+    and return the ``ray`` module. ``num_cpus`` sizes an embedded (``local``) Ray."""
+    ray = import_ray()
+    address = parse_ray_address(address)
+    if ray.is_initialized():
+        return ray
+    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+    if address == "local":
+        if num_cpus is not None:
+            options["num_cpus"] = num_cpus
+        ray.init(**options)
+    else:
+        ray.init(address=address, **options)
+    return ray
+
+
+def cluster_nodes(ray: Any) -> list[dict[str, float]]:
+    """The total resources of each live node of the cluster."""
+    return [dict(node.get("Resources") or {}) for node in ray.nodes() if node.get("Alive")]
+
+
+def placement() -> dict[str, Any]:
+    """Where the calling Ray task runs: Ray node id, node IP, hostname, worker pid, GPU ids."""
+    import ray
+
+    try:
+        gpu_ids = [str(gpu) for gpu in ray.get_gpu_ids()]
+    except Exception:  # a worker without a GPU context
+        gpu_ids = []
+    return {
+        "ray_node_id": ray.get_runtime_context().get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "hostname": socket.gethostname(),
+        "worker_pid": os.getpid(),
+        "gpu_ids": gpu_ids,
+    }
