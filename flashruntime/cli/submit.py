@@ -29,8 +29,14 @@ def register(subparsers: Any) -> None:
                         help="the metrics.json key that ranks a sweep's trials, e.g. loss")
     parser.add_argument("--mode", choices=("min", "max"), default=None,
                         help="whether the best trial has the lowest (min, default) or highest (max) --metric")
-    parser.add_argument("--parallel", type=whole_number("--parallel", 1), default=1, metavar="N",
-                        help="run up to N trials of a sweep at once (default 1: one after another)")
+    parser.add_argument("--parallel", type=whole_number("--parallel", 1), default=None, metavar="N",
+                        help="run up to N trials of a sweep at once (default: one after another; with --executor "
+                             "ray, as many as the cluster has CPUs)")
+    parser.add_argument("--executor", choices=("local", "ray"), default="local",
+                        help="where attempts run: local processes (default), or Ray tasks (needs the ray extra)")
+    parser.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                        help="with --executor ray: local, auto, ray://host:port or host:port (default: "
+                             "FLASHML_RAY_ADDRESS, else an embedded local Ray)")
     parser.add_argument("--fail-fast", action="store_true",
                         help="stop the sweep at the first failed trial (default: run every trial)")
     parser.add_argument("--max-restarts", type=int, default=0, help="relaunches allowed after a failure (default 0)")
@@ -102,7 +108,7 @@ def trial_table_text(rows: list[dict[str, Any]], metric: str | None) -> str:
 
 def handle(args: argparse.Namespace) -> int:
     from flashruntime.cli._progress import Terminal, watch
-    from flashruntime.errors import LaunchError
+    from flashruntime.errors import LaunchError, ModuleUnavailable
     from flashruntime.local.submit import submit
     from flashruntime.workloads.command import CommandWorkload, Source
 
@@ -124,11 +130,11 @@ def handle(args: argparse.Namespace) -> int:
             run = submit(workload, output_dir=args.output_dir, wait=False, max_restarts=args.max_restarts,
                          watch=args.watch, metric=args.metric, mode=args.mode or "min",
                          max_concurrent_trials=args.parallel, fail_fast=args.fail_fast,
-                         quiet=args.quiet, stream=terminal)
+                         quiet=args.quiet, stream=terminal, executor=args.executor, ray_address=args.ray_address)
         if status is not None:
             watch(run, terminal)
         run.wait()
-    except (LaunchError, ValueError) as exc:
+    except (LaunchError, ValueError, ModuleUnavailable) as exc:
         print(f"error: {in_cli_terms(str(exc))}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:

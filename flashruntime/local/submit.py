@@ -44,7 +44,9 @@ from flashruntime.recovery.signals import failure_excerpt
 from flashruntime.strategies.command import compile_workload
 from flashruntime.workloads.command import CommandWorkload, collect_pattern_problem, task_params_problem
 
-__all__ = ["Run", "submit"]
+__all__ = ["EXECUTORS", "Run", "submit"]
+
+EXECUTORS = ("local", "ray")
 
 
 @dataclass(frozen=True)
@@ -65,13 +67,15 @@ def submit(
     checkpoint_dir: str | Path | None = None,
     metric: str | None = None,
     mode: str | None = None,
-    max_concurrent_trials: int = 1,
+    max_concurrent_trials: int | None = None,
     fail_fast: bool = False,
     quiet: bool = False,
     stream: TextIO | None = None,
     chaos: ChaosPlan | None = None,
     ledger: Any = None,
     plan_key: str | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> Run:
     """Launch ``workload`` and drive it to a terminal state (inline, or on a thread with ``wait=False``).
 
@@ -82,8 +86,11 @@ def submit(
     with the run's recovery events; ``quiet=True`` turns that off. For a sweep
     (``task_params``), ``metric`` and ``mode`` ("min" or "max") rank the trials (defaults:
     ``outputs.primary_metric`` and ``outputs.maximize``), ``max_concurrent_trials`` runs up
-    to that many at once, and ``fail_fast=True`` stops the sweep at the first failed trial
-    (otherwise every trial runs). ``chaos`` injects a ``ChaosPlan``'s faults into the run on
+    to that many at once (default: one at a time; with Ray, as many as the cluster has CPUs),
+    and ``fail_fast=True`` stops the sweep at the first failed trial (otherwise every trial
+    runs). ``executor="ray"`` runs each attempt as a Ray task on the cluster at
+    ``ray_address`` (default: ``$FLASHML_RAY_ADDRESS``, else an embedded local Ray; see
+    ``flashruntime.ray_backend.launcher``), with the same directories, recovery and run.json. ``chaos`` injects a ``ChaosPlan``'s faults into the run on
     purpose (see ``flashruntime.local.chaos``). With a ``CalibrationLedger`` as ``ledger`` and
     its ``plan_key``, a run that ends SUCCEEDED records its median step time and peak memory
     under that key (see ``CalibrationLedger.record_run``; ``flash.run`` passes both for a plan).
@@ -93,7 +100,17 @@ def submit(
         raise TypeError(f"submit() takes a CommandWorkload, got {type(workload).__name__}")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise InvalidSubmission(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
-    if (isinstance(max_concurrent_trials, bool) or not isinstance(max_concurrent_trials, int)
+    if executor not in EXECUTORS:
+        raise InvalidSubmission(f"executor must be one of {', '.join(map(repr, EXECUTORS))}, got {executor!r}")
+    if ray_address is not None and executor != "ray":
+        raise InvalidSubmission(f"ray_address is for executor='ray' (executor is {executor!r}): pass both, or neither")
+    if executor == "ray":
+        ray_address = _ray_address(ray_address)
+        if chaos is not None:
+            raise InvalidSubmission("chaos injects faults into local processes; it cannot reach attempts on Ray: drop "
+                                    "chaos, or use executor='local'")
+    if max_concurrent_trials is not None and (
+            isinstance(max_concurrent_trials, bool) or not isinstance(max_concurrent_trials, int)
             or max_concurrent_trials < 1):
         raise InvalidSubmission(
             f"max_concurrent_trials must be an integer >= 1 (1 runs the trials one after another), "
@@ -136,8 +153,17 @@ def submit(
     run = Run(workload, output_dir, max_restarts, checkpoint_dir=checkpoint_dir)
     if metric is not None or mode is not None:
         run.recorder.set_metric(metric or run.metric, mode or run.mode)
-    launcher = LocalProcessLauncher(output_dir, checkpoint_dir=checkpoint_dir)
-    sweep = _Sweep(max_concurrent_trials=max_concurrent_trials, fail_fast=bool(fail_fast)) if fan_out else None
+    launcher: Any
+    if executor == "ray" and ray_address is not None:
+        from flashruntime.ray_backend.launcher import RayLauncher, cluster_cpus
+
+        launcher = RayLauncher(ray_address, output_dir, checkpoint_dir=checkpoint_dir,
+                               num_gpus=workload.resources.gpus or 0)
+        if max_concurrent_trials is None and fan_out:
+            max_concurrent_trials = cluster_cpus(ray_address)
+    else:
+        launcher = LocalProcessLauncher(output_dir, checkpoint_dir=checkpoint_dir)
+    sweep = _Sweep(max_concurrent_trials=max_concurrent_trials or 1, fail_fast=bool(fail_fast)) if fan_out else None
     if ledger is not None and plan_key is not None:
         key = plan_key
         run.recorder.on_end(lambda: _record_calibration(run, ledger, key))
@@ -163,6 +189,20 @@ def submit(
             untrack(run)
             raise
     return run
+
+
+def _ray_address(given: str | None) -> str:
+    """The Ray cluster of ``executor='ray'``: ``given``, else ``$FLASHML_RAY_ADDRESS``, else
+    an embedded local Ray; ``InvalidSubmission`` for an address of no known form."""
+    from flashruntime.errors import BadRayAddress
+    from flashruntime.ray_backend.cluster import RAY_ADDRESS_ENV, parse_ray_address
+
+    source = "ray_address" if given is not None else RAY_ADDRESS_ENV
+    value = given if given is not None else (os.environ.get(RAY_ADDRESS_ENV) or "local")
+    try:
+        return parse_ray_address(value, source=source)
+    except BadRayAddress as exc:
+        raise InvalidSubmission(str(exc)) from None
 
 
 def _record_calibration(run: Run, ledger: Any, key: str) -> None:
@@ -429,7 +469,7 @@ def _run_param_set(
                 break
             handle = launcher.launch(spec, job_id, attempt_id)
             run.recorder.add_active(attempt_id, handle)
-            launched = f"{attempt_id} launched (pid {handle.execution_id})"
+            launched = f"{attempt_id} launched ({getattr(handle, 'launched_as', None) or f'pid {handle.execution_id}'})"
             if handle.previous_dir is not None:
                 launched += f"; an earlier run's {attempt_id}/ was moved to {handle.previous_dir.name}/"
             run.record_event("LAUNCH_STARTED", launched)
@@ -500,6 +540,8 @@ def _filesystem_now_ns(directory: Path) -> int:
 
 
 def _start_sampler(handle: LocalLaunchHandle) -> Any:
+    if not isinstance(handle, LocalLaunchHandle):
+        return None  # an attempt on a Ray node: its processes are not this machine's to sample
     try:
         from flashruntime.monitor import ResourceSampler
 
