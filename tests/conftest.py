@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.postgres_server import postgres_cluster, postgres_url  # noqa: F401  (fixtures for every tier)
+from tests.ray_cluster import ray_cluster  # noqa: F401  (a fixture for every tier)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:

@@ -1,0 +1,234 @@
+"""The coordinator's Ray backend against a real local Ray (``ray.init(num_cpus=2)``) and a real
+coordinator over HTTP: sweeps of ``module`` and ``argv`` tasks, the environment contract, the
+evidence of each attempt, a killed Ray worker, a deterministic error, cancel, and placement
+that Ray cannot honour."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._support import pid_alive, wait_until
+from tests.service_server import serve_in_thread, settings_for
+
+pytestmark = [pytest.mark.service, pytest.mark.ray, pytest.mark.slow]
+pytest.importorskip("uvicorn")
+pytest.importorskip("sklearn")
+httpx = pytest.importorskip("httpx")
+
+GRID_C = [0.01, 0.1, 1.0, 10.0, 100.0, 1000.0]
+# Writes the contract variables it sees, and one more output file, then metrics.json.
+CONTRACT_PROGRAM = (
+    "import json, os, sys; out = os.environ['FLASHML_OUTPUT_DIR']; "
+    "names = ['FLASHML_OUTPUT_DIR', 'FLASHML_CKPT_DIR', 'FLASHML_JOB_ID', 'FLASHML_ATTEMPT_ID', 'FLASHML_TASK_ID', "
+    "'FLASHML_INPUTS_FILE']; seen = dict((n, os.environ.get(n)) for n in names); "
+    "seen['inputs'] = json.load(open(seen['FLASHML_INPUTS_FILE'])); "
+    "seen['note'] = open(seen['inputs']['note']).read(); print('task', sys.argv[1], 'ran'); "
+    "open(os.path.join(out, 'extra.txt'), 'w').write(sys.argv[1]); "
+    "json.dump(dict(i=int(sys.argv[1]), env=seen), open(os.path.join(out, 'metrics.json'), 'w'))"
+)
+
+
+@pytest.fixture(scope="module")
+def api(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A coordinator with the Ray backend (the test's own Ray), command jobs admitted."""
+    data = tmp_path_factory.mktemp("ray-coordinator") / "data"
+    previous = os.environ.get("FLASHML_ALLOW_UNSANDBOXED_ARGV")
+    os.environ["FLASHML_ALLOW_UNSANDBOXED_ARGV"] = "1"
+    try:
+        with serve_in_thread(settings_for(data, ray_address="local")) as url, \
+                httpx.Client(base_url=url, timeout=10) as client:
+            yield client
+    finally:
+        if previous is None:
+            os.environ.pop("FLASHML_ALLOW_UNSANDBOXED_ARGV", None)
+        else:
+            os.environ["FLASHML_ALLOW_UNSANDBOXED_ARGV"] = previous
+
+
+def job(workload: dict[str, Any], *, backend: str | None = "ray", attempts: int = 3,
+        resources: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"workload": workload, "retryPolicy": {"maxTaskAttempts": attempts}}
+    if backend is not None:
+        spec["execution"] = {"backend": backend}
+    if resources is not None:
+        spec["resources"] = resources
+    return {"apiVersion": "flashml.dev/v1alpha1", "kind": "Job", "metadata": {"name": "on-ray"}, "spec": spec}
+
+
+def command(*argv: str, params: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
+    parameters: dict[str, Any] = {"command": [sys.executable, *argv], **extra}
+    if params is not None:
+        parameters["task_params"] = params
+    return {"type": "command", "parameters": parameters}
+
+
+def submit(api: Any, spec: dict[str, Any]) -> str:
+    created = api.post("/v1alpha1/jobs", json=spec)
+    assert created.status_code == 201, created.text
+    return created.json()["job_id"]
+
+
+def terminal(api: Any, job_id: str, timeout: float = 120.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout  # a hang guard
+    while (record := api.get(f"/v1alpha1/jobs/{job_id}").json())["state"] in ("PENDING", "RUNNING"):
+        assert time.monotonic() < deadline, api.get(f"/v1alpha1/jobs/{job_id}/events").json()
+        time.sleep(0.1)
+    return record
+
+
+def events(api: Any, job_id: str, kind: str | None = None) -> list[dict[str, Any]]:
+    found = api.get(f"/v1alpha1/jobs/{job_id}/events").json()
+    return [event for event in found if kind is None or event["type"] == kind]
+
+
+def iris_csv() -> bytes:
+    from sklearn.datasets import load_iris  # shipped with scikit-learn, no download
+
+    iris = load_iris()
+    lines = ["sepal_length,sepal_width,petal_length,petal_width,species"]
+    lines += [",".join([*(f"{v:g}" for v in row), str(iris.target_names[label])])
+              for row, label in zip(iris.data, iris.target, strict=True)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_a_six_trial_sweep_runs_on_ray_and_commits_every_trial_once(api: Any) -> None:
+    assert api.put("/v1alpha1/artifacts/datasets/iris.csv", content=iris_csv()).status_code == 200
+    job_id = submit(api, job({"type": "hyperparameter_search",
+                              "parameters": {"grid": {"model": ["logreg"], "C": GRID_C},
+                                             "inputs": {"dataset": "artifact://datasets/iris.csv"}}}))
+    record = terminal(api, job_id)
+    tasks = api.get(f"/v1alpha1/jobs/{job_id}/tasks").json()
+    assert record["state"] == "SUCCEEDED" and record["backend"] == "ray", (record, tasks)
+    assert [task["task_id"] for task in tasks] == [f"trial-{i:03d}" for i in range(6)]
+    assert all(task["state"] == "COMPLETED" and task["attempts"] == 1 and task["node_id"] == "ray"
+               for task in tasks), tasks
+    accepted = events(api, job_id, "TASK_COMMIT_ACCEPTED")
+    assert sorted(event["data"]["task_id"] for event in accepted) == [task["task_id"] for task in tasks]
+    assert events(api, job_id, "BACKEND_SELECTED")[0]["message"].startswith("backend: ray (6 independent tasks")
+
+    listed = {item["key"] for item in api.get(f"/v1alpha1/jobs/{job_id}/artifacts").json()}
+    for task, c in zip(tasks, GRID_C, strict=True):
+        assert f"jobs/{job_id}/{task['task_id']}/metrics.json" in listed
+        metrics = api.get(f"/v1alpha1/artifacts/jobs/{job_id}/{task['task_id']}/metrics.json").json()
+        assert metrics["params"] == {"model": "logreg", "C": c} and metrics["n_samples"] == 150
+        evidence = task["evidence"]
+        assert evidence["exit_code"] == 0 and evidence["wall_seconds"] > 0
+        assert evidence["ray_node_id"] and evidence["node_ip"] and evidence["hostname"]
+        assert isinstance(evidence["worker_pid"], int) and evidence["gpu_ids"] == []
+    started = events(api, job_id, "TASK_ATTEMPT_STARTED")
+    assert len(started) == 6 and all(event["data"]["ray"]["worker_pid"] for event in started)
+
+
+def test_command_tasks_on_ray_see_the_environment_contract_and_their_inputs(api: Any) -> None:
+    assert api.put("/v1alpha1/artifacts/notes/hello.txt", content=b"hello from the store").status_code == 200
+    job_id = submit(api, job(command("-c", CONTRACT_PROGRAM, "{i}", params=[{"i": 0}, {"i": 1}],
+                                     inputs={"note": "artifact://notes/hello.txt"})))
+    assert terminal(api, job_id)["state"] == "SUCCEEDED"
+    claimed = {event["data"]["task_id"]: event["data"]["lease_id"] for event in events(api, job_id, "LEASE_CLAIMED")}
+    for task_id in ("task-000", "task-001"):
+        seen = api.get(f"/v1alpha1/artifacts/jobs/{job_id}/{task_id}/metrics.json").json()["env"]
+        assert seen["FLASHML_JOB_ID"] == job_id and seen["FLASHML_TASK_ID"] == task_id
+        assert seen["FLASHML_ATTEMPT_ID"] == claimed[task_id]
+        assert Path(seen["FLASHML_OUTPUT_DIR"]).parts[-4:] == (job_id, task_id, claimed[task_id], "out")
+        assert Path(seen["FLASHML_CKPT_DIR"]).parts[-3:] == (job_id, task_id, "ckpt")
+        assert seen["note"] == "hello from the store"
+        extra = api.get(f"/v1alpha1/artifacts/jobs/{job_id}/{task_id}/extra.txt")
+        assert extra.text == task_id[-1]
+    logs = api.get(f"/v1alpha1/jobs/{job_id}/logs").json()["tasks"]
+    assert [entry["log"] for entry in logs] == ["task 0 ran\n", "task 1 ran\n"]
+
+
+def test_a_killed_ray_worker_is_a_worker_crash_and_its_task_is_retried_and_completes(
+        api: Any, tmp_path: Path) -> None:
+    flag, child = tmp_path / "first-attempt-ran", tmp_path / "child.pid"
+    # The first attempt writes its pid and hangs; the second finishes at once.
+    program = ("import json, os, sys, time; flag, pid = sys.argv[1], sys.argv[2]\n"
+               "if not os.path.exists(flag):\n"
+               "    open(flag, 'w').close(); open(pid, 'w').write(str(os.getpid())); time.sleep(300)\n"
+               "json.dump(dict(ok=1), open(os.path.join(os.environ['FLASHML_OUTPUT_DIR'], 'metrics.json'), 'w'))")
+    job_id = submit(api, job(command("-c", program, str(flag), str(child))))
+    wait_until(lambda: child.exists() and child.read_text() != "" and events(api, job_id, "TASK_ATTEMPT_STARTED"),
+               "the first attempt to start", timeout=60)
+    started = events(api, job_id, "TASK_ATTEMPT_STARTED")
+    worker_pid, child_pid = started[0]["data"]["ray"]["worker_pid"], int(child.read_text())
+    os.kill(worker_pid, signal.SIGKILL)
+
+    record = terminal(api, job_id)
+    tasks = api.get(f"/v1alpha1/jobs/{job_id}/tasks").json()
+    assert record["state"] == "SUCCEEDED", (record, tasks)
+    assert tasks[0]["attempts"] == 2 and tasks[0]["failures"] == 0 and tasks[0]["expiries"] == 1
+    classified = events(api, job_id, "FAILURE_CLASSIFIED")
+    assert len(classified) == 1
+    data = classified[0]["data"]
+    assert data["failure_class"] in ("worker_crash", "node_loss") and data["retried"] is True
+    assert data["action"] == "retry_task" and data["ray"]["worker_pid"] == worker_pid
+    expired = events(api, job_id, "LEASE_EXPIRED")
+    assert len(expired) == 1 and expired[0]["data"]["abandoned"] is True
+    # What the dead worker left running (its child, in its own session) is stopped on its node.
+    wait_until(lambda: not pid_alive(child_pid), f"the orphaned attempt (pid {child_pid}) to be stopped", timeout=30)
+
+
+def test_an_import_error_fails_the_task_once_without_a_retry(api: Any) -> None:
+    job_id = submit(api, job(command("-c", "import no_such_module_anywhere"), attempts=3))
+    record = terminal(api, job_id)
+    tasks = api.get(f"/v1alpha1/jobs/{job_id}/tasks").json()
+    assert record["state"] == "FAILED"
+    assert tasks[0]["state"] == "FAILED" and tasks[0]["attempts"] == 1 and tasks[0]["failures"] == 1
+    classified = events(api, job_id, "FAILURE_CLASSIFIED")
+    assert [event["data"]["failure_class"] for event in classified] == ["application_error"]
+    assert classified[0]["data"]["retried"] is False
+    assert "ModuleNotFoundError" in classified[0]["data"]["evidence"]
+    exhausted = events(api, job_id, "TASK_EXHAUSTED")
+    assert len(exhausted) == 1 and "failed without a retry" in exhausted[0]["message"]
+    assert "ModuleNotFoundError" in api.get(f"/v1alpha1/jobs/{job_id}/logs").json()["tasks"][0]["log"]
+
+
+def test_cancel_stops_the_running_ray_tasks_and_leaves_no_process(api: Any, tmp_path: Path) -> None:
+    program = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(300)"
+    pid_files = [tmp_path / "a.pid", tmp_path / "b.pid"]
+    job_id = submit(api, job(command("-c", program, "{pid_file}", params=[{"pid_file": str(p)} for p in pid_files])))
+    wait_until(lambda: all(p.exists() and p.read_text() for p in pid_files)
+               and len(events(api, job_id, "TASK_ATTEMPT_STARTED")) == 2, "both tasks to start", timeout=60)
+    pids = [int(p.read_text()) for p in pid_files]
+    workers = [event["data"]["ray"]["worker_pid"] for event in events(api, job_id, "TASK_ATTEMPT_STARTED")]
+    assert all(pid_alive(pid) for pid in pids)
+
+    cancelled = api.post(f"/v1alpha1/jobs/{job_id}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["state"] == "CANCELLED"
+    wait_until(lambda: not any(pid_alive(pid) for pid in pids), f"the tasks' processes {pids} to stop", timeout=30)
+    assert all(task["state"] == "CANCELLED" for task in api.get(f"/v1alpha1/jobs/{job_id}/tasks").json())
+    assert len(workers) == 2 and not events(api, job_id, "FAILURE_CLASSIFIED")  # a cancel is no failure
+
+
+@pytest.mark.parametrize(("resources", "extra", "words"), [
+    ({"gpuPerTask": 1}, {}, "no node of the Ray cluster has CPU: 1, GPU: 1"),
+    (None, {"local_inputs": ["imagenet"]}, "dataset:imagenet"),
+])
+def test_placement_ray_cannot_honour_is_refused_with_the_reason(api: Any, resources: Any, extra: dict[str, Any],
+                                                                 words: str) -> None:
+    before = len(api.get("/v1alpha1/jobs").json())
+    refused = api.post("/v1alpha1/jobs", json=job(command("-c", "pass", **extra), resources=resources))
+    assert refused.status_code == 422, refused.text
+    assert "cannot run on Ray" in refused.json()["detail"] and words in refused.json()["detail"]
+    assert len(api.get("/v1alpha1/jobs").json()) == before  # nothing stored
+
+
+def test_with_a_ray_address_ray_is_the_default_backend_and_leases_stays_available(api: Any) -> None:
+    job_id = submit(api, job(command("-c", "pass"), backend=None))
+    assert api.get(f"/v1alpha1/jobs/{job_id}").json()["backend"] == "ray"
+    terminal(api, job_id)
+    leases = submit(api, job(command("-c", "pass"), backend="leases"))
+    record = api.get(f"/v1alpha1/jobs/{leases}").json()
+    assert record["backend"] == "leases" and record["state"] == "RUNNING"
+    time.sleep(1.0)  # the Ray dispatcher has had its chances: a lease job is the agents' alone
+    assert api.get(f"/v1alpha1/jobs/{leases}/tasks").json()[0]["state"] == "PENDING"
+    assert api.post(f"/v1alpha1/jobs/{leases}/cancel").status_code == 200
+
