@@ -18,7 +18,8 @@ from typing import Any
 
 from flashml_workloads._task_io import task_main
 
-__all__ = ["METRIC_KEYS", "SUMS_DECIMALS", "assign", "check_centroids", "main", "read_rows", "run_shard"]
+__all__ = ["METRIC_KEYS", "SUMS_DECIMALS", "assign", "check_centroids", "main", "partial_of", "read_rows",
+           "run_shard"]
 
 METRIC_KEYS = ("task_id", "sums", "counts", "inertia", "n")
 SUMS_DECIMALS = 10
@@ -127,12 +128,19 @@ def run_shard(spec: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(inputs, Mapping) or not inputs.get("shard"):
         raise ValueError("input 'shard' is missing; give the local path of the shard CSV as inputs.shard")
     numbered = _numbered_rows(inputs["shard"], dim=len(centroids[0]))
+    return partial_of(numbered, centroids, str(spec.get("task_id") or ""))
+
+
+def partial_of(numbered: Sequence[tuple[int, list[float]]], centroids: list[list[float]],
+               task_id: str = "", where: str = "shard line") -> dict[str, Any]:
+    """The partial of rows already read (each with its number, for messages) against checked
+    ``centroids``: what ``run_shard`` writes as ``metrics.json``."""
     rows = [row for _, row in numbered]
     labels, distances = assign(rows, centroids)
     for (line, _), d2 in zip(numbered, distances):
         if not math.isfinite(d2):
             raise ValueError(
-                f"shard line {line}: the squared distance from this row to its nearest centroid overflows "
+                f"{where} {line}: the squared distance from this row to its nearest centroid overflows "
                 f"float64 (coordinates more than about 1e154 apart); rescale the data, e.g. standardise each column"
             )
     members: list[list[list[float]]] = [[] for _ in centroids]
@@ -142,7 +150,7 @@ def run_shard(spec: Mapping[str, Any]) -> dict[str, Any]:
     sums = [[_fsum([row[d] for row in group], f"column {d + 1} of the rows nearest params.centroids[{j}]")
              for d in range(dim)] for j, group in enumerate(members)]
     return {
-        "task_id": str(spec.get("task_id") or ""),
+        "task_id": task_id,
         "sums": [[round(total, SUMS_DECIMALS) for total in group] for group in sums],
         "counts": [len(group) for group in members],
         "inertia": _fsum(distances, "the squared distances (inertia)"),

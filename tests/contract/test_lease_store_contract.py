@@ -432,6 +432,19 @@ def test_fail_requeues_until_max_attempts_then_exhausts(hm: Harness) -> None:
     assert hm.mgr.claim("n", now=at(4)) is None
 
 
+def test_a_fail_without_retry_exhausts_at_once_and_is_stored_so(hm: Harness) -> None:
+    hm.mgr.add_task(spec(max_attempts=3), now=at(0))
+    hm.take()
+    lease = hm.mgr.claim("n", now=at(1))
+    assert lease is not None
+    hm.mgr.fail(lease.lease_id, "ModuleNotFoundError", now=at(1), retry=False)
+    assert hm.take() == ["LEASE_CLAIMED", "TASK_ATTEMPT_FAILED", "TASK_EXHAUSTED"]
+    assert hm.taken[2].message.startswith("failed without a retry")
+    record = state_of(hm)
+    assert record.state is TaskState.FAILED and record.failures_seen == 1 and record.active_lease is None
+    assert hm.mgr.claim("n", now=at(2)) is None
+
+
 def test_fail_of_unknown_or_dead_lease_raises_and_changes_nothing(hm: Harness) -> None:
     hm.mgr.add_task(spec(lease_seconds=10), now=at(0))
     with pytest.raises(LeaseError, match="unknown lease"):

@@ -232,3 +232,36 @@ def test_with_a_ray_address_ray_is_the_default_backend_and_leases_stays_availabl
     assert api.get(f"/v1alpha1/jobs/{leases}/tasks").json()[0]["state"] == "PENDING"
     assert api.post(f"/v1alpha1/jobs/{leases}/cancel").status_code == 200
 
+
+
+def test_sharded_kmeans_on_ray_reaches_the_lease_based_kmeans_centroids(api: Any, tmp_path: Path) -> None:
+    import random
+    import threading
+
+    from flashml_workloads import kmeans_driver, sharded_kmeans
+    from tests.service_server import run_worker
+
+    draw = random.Random(7)
+    centres = [(0.0, 0.0), (5.0, 5.0), (0.0, 6.0)]
+    rows = [[round(cx + draw.gauss(0, 1), 6), round(cy + draw.gauss(0, 1), 6)]
+            for _ in range(60) for cx, cy in centres]
+    centroids = kmeans_driver.init_centroids(rows, 3, seed=1)
+    shards, iterations = 3, 3
+
+    url = str(api.base_url).rstrip("/")
+    uris = kmeans_driver.shard_and_upload(url, rows, shards, "datasets/kmeans")
+    worker: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: worker.update(
+        result=run_worker(url, tmp_path / "work", "--node-id", "kmeans-agent", max_tasks=shards * iterations)))
+    thread.start()
+    on_leases = kmeans_driver.run_kmeans(url, uris, centroids, iterations=iterations, poll_seconds=0.1)
+    thread.join(timeout=120)
+    assert worker["result"][0] == 0, worker["result"][1]
+    for job_id in on_leases["job_ids"]:  # the agent ran every shard: these were lease jobs
+        assert {task["node_id"] for task in api.get(f"/v1alpha1/jobs/{job_id}/tasks").json()} == {"kmeans-agent"}
+
+    on_ray = sharded_kmeans.run_kmeans(sharded_kmeans.shard_rows(rows, shards), centroids, iterations=iterations)
+    assert on_ray["attempts"] == [shards] * iterations
+    assert on_ray["inertia_history"] == pytest.approx(on_leases["inertia_history"], rel=1e-12)
+    for got, want in zip(on_ray["centroids"], on_leases["centroids"], strict=True):
+        assert got == pytest.approx(want, abs=1e-9)

@@ -9,6 +9,7 @@ import inspect
 import json
 import math
 import random
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -252,17 +253,15 @@ def test_service_dashboard_is_the_coordinator_dashboard() -> None:
     assert compat is DASHBOARD_HTML
 
 
-@pytest.mark.parametrize(("module", "says"), [
-    ("flashml_workloads.sharded_kmeans",
-     ("arrives with the Ray backend", "pip install 'flashruntime[ray]'", "flashml_workloads.kmeans_driver")),
-])
-def test_modules_yet_to_come_raise_an_import_error_saying_when_and_what_to_use(module: str,
-                                                                                 says: tuple[str, ...]) -> None:
-    for _ in range(2):  # a failed import leaves nothing behind: the second one says the same
-        with pytest.raises(ImportError) as caught:
-            importlib.import_module(module)
-        assert isinstance(caught.value, errors.ModuleUnavailable) and caught.value.name == module
-        assert all(phrase in str(caught.value) for phrase in says), str(caught.value)
+def test_sharded_kmeans_of_0_4_imports_without_ray_and_names_the_extra_when_used(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sharded_kmeans = importlib.import_module("flashml_workloads.sharded_kmeans")
+    assert {"init_centroids", "reduce_partials", "run_kmeans", "shard_rows"} <= set(sharded_kmeans.__all__)
+    monkeypatch.setitem(sys.modules, "ray", None)  # as without the ray extra: ``import ray`` fails
+    with pytest.raises(ImportError) as caught:
+        sharded_kmeans.shard_rows([[0.0, 1.0], [1.0, 0.0]], 2)
+    assert isinstance(caught.value, errors.ModuleUnavailable) and caught.value.name == "ray"
+    assert "pip install 'flashruntime[ray]'" in str(caught.value)
 
 
 def test_the_profiling_module_of_0_4_keeps_its_names() -> None:
