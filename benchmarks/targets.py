@@ -14,6 +14,7 @@ __all__ = [
     "CHECKPOINT_COMMIT_OVER_BARE_SAVE",
     "DEMO_WALL_S",
     "FEDAVG_COMPACT_OVER_BASE64_FLOOR",
+    "FLEET_SWEEP_OVER_LOCAL",
     "FEDAVG_FAST_OVER_NUMPY",
     "FORBIDDEN_MODULES",
     "HTTP_OVER_IN_PROCESS",
@@ -25,6 +26,7 @@ __all__ = [
     "MANUAL_INTERVENTIONS",
     "PLAN_RENDER_MS",
     "PROFILED_STEP_ERROR",
+    "RAY_SWEEP_OVER_LOCAL",
     "REPLICAS_OVER_ONE",
     "SWEEP_PARALLEL_OVER_SERIAL",
     "faults_routed",
@@ -67,6 +69,13 @@ PROFILED_STEP_ERROR = Target(
                      "it would mislead")
 MANUAL_INTERVENTIONS = Target("<=", 0, "trials", "a crashed trial resumes by itself; nobody has to touch it")
 
+RAY_SWEEP_OVER_LOCAL = Target(
+    "<=", 1.15, "x", "a sweep of one-second trials on the Ray backend takes at most 15 % more than flash.submit running "
+                     "as many at once: claims, commits and Ray's scheduling stay small beside the trials")
+FLEET_SWEEP_OVER_LOCAL = Target(
+    "<=", 1.15, "x", "the same sweep on two agents takes at most 15 % more than flash.submit running two at once: "
+                     "polling, uploads and commits stay small beside the trials")
+
 
 def trials_completed(trials: int) -> Target:
     """Every trial of a sweep with injected crashes finishes."""
@@ -76,4 +85,3 @@ def trials_completed(trials: int) -> Target:
 def faults_routed(faults: int) -> Target:
     """Every injected fault gets its documented outcome."""
     return Target(">=", faults, f"of {faults}", "every injected fault ends in its documented, typed outcome")
-

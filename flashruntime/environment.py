@@ -77,6 +77,15 @@ VARIABLES: tuple[Variable, ...] = (
              "requests per second per credential (0: off)"),
     Variable("FLASHML_METRICS_PUBLIC", _COORDINATOR, "0", "1: /metrics without a token"),
     Variable("FLASHML_REQUIRE_NODE_AUTH", _COORDINATOR, "0", "1: refuse to start without tokens"),
+    Variable("FLASHML_RAY_ADDRESS", f"{_COORDINATOR}; flash.submit(executor='ray')",
+             "unset: no Ray backend (flash.submit: an embedded local Ray)",
+             "a Ray cluster: local, auto, ray://host:port or host:port; the coordinator then runs backend 'ray' "
+             "jobs there, and makes 'ray' the default backend (--ray-address / ray_address= win)"),
+    Variable("FLASHML_RAY_WORK_DIR", "a Ray node running coordinator tasks", "<tmp>/flashruntime-ray",
+             "where the node keeps the work directories of the attempts it runs"),
+    Variable("FLASHML_RAY_DATASETS", "a Ray node running coordinator tasks", "",
+             "NAME=PATH,...: where the node's local datasets are (a task's local_inputs run on nodes declaring "
+             "the Ray resource dataset:NAME)"),
     Variable("FLASHML_ALLOW_UNSANDBOXED_ARGV", "the coordinator, at each command job's expansion", "0",
              "1: admit command jobs whose isolation tier is standard"),
     Variable("FLASHML_SERVICE_AUTOINIT", "flashruntime.coordinator.app", "1",

@@ -79,8 +79,11 @@ class ServeProcess:
     out, errors included. ``sweep_interval_s=None`` keeps the coordinator's default."""
 
     def __init__(self, data_dir: Path, *, sweep_interval_s: float | None = None, start_timeout_s: float = 60.0,
-                 database_url: str | None = None) -> None:
+                 database_url: str | None = None, ray_address: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
+        self.ray_address = ray_address
+        self.extra_env = dict(env or {})
         self.sweep_interval_s = sweep_interval_s
         self.database_url = database_url
         self.start_timeout_s = start_timeout_s
@@ -91,13 +94,15 @@ class ServeProcess:
 
     def argv(self) -> list[str]:
         database = ["--database-url", self.database_url] if self.database_url else []
+        ray = ["--ray-address", self.ray_address] if self.ray_address else []
         return [sys.executable, "-m", "flashruntime.cli", "serve", "--host", "127.0.0.1", "--port",
-                str(self.port), "--data-dir", str(self.data_dir), *database, "--log-level", "warning"]
+                str(self.port), "--data-dir", str(self.data_dir), *database, *ray, "--log-level", "warning"]
 
     def env(self) -> dict[str, str]:
         env = subprocess_env()
         if self.sweep_interval_s is not None:
             env["FLASHML_SWEEP_INTERVAL_S"] = repr(float(self.sweep_interval_s))
+        env.update(self.extra_env)
         return env
 
     def start(self) -> None:
@@ -149,11 +154,13 @@ class ServeProcess:
 
 
 @contextlib.contextmanager
-def serving(data_dir: Path, *, sweep_interval_s: float | None = None,
-            database_url: str | None = None) -> Iterator[ServeProcess]:
+def serving(data_dir: Path, *, sweep_interval_s: float | None = None, database_url: str | None = None,
+            ray_address: str | None = None, env: dict[str, str] | None = None) -> Iterator[ServeProcess]:
     """A healthy ``flashruntime serve`` for the block (on ``database_url`` when given, else
-    the SQLite file in ``data_dir``); stopped however the block ends."""
-    server = ServeProcess(data_dir, sweep_interval_s=sweep_interval_s, database_url=database_url)
+    the SQLite file in ``data_dir``; running ``ray`` jobs on ``ray_address`` when given, with
+    ``env`` added to its environment); stopped however the block ends."""
+    server = ServeProcess(data_dir, sweep_interval_s=sweep_interval_s, database_url=database_url,
+                          ray_address=ray_address, env=env)
     try:
         server.start()
         yield server

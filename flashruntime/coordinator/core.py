@@ -235,6 +235,8 @@ class Coordinator:
         created = self.state.run(queue_and_record)
         for event in (*events, *created):
             self._observe(event)
+        if backend == "ray" and self.ray is not None:
+            self.ray.wake()
         return record
 
     def _require_ray_placement(self, tasks: list[Any]) -> None:
@@ -274,8 +276,9 @@ class Coordinator:
                              "or jobs/<job>/... of its own jobs)")
 
     def refresh(self, record: JobRecord) -> JobRecord:
-        """The record with its derived state (lease jobs only); persisted when it changed.
-        A task's end settles its job at once (``_settle``); this catches up the rest."""
+        """The record with its derived state (from its tasks in the lease store, for either
+        backend); persisted when it changed. A task's end settles its job at once (``_settle``);
+        this catches up the rest."""
         if record.backend not in BACKENDS or record.state in TERMINAL_JOB_STATES:
             return record
         if refreshed(record, self.manager.job_state(record.job_id), self.now())[0] is record:
@@ -348,7 +351,8 @@ class Coordinator:
         return leases
 
     def cancel(self, job_id: str) -> JobRecord | None:
-        """Cancel every task of a lease job and mark it CANCELLED; a terminal job is unchanged."""
+        """Cancel every task of a job and mark it CANCELLED (the Ray dispatcher then stops the
+        running Ray tasks of a ``ray`` job); a terminal job is unchanged."""
         record = self.job(job_id)
         if record is None or record.state in TERMINAL_JOB_STATES:
             return record
@@ -486,7 +490,7 @@ class Coordinator:
     # --- background -----------------------------------------------------------
 
     def sweep_once(self) -> int:
-        """Expire overdue leases, then refresh every non-terminal lease job; the number
+        """Expire overdue leases, then refresh every non-terminal job; the number
         expired. Where replicas share the database, only the one whose turn it is sweeps
         (``CoordinatorState.sweep_turn``); the others do nothing and return 0."""
         turn = self.state.sweep_turn()

@@ -107,7 +107,7 @@ async function refresh() {
       cell(n.accepted_tasks) + cell((n.capabilities.pools || []).join(", ")) +
       cell(n.cordon_reason === null ? "" : `cordoned ${n.cordoned_until ? "until " + n.cordoned_until : ""} ${n.cordon_reason}`, "cordon") + "</tr>"));
     const counts = {};
-    await Promise.all(jobs.map(async (j) => { if (j.backend === "leases") {
+    await Promise.all(jobs.map(async (j) => { if (j.backend === "leases" || j.backend === "ray") {
       const ts = await get(`/v1alpha1/jobs/${j.job_id}/tasks`); const c = {};
       ts.forEach((t) => { c[t.state] = (c[t.state] || 0) + 1; }); counts[j.job_id] = c; } }));
     fill("jobs", jobs.map((j) => `<tr class="job${j.job_id === selected ? " sel" : ""}" data-job="${esc(j.job_id)}">` +

@@ -25,6 +25,7 @@ claims keep any task from running twice at once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
@@ -32,10 +33,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from flashruntime.agent import ray_task
 from flashruntime.errors import ArtifactNotFound, FlashRuntimeError, LeaseError
 from flashruntime.protocol.task_logs import task_log_key
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Event, EventType, FailureClass, Lease, TaskSpec
-from flashruntime.agent import ray_task
 from flashruntime.ray_backend.cluster import cluster_nodes, connect
 from flashruntime.ray_backend.failures import classify_ray_error, is_cancellation
 from flashruntime.ray_backend.resources import ray_options
@@ -98,6 +99,7 @@ class RayDispatcher:
         self.placement = BackendPlacement("ray")
         self._flights: dict[str, _Flight] = {}
         self._stopping = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._ray: Any = None
         self._capacity = 0
@@ -123,20 +125,35 @@ class RayDispatcher:
         """Stop dispatching; give every running attempt's lease back (no budget spent) and
         cancel its Ray task."""
         self._stopping.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
         for lease_id, flight in list(self._flights.items()):
             self._cancel(flight, force=False)
-            self._call(lambda lease_id=lease_id: self.coordinator.manager.release(
-                lease_id, "coordinator stopping", now=self.coordinator.now()))
+            self._call(self.coordinator.manager.release, lease_id, "coordinator stopping", now=self.coordinator.now())
         self._flights.clear()
 
+    def wake(self) -> None:
+        """Claim now rather than at the next tick (a ray job was just queued)."""
+        self._wake.set()
+
     def _loop(self) -> None:
-        while not self._stopping.wait(self.tick_s):
+        while not self._stopping.is_set():
             try:
+                self._wait_for_news()
                 self.step()
             except Exception:  # a database hiccup: the next tick tries again
                 log.exception("Ray dispatch step failed")
+                self._stopping.wait(self.tick_s)
+
+    def _wait_for_news(self) -> None:
+        """Until a running attempt has a message, a ray job is queued, or ``tick_s`` passed."""
+        if self._flights:
+            self._ray.wait([flight.stream for flight in self._flights.values()], num_returns=1,
+                           timeout=self.tick_s)
+        else:
+            self._wake.wait(self.tick_s)
+        self._wake.clear()
 
     # --- one tick --------------------------------------------------------------
 
@@ -166,12 +183,12 @@ class RayDispatcher:
         coordinator = self.coordinator
         options, why = ray_options(lease.payload)
         if why is not None:  # refused at submission; a task stored before can still say so
-            self._call(lambda: coordinator.manager.fail(lease.lease_id, why, now=coordinator.now(), retry=False))
+            self._call(coordinator.manager.fail, lease.lease_id, why, now=coordinator.now(), retry=False)
             return
         try:
             inputs = self._inputs(lease.payload)
         except (ArtifactNotFound, FlashRuntimeError, OSError) as exc:
-            self._call(lambda: coordinator.manager.fail(lease.lease_id, str(exc), now=coordinator.now()))
+            self._call(coordinator.manager.fail, lease.lease_id, str(exc), now=coordinator.now())
             return
         stream = self._remote_attempt.options(
             **options, num_returns="streaming", max_retries=0, name=f"{lease.job_id}/{lease.task_id}",
@@ -254,7 +271,7 @@ class RayDispatcher:
                 self._store_log(flight.lease, body)
             elif kind == "refused":
                 self._flights.pop(lease_id, None)
-                self._call(lambda: self.coordinator.manager.fail(lease_id, body, now=self.coordinator.now()))
+                self._call(self.coordinator.manager.fail, lease_id, body, now=self.coordinator.now())
             elif kind == "finished":
                 self._flights.pop(lease_id, None)
                 if flight.cancel_since is None:
@@ -279,7 +296,7 @@ class RayDispatcher:
             f"worker pid {where.get('worker_pid')}{gpus}", {"ray": where}))
 
     def _record(self, event: Event) -> None:
-        self._call(lambda: self.coordinator.state.run(lambda: self.coordinator.record_event(event)))
+        self._call(self.coordinator.state.run, functools.partial(self.coordinator.record_event, event))
 
     def _store_log(self, lease: Lease, data: bytes) -> None:
         try:
@@ -300,12 +317,11 @@ class RayDispatcher:
                 for relative, data in sorted(files.items()):
                     coordinator.artifacts.write_bytes(prefix + relative, data)
             except (FlashRuntimeError, OSError) as exc:
-                self._call(lambda: coordinator.manager.fail(lease.lease_id, f"output not stored: {exc}",
-                                                            now=coordinator.now()))
+                self._call(coordinator.manager.fail, lease.lease_id, f"output not stored: {exc}", now=coordinator.now())
                 return
             request = CompleteRequest(output_sha256=hashlib.sha256(files["metrics.json"]).hexdigest(),
                                       evidence=evidence)
-            self._call(lambda: coordinator.complete(lease, request))
+            self._call(coordinator.complete, lease, request)
             return
         log_tail = str(result.get("log_tail") or "")
         if exit_code == 0:
@@ -348,7 +364,7 @@ class RayDispatcher:
             else:
                 coordinator.manager.fail(lease.lease_id, reason, now=now, retry=retry)
 
-        self._call(lambda: coordinator.state.run(act))
+        self._call(coordinator.state.run, act)
 
     def _sweep_node(self, flight: _Flight) -> None:
         """Stop, on the node it ran on, what a dead or killed Ray worker left running."""
@@ -366,10 +382,10 @@ class RayDispatcher:
         except Exception as exc:  # the node is gone, and what ran there with it
             log.info("no sweep of lease %s on Ray node %s: %s", lease.lease_id, node_id, exc)
 
-    def _call(self, action: Any) -> Any:
-        """Run ``action``; a lease that ended meanwhile (``LeaseError``) is logged, not raised."""
+    def _call(self, action: Any, *args: Any, **kwargs: Any) -> Any:
+        """``action(*args, **kwargs)``; a lease that ended meanwhile (``LeaseError``) is logged, not raised."""
         try:
-            return action()
+            return action(*args, **kwargs)
         except LeaseError as exc:
             log.info("Ray dispatch: %s", exc)
             return None

@@ -106,6 +106,9 @@ def submit(
         raise InvalidSubmission(f"ray_address is for executor='ray' (executor is {executor!r}): pass both, or neither")
     if executor == "ray":
         ray_address = _ray_address(ray_address)
+        from flashruntime.ray_backend.cluster import import_ray
+
+        import_ray()  # without the ray extra: ModuleUnavailable naming it, before anything is made
         if chaos is not None:
             raise InvalidSubmission("chaos injects faults into local processes; it cannot reach attempts on Ray: drop "
                                     "chaos, or use executor='local'")

@@ -34,7 +34,7 @@ def parse_ray_address(value: str, *, source: str = RAY_ADDRESS_ENV) -> str:
     address = value.strip()
     if address in ("local", "auto"):
         return address
-    rest = address[len("ray://"):] if address.startswith("ray://") else address
+    rest = address.removeprefix("ray://")
     if _HOST_PORT.match(rest) and 0 < int(rest.rsplit(":", 1)[1]) <= 65535:
         return address
     raise BadRayAddress(f"{source} must be {ADDRESS_FORMS} (e.g. ray://ray-head:10001), got {value!r}")

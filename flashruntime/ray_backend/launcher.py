@@ -16,6 +16,7 @@ task, which stops the attempt's processes before it ends, and kills it after the
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,6 +85,8 @@ class RayLaunchHandle(LaunchHandle):
         self.exit_code: int | None = None
         self.where: dict[str, Any] = {}
         self.extra_pids: Any = set
+        # The run's driver waits while a cancel (another thread) waits too: one reads at a time.
+        self._reading = threading.Lock()
 
     @property
     def execution_id(self) -> str:
@@ -106,6 +109,11 @@ class RayLaunchHandle(LaunchHandle):
 
     def _read(self, timeout_s: float) -> None:
         """Take the next message of the Ray task, if one arrives within ``timeout_s``."""
+        with self._reading:
+            if self._state is None:
+                self._read_one(timeout_s)
+
+    def _read_one(self, timeout_s: float) -> None:
         ready, _ = self._ray.wait([self._stream], timeout=timeout_s)
         if not ready:
             return

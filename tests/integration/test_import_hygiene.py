@@ -11,7 +11,8 @@ from pathlib import Path
 
 from tests._support import REPO_ROOT, run_core_only
 
-FORBIDDEN = ["torch", "numpy", "sklearn", "transformers", "fastapi", "uvicorn", "httpx", "psutil", "yaml"]
+FORBIDDEN = ["torch", "numpy", "sklearn", "transformers", "fastapi", "uvicorn", "httpx", "psutil", "yaml", "ray",
+             "psycopg"]
 
 
 def _tree_snapshot(root: Path) -> set[str]:
@@ -73,3 +74,36 @@ def test_cli_help_works_with_only_the_core() -> None:
     assert "usage: flashruntime" in result.stdout
     version = run_core_only("from flashruntime.service.cli import main\nmain(['--version'])\n")
     assert "flashruntime 0.5.0" in version.stdout
+
+
+def test_the_ray_backend_imports_without_ray_and_using_it_names_the_extra() -> None:
+    """Its modules (the launcher, the rules, the Ray side of a coordinator task, K-means on Ray)
+    import with only the core; connecting raises ``ModuleUnavailable`` naming the extra."""
+    result = run_core_only(
+        "import flashruntime.ray_backend.launcher, flashruntime.ray_backend.resources\n"
+        "import flashruntime.ray_backend.failures, flashruntime.agent.ray_task, flashml_workloads.sharded_kmeans\n"
+        "from flashruntime.errors import ModuleUnavailable\n"
+        "from flashruntime.ray_backend.cluster import connect\n"
+        "try:\n"
+        "    connect('local')\n"
+        "except ModuleUnavailable as exc:\n"
+        "    print(exc)\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "install the ray extra: pip install 'flashruntime[ray]'" in result.stdout
+
+
+def test_flash_submit_on_ray_without_ray_says_what_to_install(tmp_path: Path) -> None:
+    result = run_core_only(
+        "import sys\n"
+        "import flashruntime as flash\n"
+        "from flashruntime.workloads.command import CommandWorkload, Source\n"
+        f"workload = CommandWorkload(command=[sys.executable, '-c', 'pass'], source=Source(path={str(tmp_path)!r}))\n"
+        "try:\n"
+        f"    flash.submit(workload, output_dir={str(tmp_path / 'run')!r}, executor='ray', quiet=True, watch=False)\n"
+        "except ImportError as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ModuleUnavailable ") and "pip install 'flashruntime[ray]'" in result.stdout
+    assert not (tmp_path / "run").exists()  # refused before anything was made

@@ -172,6 +172,14 @@ def test_a_killed_ray_worker_is_a_worker_crash_and_its_task_is_retried_and_compl
     assert data["action"] == "retry_task" and data["ray"]["worker_pid"] == worker_pid
     expired = events(api, job_id, "LEASE_EXPIRED")
     assert len(expired) == 1 and expired[0]["data"]["abandoned"] is True
+    # The goodput ledger reads the recovery from the events, as for an agent that died.
+    from flashruntime.job_goodput import job_goodput
+    from flashruntime.protocol.v1alpha1 import Event
+
+    ledger = job_goodput([Event.model_validate(event) for event in events(api, job_id)])
+    (recovery,) = ledger.recoveries
+    assert (ledger.attempts, ledger.committed, recovery.cause, recovery.node_id) == (2, 1, "abandoned", "ray")
+    assert 0 < ledger.goodput < 1 and ledger.lost_work_s > 0
     # What the dead worker left running (its child, in its own session) is stopped on its node.
     wait_until(lambda: not pid_alive(child_pid), f"the orphaned attempt (pid {child_pid}) to be stopped", timeout=30)
 

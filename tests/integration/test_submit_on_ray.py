@@ -5,6 +5,7 @@ attempt's processes."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import threading
@@ -46,11 +47,10 @@ def test_a_six_trial_sweep_runs_as_ray_tasks_into_one_run_json(ray_cluster: Any,
     assert run.best_trial()["params"] == {"x": 2}
     launched = [event["message"] for event in record["events"] if event["type"] == "LAUNCH_STARTED"]
     assert len(launched) == 6 and all("launched (Ray task " in message for message in launched)
-    for trial in trials:  # each trial's own attempt directory, as for a local sweep
-        assert (out / f"local-{trials.index(trial):03d}" / "task-{:03d}".format(trials.index(trial))
-                / "metrics.json").is_file()
+    for index in range(6):  # each trial's own attempt directory, as for a local sweep
+        assert (out / f"local-{index:03d}" / f"task-{index:03d}" / "metrics.json").is_file()
     spans = sorted((trial["started_at"], trial["finished_at"]) for trial in trials)
-    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])), spans  # some ran at once
+    assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)), spans  # some ran at once
 
 
 def test_one_command_is_one_ray_task_and_a_failure_restarts_by_the_policy(ray_cluster: Any, tmp_path: Path) -> None:

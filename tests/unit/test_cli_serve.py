@@ -24,7 +24,7 @@ from flashruntime.errors import AuthConfigError, StoreError
 ENV_NAMES = ("FLASHML_LEDGER_PATH", "FLASHML_LOCAL_ARTIFACTS_DIR", "FLASHML_MAX_ARTIFACT_MB", "FLASHML_SWEEP_INTERVAL_S",
              "FLASHML_PROFILE", "FLASHML_METRICS_PUBLIC", "FLASHML_RATE_LIMIT", "FLASHML_REQUIRE_NODE_AUTH",
              "FLASHML_NODE_TOKENS", "FLASHML_OPERATOR_TOKENS", "FLASHML_SUBMITTER_TOKENS", "FLASHML_ARGV_SUBMITTERS",
-             "FLASHML_DATABASE_URL")
+             "FLASHML_DATABASE_URL", "FLASHML_RAY_ADDRESS")
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -414,6 +414,47 @@ def test_worker_environment_names_the_database_only_when_a_url_is_set() -> None:
                                                   "FLASHML_LOCAL_ARTIFACTS_DIR": "/d/artifacts"}
     settings.database_url = PG_URL
     assert serve.worker_environment(settings)["FLASHML_DATABASE_URL"] == PG_URL
+
+
+@pytest.mark.service
+def test_a_ray_address_reaches_the_settings_and_the_workers_and_is_shown(
+    fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("ray")
+    monkeypatch.setenv("FLASHML_RAY_ADDRESS", "auto")
+    assert serve.handle(_args("--ray-address", "ray://head:10001", "--data-dir", str(tmp_path / "d"))) == 0
+    [settings] = fake.settings
+    assert settings.ray_address == "ray://head:10001"
+    assert "ray        ray://head:10001 (the default backend)" in capsys.readouterr().out
+    assert serve.worker_environment(settings)["FLASHML_RAY_ADDRESS"] == "ray://head:10001"
+
+
+@pytest.mark.service
+@pytest.mark.parametrize(("argv", "env", "message"), [
+    (["--ray-address", "nowhere"], {}, "--ray-address must be local, auto, ray://host:port or host:port"),
+    ([], {"FLASHML_RAY_ADDRESS": "nowhere"}, "invalid settings: FLASHML_RAY_ADDRESS must be local, auto"),
+    (["--ray-address", "local", "--workers", "2"], {}, "--ray-address local starts a Ray inside the coordinator"),
+])
+def test_a_ray_setting_that_cannot_work_exits_2_before_anything_starts(
+    fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    argv: list[str], env: dict[str, str], message: str,
+) -> None:
+    pytest.importorskip("ray")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert serve.handle(_args(*argv, "--data-dir", str(tmp_path / "d"))) == 2
+    assert message in capsys.readouterr().err
+    assert fake.settings == [] and fake.runs == []
+
+
+@pytest.mark.service
+def test_a_ray_address_without_the_ray_extra_exits_2_naming_it(
+    fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # as without the extra
+    assert serve.handle(_args("--ray-address", "auto", "--data-dir", str(tmp_path / "d"))) == 2
+    assert "install the ray extra: pip install 'flashruntime[ray]'" in capsys.readouterr().err
+    assert fake.settings == [] and fake.runs == []
 
 
 def test_url_for_brackets_ipv6() -> None:
