@@ -1,7 +1,8 @@
 """A real local Ray for the tests that need one: ``ray.init(num_cpus=2)`` in the test
-process, once per session, shut down at its end. A coordinator served in a thread of the
-test process (``serve_in_thread``) and ``flash.submit(executor="ray")`` both find it
-connected and use it; the Ray workers run beside the tests' own processes."""
+process, once per test module, shut down at its end so that no Ray process idles through
+the rest of the suite. A coordinator served in a thread of the test process
+(``serve_in_thread``) and ``flash.submit(executor="ray")`` both find it connected and use
+it; the Ray workers run beside the tests' own processes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 RAY_CPUS = 2
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
     """The ``ray`` module, connected to a local single-node Ray of ``RAY_CPUS`` CPUs."""
     ray = pytest.importorskip("ray")

@@ -274,6 +274,15 @@ def handle(args: argparse.Namespace) -> int:
     except (AuthConfigError, RuntimeError, OSError, sqlite3.Error) as exc:
         return _fail(f"invalid settings: {exc}")
 
+    coordinator = getattr(getattr(app, "state", None), "coordinator", None)
+    if settings.ray_address and args.workers == 1 and coordinator is not None:
+        # Connect now, so that an unreachable cluster is a message and exit 2, not a failed startup.
+        try:
+            coordinator.start_backends()
+        except Exception as exc:  # whatever ray.init raises: ConnectionError, RuntimeError, ...
+            coordinator.close()
+            return _fail(f"cannot connect to the Ray cluster at {settings.ray_address}: {exc}")
+
     target: Any = app
     if args.workers > 1:
         # This app only proved that the settings and the database are usable (and ran any

@@ -76,7 +76,6 @@ class _Flight:
 
     lease: Lease
     stream: Any  # the Ray task's ObjectRefGenerator
-    claimed_at: float
     next_beat: float
     next_check: float
     where: dict[str, Any] = field(default_factory=dict)
@@ -89,13 +88,14 @@ class RayDispatcher:
     raises what the connection raised), ``stop`` releases what is running."""
 
     def __init__(self, coordinator: Any, address: str, *, tick_s: float = 0.2, log_every_s: float = 5.0,
-                 check_s: float = 1.0, cancel_grace_s: float = 5.0) -> None:
+                 check_s: float = 1.0, cancel_grace_s: float = 5.0, idle_claim_s: float = 1.0) -> None:
         self.coordinator = coordinator
         self.address = address
         self.tick_s = tick_s
         self.log_every_s = log_every_s
         self.check_s = check_s
         self.cancel_grace_s = cancel_grace_s
+        self.idle_claim_s = idle_claim_s
         self.placement = BackendPlacement("ray")
         self._flights: dict[str, _Flight] = {}
         self._stopping = threading.Event()
@@ -104,6 +104,8 @@ class RayDispatcher:
         self._ray: Any = None
         self._capacity = 0
         self._capacity_at = float("-inf")
+        self._news = True  # something may be claimable now
+        self._next_claim = float("-inf")
         self._remote_attempt: Any = None
         self._remote_sweep: Any = None
 
@@ -135,6 +137,7 @@ class RayDispatcher:
 
     def wake(self) -> None:
         """Claim now rather than at the next tick (a ray job was just queued)."""
+        self._news = True
         self._wake.set()
 
     def _loop(self) -> None:
@@ -171,11 +174,19 @@ class RayDispatcher:
         return self._capacity
 
     def _claim(self) -> None:
+        """Claim while the cluster has room. A claim offers the pending tasks of every job to
+        the placement, so an empty one is not repeated for ``idle_claim_s`` unless something
+        may have changed: a ray job queued (``wake``) or an attempt ended here."""
         coordinator = self.coordinator
+        now = time.monotonic()
+        if not self._news and now < self._next_claim:
+            return
+        self._news = False
         while len(self._flights) < self._capacity_now() and not self._stopping.is_set():
             lease = coordinator.manager.claim(RAY_NODE_ID, now=coordinator.now(), policy=self.placement,
                                               node={"node_id": RAY_NODE_ID})
             if lease is None:
+                self._next_claim = now + self.idle_claim_s
                 return
             self._launch(lease)
 
@@ -194,8 +205,8 @@ class RayDispatcher:
             **options, num_returns="streaming", max_retries=0, name=f"{lease.job_id}/{lease.task_id}",
         ).remote(lease.model_dump(mode="json"), inputs, self.log_every_s)
         now = time.monotonic()
-        self._flights[lease.lease_id] = _Flight(lease, stream, claimed_at=coordinator.now().timestamp(),
-                                                next_beat=now + _beat_interval(lease), next_check=now + self.check_s)
+        self._flights[lease.lease_id] = _Flight(lease, stream, next_beat=now + _beat_interval(lease),
+                                                next_check=now + self.check_s)
 
     def _inputs(self, payload: dict[str, Any]) -> dict[str, bytes]:
         """The bytes of every ``artifact://`` input, read from this coordinator's store."""
@@ -217,8 +228,12 @@ class RayDispatcher:
         now = time.monotonic()
         for lease_id, flight in list(self._flights.items()):
             if flight.cancel_since is not None:
-                if not flight.killed and now - flight.cancel_since > self.cancel_grace_s:
+                waited = now - flight.cancel_since
+                if not flight.killed and waited > self.cancel_grace_s:
                     self._cancel(flight, force=True)
+                elif flight.killed and waited > 3 * self.cancel_grace_s:
+                    log.warning("lease %s: its Ray task did not end after a kill; no longer followed", lease_id)
+                    self._flights.pop(lease_id, None)  # its lease has ended: the room is free again
                 continue
             live = True
             if now >= flight.next_beat:
@@ -259,9 +274,11 @@ class RayDispatcher:
                 kind, body = ray.get(next(flight.stream))
             except StopIteration:
                 self._flights.pop(lease_id, None)
+                self._news = True
                 continue
             except Exception as exc:
                 self._flights.pop(lease_id, None)
+                self._news = True
                 self._lost(flight, exc)
                 continue
             if kind == "started":
@@ -271,9 +288,11 @@ class RayDispatcher:
                 self._store_log(flight.lease, body)
             elif kind == "refused":
                 self._flights.pop(lease_id, None)
+                self._news = True
                 self._call(self.coordinator.manager.fail, lease_id, body, now=self.coordinator.now())
             elif kind == "finished":
                 self._flights.pop(lease_id, None)
+                self._news = True
                 if flight.cancel_since is None:
                     self._finished(flight, body)
 

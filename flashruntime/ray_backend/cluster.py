@@ -23,6 +23,7 @@ __all__ = ["ADDRESS_FORMS", "RAY_ADDRESS_ENV", "cluster_nodes", "connect", "impo
 
 RAY_ADDRESS_ENV = "FLASHML_RAY_ADDRESS"
 ADDRESS_FORMS = "local, auto, ray://host:port or host:port"
+REACH_TIMEOUT_S = 5.0
 _HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}$")
 
 
@@ -63,9 +64,24 @@ def connect(address: str, *, num_cpus: int | None = None) -> Any:
         if num_cpus is not None:
             options["num_cpus"] = num_cpus
         ray.init(**options)
-    else:
-        ray.init(address=address, **options)
+        return ray
+    if address != "auto":
+        _require_reachable(address)
+    ray.init(address=address, **options)
     return ray
+
+
+def _require_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """``ConnectionError`` unless a TCP connection to ``address``'s host and port opens within
+    ``timeout_s``: Ray itself retries an unreachable cluster for minutes."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(
+            f"nothing answers at {host}:{port} ({exc.strerror or exc}); check the address, and that the Ray "
+            f"head is running and reachable from here (ray://: the client port, 10001 by default; host:port: "
+            "the GCS port, 6379 by default)") from None
 
 
 def cluster_nodes(ray: Any) -> list[dict[str, float]]:

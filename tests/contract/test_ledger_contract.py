@@ -262,10 +262,16 @@ def test_evidence_round_trip_keeps_none_apart_from_zero(h: Harness) -> None:
     h.ledger.record_evidence("l-3", "j1", "task-002", "node-a",
                              {"wall_seconds": -5, "exit_code": "0", "unknown_field": 1}, 12)
     h.ledger.record_evidence("l-4", "j2", "task-000", "node-c", ExecutionEvidence(), 1.5)
+    on_ray = ExecutionEvidence(exit_code=0, ray_node_id="9d06e8e1", node_ip="10.0.0.7", hostname="gpu-7",
+                               worker_pid=4242, gpu_ids=["0", "3"])
+    h.ledger.record_evidence("l-5", "j3", "task-000", "ray", on_ray, 2.0)
+    assert ExecutionEvidence.model_validate(h.ledger.evidence_for("j3")["task-000"]["evidence"]) == on_ray
     got = h.ledger.evidence_for("j1")
     assert list(got) == ["task-000", "task-001", "task-002"]
     assert got["task-000"]["evidence"] == {"wall_seconds": 0.0, "cpu_percent_mean": 0.0,
-                                           "gpu_util_percent_mean": None, "image_digest": "", "exit_code": 0}
+                                           "gpu_util_percent_mean": None, "image_digest": "", "exit_code": 0,
+                                           "ray_node_id": None, "node_ip": None, "hostname": None,
+                                           "worker_pid": None, "gpu_ids": None}
     assert got["task-000"]["observed_elapsed_s"] == 0.0
     assert got["task-001"] == {**got["task-001"], "lease_id": "l-2", "node_id": "node-b", "evidence": None,
                                "observed_elapsed_s": None}

@@ -448,6 +448,22 @@ def test_a_ray_setting_that_cannot_work_exits_2_before_anything_starts(
 
 
 @pytest.mark.service
+def test_an_unreachable_ray_cluster_exits_2_at_once_saying_what_to_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("ray")
+    pytest.importorskip("fastapi")
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    assert serve.handle(_args("--ray-address", f"ray://127.0.0.1:{port}", "--data-dir", str(tmp_path / "d"))) == 2
+    err = capsys.readouterr().err
+    assert f"cannot connect to the Ray cluster at ray://127.0.0.1:{port}: nothing answers at 127.0.0.1:{port}" in err
+
+
+@pytest.mark.service
 def test_a_ray_address_without_the_ray_extra_exits_2_naming_it(
     fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -23,6 +23,7 @@ EXPECTED_BASES = {
     "CodeExecutionNotPermitted": (PermissionError,),
     "StoreError": (RuntimeError,),
     "BadDatabaseURL": (ValueError,),
+    "BadRayAddress": (ValueError,),
     "SchemaVersionError": (RuntimeError,),
     "UnplannableRequest": (ValueError,),
     "ModuleUnavailable": (ImportError,),

@@ -23,10 +23,14 @@ def _write(path: Path, lines: list[object]) -> Path:
     return path
 
 
+# Where a Ray backend ran the attempt: not set by an agent's telemetry.
+NOT_ON_RAY = {"ray_node_id": None, "node_ip": None, "hostname": None, "worker_pid": None, "gpu_ids": None}
+
+
 def test_missing_file_measures_nothing(tmp_path: Path) -> None:
     evidence = evidence_from_telemetry(tmp_path / "absent.jsonl")
     assert evidence.model_dump() == {"wall_seconds": None, "cpu_percent_mean": None, "gpu_util_percent_mean": None,
-                                     "image_digest": "", "exit_code": None}
+                                     "image_digest": "", "exit_code": None, **NOT_ON_RAY}
 
 
 def test_arguments_pass_through_even_without_telemetry(tmp_path: Path) -> None:
