@@ -49,7 +49,7 @@ YAML_HINT = (
 _JOB_COMMANDS: tuple[tuple[str, str, str, str], ...] = (
     ("status", "GET", "", "show a job (its JobRecord)"),
     ("events", "GET", "/events", "list a job's events in ledger order"),
-    ("cancel", "POST", "/cancel", "cancel a job (every task of a lease job)"),
+    ("cancel", "POST", "/cancel", "cancel a job (every task; on Ray, its running Ray tasks are stopped)"),
 )
 T = TypeVar("T")
 
