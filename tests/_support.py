@@ -91,3 +91,15 @@ class FakeClock:
     def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
         self.now += seconds
+
+
+def iris_csv() -> bytes:
+    """The iris dataset as the CSV the ``sklearn_trial`` task module reads (scikit-learn ships it:
+    no download)."""
+    from sklearn.datasets import load_iris
+
+    iris = load_iris()
+    lines = ["sepal_length,sepal_width,petal_length,petal_width,species"]
+    lines += [",".join([*(f"{v:g}" for v in row), str(iris.target_names[label])])
+              for row, label in zip(iris.data, iris.target, strict=True)]
+    return ("\n".join(lines) + "\n").encode()

@@ -94,11 +94,11 @@ def run_task_attempt(lease_json: dict[str, Any], inputs: dict[str, bytes],
         if where["gpu_ids"]:
             env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(where["gpu_ids"]))
         handle = start_child(argv, env, dirs, TERM_GRACE_S)
-    except TaskRefused as exc:
-        yield "refused", str(exc)
-        return
-    except OSError as exc:
-        yield "refused", f"Ray worker error preparing the task: {exc}"
+    except (TaskRefused, OSError) as exc:
+        if dirs is not None:
+            shutil.rmtree(dirs.root, ignore_errors=True)
+        reason = str(exc) if isinstance(exc, TaskRefused) else f"Ray worker error preparing the task: {exc}"
+        yield "refused", reason
         return
     started = time.monotonic()
     sampler = ResourceSampler(dirs.root, int(handle.execution_id), period_s=2.0)
@@ -120,6 +120,8 @@ def run_task_attempt(lease_json: dict[str, Any], inputs: dict[str, bytes],
     except BaseException:
         # ray.cancel (KeyboardInterrupt), or the generator closed: nothing outlives the attempt.
         handle.cancel(grace_s=2.0)
+        sampler.stop()  # stop() may be called twice; its last reading must not outlive the directory
+        shutil.rmtree(dirs.root, ignore_errors=True)
         raise
     finally:
         sampler.stop()
@@ -151,6 +153,8 @@ def _size(path: Path) -> int:
 
 def stop_leftovers(job_id: str, task_id: str, lease_id: str) -> list[int]:
     """Stop every process an attempt on this node left behind (its Ray worker was killed),
-    found by its environment marker; the pids signalled."""
-    out = work_root() / job_id / task_id / lease_id / "out"
-    return sorted(stop_leftover_attempt(out, TERM_GRACE_S))
+    found by its environment marker, and remove its work directory; the pids signalled."""
+    root = work_root() / job_id / task_id / lease_id
+    stopped = sorted(stop_leftover_attempt(root / "out", TERM_GRACE_S))
+    shutil.rmtree(root, ignore_errors=True)
+    return stopped

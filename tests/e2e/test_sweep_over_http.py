@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._support import iris_csv
 from tests.service_server import run_worker, serve_in_thread, settings_for
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
@@ -17,16 +18,6 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 GRID_C = [0.1, 1.0, 10.0]
-
-
-def iris_csv() -> bytes:
-    from sklearn.datasets import load_iris  # shipped with scikit-learn, no download
-
-    iris = load_iris()
-    lines = ["sepal_length,sepal_width,petal_length,petal_width,species"]
-    lines += [",".join([*(f"{v:g}" for v in row), str(iris.target_names[label])])
-              for row, label in zip(iris.data, iris.target, strict=True)]
-    return ("\n".join(lines) + "\n").encode()
 
 
 def sweep_spec() -> dict:

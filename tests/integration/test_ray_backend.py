@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests._support import pid_alive, wait_until
+from tests._support import iris_csv, pid_alive, wait_until
 from tests.service_server import serve_in_thread, settings_for
 
 pytestmark = [pytest.mark.service, pytest.mark.ray, pytest.mark.slow]
@@ -87,16 +87,6 @@ def terminal(api: Any, job_id: str, timeout: float = 120.0) -> dict[str, Any]:
 def events(api: Any, job_id: str, kind: str | None = None) -> list[dict[str, Any]]:
     found = api.get(f"/v1alpha1/jobs/{job_id}/events").json()
     return [event for event in found if kind is None or event["type"] == kind]
-
-
-def iris_csv() -> bytes:
-    from sklearn.datasets import load_iris  # shipped with scikit-learn, no download
-
-    iris = load_iris()
-    lines = ["sepal_length,sepal_width,petal_length,petal_width,species"]
-    lines += [",".join([*(f"{v:g}" for v in row), str(iris.target_names[label])])
-              for row, label in zip(iris.data, iris.target, strict=True)]
-    return ("\n".join(lines) + "\n").encode()
 
 
 def test_a_six_trial_sweep_runs_on_ray_and_commits_every_trial_once(api: Any) -> None:
