@@ -68,6 +68,7 @@ def _round_body(
     isolation_tier: str,
     allow_fallback: bool,
     pool: str | None = None,
+    backend: str = "leases",
 ) -> dict[str, Any]:
     """The JobSpec of one round. ``pool`` None or ``"any"`` leaves ``placement`` absent."""
     repository, sep, tag = image.rpartition(":")
@@ -78,7 +79,7 @@ def _round_body(
     if weights_uri is not None:
         parameters["weights"] = weights_uri
     spec: dict[str, Any] = {
-        "execution": {"backend": "leases"},
+        "execution": {"backend": backend},
         "image": {"repository": repository, "tag": tag},
         "isolation": {"tier": isolation_tier, "allowFallback": allow_fallback},
     }
@@ -236,8 +237,12 @@ def run_fedavg(
     compact: bool = False,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    backend: str = "leases",
 ) -> dict[str, Any]:
     """Run rounds ``start_round .. rounds-1``; → ``{"weights", "history", "job_ids"}``.
+
+    Each round is one job of the coordinator's ``backend``: ``"leases"`` (its agents), or
+    ``"ray"`` on a coordinator with a Ray backend.
 
     ``initial_weights`` must be what the first round's workers start from: with ``weights_uri``
     None, ``fedavg_worker`` starts from its seeded init, i.e. ``state_to_blob(build_model(params))``.
@@ -263,7 +268,7 @@ def run_fedavg(
 
     def default_body(r: int, uri: str | None) -> dict[str, Any]:
         return _round_body(
-            r, num_shards, worker_params, uri, lease_seconds, image, isolation_tier, allow_fallback, pool
+            r, num_shards, worker_params, uri, lease_seconds, image, isolation_tier, allow_fallback, pool, backend
         )
 
     for r in range(start_round, rounds):

@@ -203,7 +203,8 @@ def shard_and_upload(
 
 
 def _iteration_body(
-    iteration: int, shard_uris: list[str], centroids: list[list[float]], lease_seconds: float, image: str
+    iteration: int, shard_uris: list[str], centroids: list[list[float]], lease_seconds: float, image: str,
+    backend: str = "leases",
 ) -> dict[str, Any]:
     repository, sep, tag = image.rpartition(":")
     if not sep or not repository or not tag or "/" in tag:
@@ -213,7 +214,7 @@ def _iteration_body(
         "kind": "Job",
         "metadata": {"name": f"kmeans-it{iteration:02d}"},
         "spec": {
-            "execution": {"backend": "leases"},
+            "execution": {"backend": backend},
             "image": {"repository": repository, "tag": tag},
             "workload": {
                 "type": "sharded_kmeans",
@@ -310,6 +311,7 @@ def run_kmeans(
     headers: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    backend: str = "leases",
 ) -> dict[str, Any]:
     """``iterations`` Lloyd iterations over the shards → ``{"centroids", "inertia_history", "job_ids"}``.
 
@@ -319,7 +321,8 @@ def run_kmeans(
     that ends FAILED or CANCELLED, or is not SUCCEEDED within ``timeout_per_iteration_s``, raises
     ``RuntimeError`` naming it. Reads that hit a connection error or HTTP 5xx are retried until the
     iteration's deadline; the submission is not (a repeated POST would create a second job).
-    ``clock``/``sleep`` are injectable.
+    ``clock``/``sleep`` are injectable. Each iteration is one job of the coordinator's ``backend``:
+    ``"leases"`` (its agents), or ``"ray"`` on a coordinator with a Ray backend.
 
     ``base_url`` is the coordinator's URL (``headers`` go with every call), or a ``Coordinator``
     object with ``submit``, ``job_state`` and ``get_artifact`` (and, optionally, ``tasks``), whose
@@ -342,7 +345,7 @@ def run_kmeans(
     inertia_history: list[float] = []
     job_ids: list[str] = []
     for it in range(iterations):
-        job_id = str(coord.submit(_iteration_body(it, uris, current, lease_seconds, image))["job_id"])
+        job_id = str(coord.submit(_iteration_body(it, uris, current, lease_seconds, image, backend))["job_id"])
         job_ids.append(job_id)
         iteration = _Iteration(coord, it, job_id, timeout_per_iteration_s, poll_seconds, clock, sleep)
         iteration.wait_succeeded()

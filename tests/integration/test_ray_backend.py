@@ -260,6 +260,32 @@ def test_sharded_kmeans_on_ray_reaches_the_lease_based_kmeans_centroids(api: Any
 
     on_ray = sharded_kmeans.run_kmeans(sharded_kmeans.shard_rows(rows, shards), centroids, iterations=iterations)
     assert on_ray["attempts"] == [shards] * iterations
-    assert on_ray["inertia_history"] == pytest.approx(on_leases["inertia_history"], rel=1e-12)
-    for got, want in zip(on_ray["centroids"], on_leases["centroids"], strict=True):
-        assert got == pytest.approx(want, abs=1e-9)
+    # The coordinator's driver, its iterations as jobs of the Ray backend: the same again.
+    ray_jobs = kmeans_driver.run_kmeans(url, uris, centroids, iterations=iterations, poll_seconds=0.1, backend="ray")
+    assert all(api.get(f"/v1alpha1/jobs/{job_id}").json()["backend"] == "ray" for job_id in ray_jobs["job_ids"])
+    for result in (on_ray, ray_jobs):
+        assert result["inertia_history"] == pytest.approx(on_leases["inertia_history"], rel=1e-12)
+        for got, want in zip(result["centroids"], on_leases["centroids"], strict=True):
+            assert got == pytest.approx(want, abs=1e-9)
+
+
+@pytest.mark.torch
+def test_fedavg_rounds_run_as_jobs_of_the_ray_backend(api: Any) -> None:
+    """Two rounds over two shards of ``fedavg_worker`` tasks on Ray: every shard takes part,
+    and the second round starts from the first's reduced weights and lowers the loss."""
+    pytest.importorskip("torch")
+    from flashml_workloads import fedavg_worker
+    from flashml_workloads.fedavg_driver import HttpCoordinator, run_fedavg
+
+    params = {"local_steps": 10, "lr": 0.2, "batch_size": 16, "seed": 7, "in_dim": 4, "hidden": 8, "out_dim": 2,
+              "dataset_size": 128}
+    initial = fedavg_worker.state_to_blob(fedavg_worker.build_model({**params, "round": 0, "shard": 0,
+                                                                      "num_shards": 2}))
+    out = run_fedavg(HttpCoordinator(str(api.base_url).rstrip("/")), rounds=2, num_shards=2, min_participants=2,
+                     worker_params=params, initial_weights=initial, poll_seconds=0.1, round_timeout_s=120.0,
+                     backend="ray")
+    assert [round_["participants"] for round_ in out["history"]] == [2, 2]
+    assert out["history"][1]["mean_loss"] < out["history"][0]["mean_loss"]
+    for _round, job_id in out["job_ids"]:
+        record = api.get(f"/v1alpha1/jobs/{job_id}").json()
+        assert record["backend"] == "ray" and record["state"] == "SUCCEEDED"
