@@ -94,7 +94,8 @@ def submit(
     purpose (see ``flashruntime.local.chaos``). With a ``CalibrationLedger`` as ``ledger`` and
     its ``plan_key``, a run that ends SUCCEEDED records its median step time and peak memory
     under that key (see ``CalibrationLedger.record_run``; ``flash.run`` passes both for a plan).
-    Raises ``InvalidSubmission`` for arguments that cannot describe a run, before anything starts.
+    Raises ``InvalidSubmission`` for arguments that cannot describe a run, before anything starts
+    (and, with ``executor="ray"``, ``LaunchError`` for a cluster that cannot be reached).
     """
     if not isinstance(workload, CommandWorkload):
         raise TypeError(f"submit() takes a CommandWorkload, got {type(workload).__name__}")
@@ -106,9 +107,13 @@ def submit(
         raise InvalidSubmission(f"ray_address is for executor='ray' (executor is {executor!r}): pass both, or neither")
     if executor == "ray":
         ray_address = _ray_address(ray_address)
-        from flashruntime.ray_backend.cluster import import_ray
+        from flashruntime.ray_backend.cluster import connect, import_ray
 
         import_ray()  # without the ray extra: ModuleUnavailable naming it, before anything is made
+        try:
+            connect(ray_address)
+        except ConnectionError as exc:
+            raise LaunchError(f"cannot connect to the Ray cluster at {ray_address}: {exc}") from None
         if chaos is not None:
             raise InvalidSubmission("chaos injects faults into local processes; it cannot reach attempts on Ray: drop "
                                     "chaos, or use executor='local'")

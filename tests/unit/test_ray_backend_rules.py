@@ -161,3 +161,22 @@ def test_a_failure_with_a_retry_still_requeues() -> None:
     manager.add_task(_task("j", "t", {}), now=NOW)
     manager.fail(manager.claim("ray", now=NOW).lease_id, "exit 1", now=NOW)
     assert manager.store.get("j", "t").state is TaskState.PENDING
+
+
+def test_flash_submit_to_an_unreachable_cluster_is_a_launch_error_before_anything_is_made(tmp_path: Any) -> None:
+    pytest.importorskip("ray")
+    import socket
+    import sys
+
+    import flashruntime as flash
+    from flashruntime.errors import LaunchError
+    from flashruntime.workloads.command import CommandWorkload, Source
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    workload = CommandWorkload(command=[sys.executable, "-c", "pass"], source=Source(path=str(tmp_path)))
+    with pytest.raises(LaunchError, match=rf"cannot connect to the Ray cluster at 127.0.0.1:{port}: nothing answers"):
+        flash.submit(workload, output_dir=tmp_path / "run", executor="ray", ray_address=f"127.0.0.1:{port}",
+                     quiet=True, watch=False)
+    assert not (tmp_path / "run").exists()
