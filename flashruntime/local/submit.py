@@ -90,8 +90,9 @@ def submit(
     and ``fail_fast=True`` stops the sweep at the first failed trial (otherwise every trial
     runs). ``executor="ray"`` runs each attempt as a Ray task on the cluster at
     ``ray_address`` (default: ``$FLASHML_RAY_ADDRESS``, else an embedded local Ray; see
-    ``flashruntime.ray_backend.launcher``), with the same directories, recovery and run.json. ``chaos`` injects a ``ChaosPlan``'s faults into the run on
-    purpose (see ``flashruntime.local.chaos``). With a ``CalibrationLedger`` as ``ledger`` and
+    ``flashruntime.ray_backend.launcher``), with the same directories, recovery and run.json.
+    ``chaos`` injects a ``ChaosPlan``'s faults into the run on purpose (see
+    ``flashruntime.local.chaos``). With a ``CalibrationLedger`` as ``ledger`` and
     its ``plan_key``, a run that ends SUCCEEDED records its median step time and peak memory
     under that key (see ``CalibrationLedger.record_run``; ``flash.run`` passes both for a plan).
     Raises ``InvalidSubmission`` for arguments that cannot describe a run, before anything starts
@@ -107,13 +108,6 @@ def submit(
         raise InvalidSubmission(f"ray_address is for executor='ray' (executor is {executor!r}): pass both, or neither")
     if executor == "ray":
         ray_address = _ray_address(ray_address)
-        from flashruntime.ray_backend.cluster import connect, import_ray
-
-        import_ray()  # without the ray extra: ModuleUnavailable naming it, before anything is made
-        try:
-            connect(ray_address)
-        except ConnectionError as exc:
-            raise LaunchError(f"cannot connect to the Ray cluster at {ray_address}: {exc}") from None
         if chaos is not None:
             raise InvalidSubmission("chaos injects faults into local processes; it cannot reach attempts on Ray: drop "
                                     "chaos, or use executor='local'")
@@ -155,6 +149,8 @@ def submit(
     problem = task_params_problem(workload)
     if problem is not None:  # a trial's placeholder it cannot fill: refused here, not as a KeyError mid-run
         raise InvalidSubmission(problem)
+    if ray_address is not None:
+        _connect_to_ray(ray_address)
     if output_dir is None:
         output_dir = new_run_dir()
     output_dir = Path(os.path.expanduser(str(output_dir))).resolve()
@@ -162,7 +158,7 @@ def submit(
     if metric is not None or mode is not None:
         run.recorder.set_metric(metric or run.metric, mode or run.mode)
     launcher: Any
-    if executor == "ray" and ray_address is not None:
+    if ray_address is not None:  # executor="ray"
         from flashruntime.ray_backend.launcher import RayLauncher, cluster_cpus
 
         launcher = RayLauncher(ray_address, output_dir, checkpoint_dir=checkpoint_dir,
@@ -211,6 +207,18 @@ def _ray_address(given: str | None) -> str:
         return parse_ray_address(value, source=source)
     except BadRayAddress as exc:
         raise InvalidSubmission(str(exc)) from None
+
+
+def _connect_to_ray(address: str) -> None:
+    """Connect to the cluster before anything is made: without the ray extra,
+    ``ModuleUnavailable`` naming it; a cluster that cannot be reached, ``LaunchError``."""
+    from flashruntime.ray_backend.cluster import connect, import_ray
+
+    import_ray()
+    try:
+        connect(address)
+    except ConnectionError as exc:
+        raise LaunchError(f"cannot connect to the Ray cluster at {address}: {exc}") from None
 
 
 def _record_calibration(run: Run, ledger: Any, key: str) -> None:
