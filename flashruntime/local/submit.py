@@ -107,7 +107,9 @@ def submit(
     if ray_address is not None and executor != "ray":
         raise InvalidSubmission(f"ray_address is for executor='ray' (executor is {executor!r}): pass both, or neither")
     if executor == "ray":
-        ray_address = _ray_address(ray_address)
+        from flashruntime.ray_backend.launcher import connect_for_a_run, resolve_address
+
+        ray_address = resolve_address(ray_address)
         if chaos is not None:
             raise InvalidSubmission("chaos injects faults into local processes; it cannot reach attempts on Ray: drop "
                                     "chaos, or use executor='local'")
@@ -150,7 +152,7 @@ def submit(
     if problem is not None:  # a trial's placeholder it cannot fill: refused here, not as a KeyError mid-run
         raise InvalidSubmission(problem)
     if ray_address is not None:
-        _connect_to_ray(ray_address)
+        connect_for_a_run(ray_address)  # before anything is made
     if output_dir is None:
         output_dir = new_run_dir()
     output_dir = Path(os.path.expanduser(str(output_dir))).resolve()
@@ -193,32 +195,6 @@ def submit(
             untrack(run)
             raise
     return run
-
-
-def _ray_address(given: str | None) -> str:
-    """The Ray cluster of ``executor='ray'``: ``given``, else ``$FLASHML_RAY_ADDRESS``, else
-    an embedded local Ray; ``InvalidSubmission`` for an address of no known form."""
-    from flashruntime.errors import BadRayAddress
-    from flashruntime.ray_backend.cluster import RAY_ADDRESS_ENV, parse_ray_address
-
-    source = "ray_address" if given is not None else RAY_ADDRESS_ENV
-    value = given if given is not None else (os.environ.get(RAY_ADDRESS_ENV) or "local")
-    try:
-        return parse_ray_address(value, source=source)
-    except BadRayAddress as exc:
-        raise InvalidSubmission(str(exc)) from None
-
-
-def _connect_to_ray(address: str) -> None:
-    """Connect to the cluster before anything is made: without the ray extra,
-    ``ModuleUnavailable`` naming it; a cluster that cannot be reached, ``LaunchError``."""
-    from flashruntime.ray_backend.cluster import connect, import_ray
-
-    import_ray()
-    try:
-        connect(address)
-    except ConnectionError as exc:
-        raise LaunchError(f"cannot connect to the Ray cluster at {address}: {exc}") from None
 
 
 def _record_calibration(run: Run, ledger: Any, key: str) -> None:

@@ -22,13 +22,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flashruntime.errors import LaunchError
+from flashruntime.errors import BadRayAddress, InvalidSubmission, LaunchError
 from flashruntime.launchers import Launcher, LaunchHandle, LaunchState
 from flashruntime.launchers.local import LOG_NAME, LocalProcessLauncher, read_log_tail
-from flashruntime.ray_backend.cluster import cluster_nodes, connect, placement
+from flashruntime.ray_backend.cluster import (
+    RAY_ADDRESS_ENV,
+    cluster_nodes,
+    connect,
+    import_ray,
+    parse_ray_address,
+    placement,
+)
 from flashruntime.ray_backend.failures import classify_ray_error, is_cancellation
 
-__all__ = ["RayLaunchHandle", "RayLauncher", "cluster_cpus", "run_local_attempt"]
+__all__ = ["RayLaunchHandle", "RayLauncher", "cluster_cpus", "connect_for_a_run", "resolve_address",
+           "run_local_attempt"]
 
 POLL_S = 0.1
 
@@ -61,6 +69,27 @@ def run_local_attempt(spec_json: dict[str, Any], job_id: str, attempt_id: str, o
         handle.cancel(grace_s=min(term_grace_s, 5.0))
         raise
     yield "finished", handle.exit_code
+
+
+def resolve_address(given: str | None) -> str:
+    """The cluster of ``executor='ray'``: ``given``, else ``$FLASHML_RAY_ADDRESS``, else an
+    embedded local Ray; ``InvalidSubmission`` for an address of no known form."""
+    source = "ray_address" if given is not None else RAY_ADDRESS_ENV
+    value = given if given is not None else (os.environ.get(RAY_ADDRESS_ENV) or "local")
+    try:
+        return parse_ray_address(value, source=source)
+    except BadRayAddress as exc:
+        raise InvalidSubmission(str(exc)) from None
+
+
+def connect_for_a_run(address: str) -> None:
+    """Connect before a run makes anything: without the ray extra, ``ModuleUnavailable``
+    naming it; a cluster that cannot be reached, ``LaunchError``."""
+    import_ray()
+    try:
+        connect(address)
+    except ConnectionError as exc:
+        raise LaunchError(f"cannot connect to the Ray cluster at {address}: {exc}") from None
 
 
 def cluster_cpus(address: str) -> int:
