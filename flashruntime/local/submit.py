@@ -499,11 +499,16 @@ _LAST_LINES = 5  # of a failed attempt's log, shown when it names no exception
 def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, mode: str, *, last_attempt: bool) -> Any:
     """Classify a failed attempt, record the class, the decision and the log lines that show
     the error (for the failure summary), and return the decision. On the last attempt the
-    budget allows, a decision to relaunch says that none is left."""
+    budget allows, a decision to relaunch says that none is left. What Ray reported of an
+    attempt it lost (``reported_failure`` of a Ray handle) is its class and evidence."""
     log_tail = read_log_tail(handle.output_dir / LOG_NAME)
-    failure = classify(from_local_launch(handle.exit_code, log_tail))
+    reported = getattr(handle, "reported_failure", None)
+    if reported is not None:
+        failure, evidence = reported
+    else:
+        failure = classify(from_local_launch(handle.exit_code, log_tail))
+        evidence = describe_launch(handle.exit_code, log_tail)
     decision = decide(failure, mode)
-    evidence = describe_launch(handle.exit_code, log_tail)
     excerpt = failure_excerpt(log_tail)
     spent = last_attempt and decision.action != "fail_job"
     last_lines = [] if excerpt.exception else [line for line in log_tail.splitlines() if line.strip()][-_LAST_LINES:]

@@ -9,7 +9,9 @@ attempt with a message saying so. The driver (``flash.submit``) keeps everything
 a local run: restarts by the recovery policy, trials, metrics, ``run.json``.
 
 Ray never retries an attempt (``max_retries=0``); a Ray worker that dies fails the attempt
-with no exit code, and a line in its log says what Ray reported. ``cancel`` cancels the Ray
+with no exit code, classified as Ray reported it (``reported_failure``: the run's restarts
+follow that class), a line in its log says so, and what the dead worker left running is
+stopped on its node. ``cancel`` cancels the Ray
 task, which stops the attempt's processes before it ends, and kills it after the grace.
 """
 
@@ -24,7 +26,7 @@ from typing import Any
 
 from flashruntime.errors import BadRayAddress, InvalidSubmission, LaunchError
 from flashruntime.launchers import Launcher, LaunchHandle, LaunchState
-from flashruntime.launchers.local import LOG_NAME, LocalProcessLauncher, read_log_tail
+from flashruntime.launchers.local import LOG_NAME, LocalProcessLauncher, read_log_tail, stop_leftover_attempt
 from flashruntime.ray_backend.cluster import (
     RAY_ADDRESS_ENV,
     cluster_nodes,
@@ -114,6 +116,8 @@ class RayLaunchHandle(LaunchHandle):
         self.exit_code: int | None = None
         self.where: dict[str, Any] = {}
         self.extra_pids: Any = set
+        # (failure class, evidence words) when Ray lost the attempt (its worker or node died).
+        self.reported_failure: tuple[Any, str] | None = None
         # The run's driver waits while a cancel (another thread) waits too: one reads at a time.
         self._reading = threading.Lock()
 
@@ -155,8 +159,10 @@ class RayLaunchHandle(LaunchHandle):
             if self._cancel_requested or is_cancellation(exc):
                 self._end(None, None)
             else:
-                failure, words = classify_ray_error(exc)
+                self.reported_failure = classify_ray_error(exc)
+                failure, words = self.reported_failure
                 self._end(None, f"{failure}: {words}")
+                self._stop_leftovers()
             return
         if kind == "started":
             self.where = body
@@ -167,11 +173,30 @@ class RayLaunchHandle(LaunchHandle):
         elif kind == "refused":
             self._end(None, str(body))
 
+    def _stop_leftovers(self) -> None:
+        """Stop, on the node it ran on, what the lost Ray worker left running (its attempt's
+        processes, found by their environment marker)."""
+        node_id = self.where.get("ray_node_id")
+        if not node_id:
+            return
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        try:
+            sweep = self._ray.remote(stop_leftover_attempt).options(
+                num_cpus=0, max_retries=3,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))
+            self._ray.get(sweep.remote(self.output_dir, self._term_grace_s), timeout=self._term_grace_s + 30)
+        except Exception as exc:  # the node is gone, and what ran there with it
+            self._note(f"what the lost worker left running was not stopped: {exc}")
+
+    def _note(self, text: str) -> None:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.output_dir / LOG_NAME, "a", encoding="utf-8") as log:
+            log.write(f"[flashruntime] executor='ray': {text}\n")
+
     def _end(self, exit_code: int | None, note: str | None) -> None:
         if note:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.output_dir / LOG_NAME, "a", encoding="utf-8") as log:
-                log.write(f"[flashruntime] executor='ray': {note}\n")
+            self._note(note)
         self.exit_code = exit_code
         if self._cancel_requested:
             self._state = LaunchState.CANCELLED

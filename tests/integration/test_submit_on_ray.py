@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import signal
 import sys
 import threading
 import time
@@ -67,6 +69,29 @@ def test_one_command_is_one_ray_task_and_a_failure_restarts_by_the_policy(ray_cl
     assert record["attempts"][0]["exit_code"] == 3
     assert record["attempts"][0]["failure"]["class"] == "worker_crash"
     assert record["trials"][-1]["loss"] == 0.5
+
+
+def test_a_killed_ray_worker_is_classified_as_ray_reported_it_and_the_run_restarts(
+        ray_cluster: Any, tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    # The first attempt records its Ray worker (its parent) and itself, then hangs.
+    program = ("import json, os, sys, time\n"
+               "if not os.path.exists(sys.argv[1]):\n"
+               "    open(sys.argv[1], 'w').write(f'{os.getppid()} {os.getpid()}'); time.sleep(300)\n"
+               "json.dump(dict(loss=0.25), open(os.path.join(os.environ['FLASHML_OUTPUT_DIR'], 'metrics.json'), 'w'))")
+    run = flash.submit(workload(tmp_path, program, str(pids)), output_dir=tmp_path / "run", max_restarts=1,
+                       wait=False, executor="ray", quiet=True, watch=False)
+    wait_until(lambda: pids.exists() and " " in pids.read_text(), "the first attempt to start", timeout=60)
+    worker, child = (int(pid) for pid in pids.read_text().split())
+    os.kill(worker, signal.SIGKILL)
+    run.wait(timeout=120)
+    assert str(run.state) == "SUCCEEDED"
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    first = record["attempts"][0]
+    assert [attempt["state"] for attempt in record["attempts"]] == ["FAILED", "SUCCEEDED"]
+    assert first["failure"]["class"] == "worker_crash"
+    assert first["failure"]["evidence"] == "the Ray worker process died"
+    assert not pid_alive(child)  # what the dead worker left running was stopped on its node
 
 
 def test_an_import_error_on_ray_is_not_restarted(ray_cluster: Any, tmp_path: Path) -> None:
