@@ -11,6 +11,7 @@ Ray is imported here only, inside functions: without the ``ray`` extra nothing i
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
@@ -59,7 +60,8 @@ def connect(address: str, *, num_cpus: int | None = None) -> Any:
     address = parse_ray_address(address)
     if ray.is_initialized():
         return ray
-    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+    # Ray's own INFO lines ("Started a local Ray instance") would interleave with the run's output.
+    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
     if address == "local":
         if num_cpus is not None:
             options["num_cpus"] = num_cpus
