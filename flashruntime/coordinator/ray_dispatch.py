@@ -37,7 +37,7 @@ from flashruntime.agent import ray_task
 from flashruntime.errors import ArtifactNotFound, FlashRuntimeError, LeaseError
 from flashruntime.protocol.task_logs import task_log_key
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Event, EventType, FailureClass, Lease, TaskSpec
-from flashruntime.ray_backend.cluster import cluster_nodes, connect
+from flashruntime.ray_backend.cluster import cluster_nodes, connect, on_node
 from flashruntime.ray_backend.failures import classify_ray_error, is_cancellation
 from flashruntime.ray_backend.resources import ray_options
 from flashruntime.recovery import classify, decide, describe_launch, from_local_launch
@@ -107,14 +107,12 @@ class RayDispatcher:
         self._news = True  # something may be claimable now
         self._next_claim = float("-inf")
         self._remote_attempt: Any = None
-        self._remote_sweep: Any = None
 
     # --- lifecycle -------------------------------------------------------------
 
     def start(self) -> None:
         self._ray = ray = connect(self.address)
         self._remote_attempt = ray.remote(ray_task.run_task_attempt)
-        self._remote_sweep = ray.remote(ray_task.stop_leftovers)
         self._thread = threading.Thread(target=self._loop, name="flashruntime-ray-dispatch", daemon=True)
         self._thread.start()
         log.info("Ray backend: running the tasks of ray jobs on %s", self.address)
@@ -390,14 +388,9 @@ class RayDispatcher:
         node_id = flight.where.get("ray_node_id")
         if not node_id:
             return
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         lease = flight.lease
         try:
-            self._remote_sweep.options(
-                num_cpus=0, max_retries=3,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-            ).remote(lease.job_id, lease.task_id, lease.lease_id)
+            on_node(self._ray, ray_task.stop_leftovers, node_id).remote(lease.job_id, lease.task_id, lease.lease_id)
         except Exception as exc:  # the node is gone, and what ran there with it
             log.info("no sweep of lease %s on Ray node %s: %s", lease.lease_id, node_id, exc)
 

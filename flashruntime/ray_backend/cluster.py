@@ -19,8 +19,8 @@ from typing import Any
 
 from flashruntime.errors import BadRayAddress, ModuleUnavailable
 
-__all__ = ["ADDRESS_FORMS", "RAY_ADDRESS_ENV", "cluster_nodes", "connect", "import_ray", "parse_ray_address",
-           "placement"]
+__all__ = ["ADDRESS_FORMS", "RAY_ADDRESS_ENV", "cluster_nodes", "connect", "import_ray", "on_node",
+           "parse_ray_address", "placement"]
 
 RAY_ADDRESS_ENV = "FLASHML_RAY_ADDRESS"
 ADDRESS_FORMS = "local, auto, ray://host:port or host:port"
@@ -106,3 +106,12 @@ def placement() -> dict[str, Any]:
         "worker_pid": os.getpid(),
         "gpu_ids": gpu_ids,
     }
+
+
+def on_node(ray: Any, function: Any, node_id: str) -> Any:
+    """``function`` as a Ray task that runs on the node ``node_id`` and nowhere else, taking no
+    CPU (the sweep of what a lost attempt left there must not wait for room)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return ray.remote(function).options(
+        num_cpus=0, max_retries=3, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))

@@ -32,6 +32,7 @@ from flashruntime.ray_backend.cluster import (
     cluster_nodes,
     connect,
     import_ray,
+    on_node,
     parse_ray_address,
     placement,
 )
@@ -179,12 +180,8 @@ class RayLaunchHandle(LaunchHandle):
         node_id = self.where.get("ray_node_id")
         if not node_id:
             return
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         try:
-            sweep = self._ray.remote(stop_leftover_attempt).options(
-                num_cpus=0, max_retries=3,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))
+            sweep = on_node(self._ray, stop_leftover_attempt, node_id)
             self._ray.get(sweep.remote(self.output_dir, self._term_grace_s), timeout=self._term_grace_s + 30)
         except Exception as exc:  # the node is gone, and what ran there with it
             self._note(f"what the lost worker left running was not stopped: {exc}")
