@@ -289,3 +289,36 @@ def test_fedavg_rounds_run_as_jobs_of_the_ray_backend(api: Any) -> None:
     for _round, job_id in out["job_ids"]:
         record = api.get(f"/v1alpha1/jobs/{job_id}").json()
         assert record["backend"] == "ray" and record["state"] == "SUCCEEDED"
+
+
+def test_a_coordinator_that_stops_gives_its_running_leases_back_and_stops_their_ray_tasks(
+        api: Any, tmp_path: Path) -> None:
+    """No budget spent: the task is PENDING again for the next coordinator, its process gone.
+    (``api`` is here for what it sets up: command jobs admitted, the test's Ray connected.)"""
+    from flashruntime.coordinator.core import Coordinator
+    from flashruntime.protocol.v1alpha1 import JobSpec
+
+    pid_file = tmp_path / "pid"
+    program = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(300)"
+    coordinator = Coordinator(settings_for(tmp_path / "data", ray_address="local"))
+    try:
+        coordinator.start_backends()
+        record = coordinator.submit(JobSpec.model_validate(job(command("-c", program, str(pid_file)))))
+
+        def started() -> bool:
+            kinds = {event.type.value for event in coordinator.ledger.events_for(record.job_id)}
+            return pid_file.exists() and pid_file.read_text() != "" and "TASK_ATTEMPT_STARTED" in kinds
+
+        wait_until(started, "the attempt to start", timeout=60)
+        pid = int(pid_file.read_text())
+    finally:
+        coordinator.close()
+    reopened = Coordinator(settings_for(tmp_path / "data"))  # no Ray address: nothing runs it again
+    try:
+        [task] = reopened.tasks(record.job_id)
+        kinds = [event.type.value for event in reopened.ledger.events_for(record.job_id)]
+    finally:
+        reopened.close()
+    assert (task["state"], task["released"], task["failures"], task["expiries"]) == ("PENDING", 1, 0, 0)
+    assert "LEASE_RELEASED" in kinds and "FAILURE_CLASSIFIED" not in kinds
+    wait_until(lambda: not pid_alive(pid), f"the attempt's process {pid} to stop", timeout=30)
