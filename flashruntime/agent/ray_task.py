@@ -7,9 +7,9 @@ environment contract, ``spec.json`` and ``inputs.json``. The differences come fr
 speaking HTTP: the inputs arrive as bytes (the coordinator read them from its artifact store),
 and the log and the output files go back in the messages the generator yields. It yields
 ``("started", placement)``, then ``("log", bytes)`` whenever the log grew (at most every
-``log_every_s``), then one ``("finished", result)`` or ``("refused", reason)``. A cancel
-(``ray.cancel``) arrives as ``KeyboardInterrupt``: the attempt's processes are stopped before
-it propagates. A Ray worker killed outright cannot do that; ``stop_leftovers`` (run on the
+``log_every_s``) and ``("alive", None)`` every ``ALIVE_S`` otherwise, then one
+``("finished", result)`` or ``("refused", reason)``. A cancel (``ray.cancel``) arrives at a
+yield: the attempt's processes are stopped before it propagates. A Ray worker killed outright cannot do that; ``stop_leftovers`` (run on the
 same node) stops what it left, found by the attempt's environment marker.
 """
 
@@ -52,6 +52,8 @@ WORK_DIR_ENV = "FLASHML_RAY_WORK_DIR"
 DATASETS_ENV = "FLASHML_RAY_DATASETS"
 TERM_GRACE_S = 10.0
 POLL_S = 0.1
+# Ray delivers a cancel to a streaming task at its next yield: one comes at least this often.
+ALIVE_S = 0.5
 
 
 def work_root() -> Path:
@@ -103,7 +105,7 @@ def run_task_attempt(lease_json: dict[str, Any], inputs: dict[str, bytes],
     started = time.monotonic()
     sampler = ResourceSampler(dirs.root, int(handle.execution_id), period_s=2.0)
     sampler.start()
-    shipped_at, shipped_size = started, 0
+    shipped_at, shipped_size, alive_at = started, 0, started
     try:
         state = handle.wait(timeout_seconds=0)
         while not state.terminal:
@@ -115,8 +117,12 @@ def run_task_attempt(lease_json: dict[str, Any], inputs: dict[str, bytes],
                     data = read_task_log(dirs.log)
                     if data is not None:
                         yield "log", data
+                        alive_at = now
                     shipped_size = size
                 shipped_at = now
+            if now - alive_at >= ALIVE_S:
+                yield "alive", None  # where a cancel of a streaming task takes effect
+                alive_at = now
     except BaseException:
         # ray.cancel (KeyboardInterrupt), or the generator closed: nothing outlives the attempt.
         handle.cancel(grace_s=2.0)

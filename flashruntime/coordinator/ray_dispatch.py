@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from flashruntime.agent import ray_task
 from flashruntime.errors import ArtifactNotFound, FlashRuntimeError, LeaseError
 from flashruntime.protocol.task_logs import task_log_key
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Event, EventType, FailureClass, Lease, TaskSpec
-from flashruntime.ray_backend.cluster import cluster_nodes, connect, on_node
+from flashruntime.ray_backend.cluster import ENDED, LOST, cluster_nodes, connect, on_node, read_stream
 from flashruntime.ray_backend.failures import classify_ray_error, is_cancellation
 from flashruntime.ray_backend.resources import ray_options
 from flashruntime.recovery import classify, decide, describe_launch, from_local_launch
@@ -100,6 +101,8 @@ class RayDispatcher:
         self._flights: dict[str, _Flight] = {}
         self._stopping = threading.Event()
         self._wake = threading.Event()
+        # (lease id, message) from the threads that read the running attempts' streams.
+        self._inbox: queue.SimpleQueue[tuple[str, tuple[str, Any]]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._ray: Any = None
         self._capacity = 0
@@ -148,19 +151,15 @@ class RayDispatcher:
                 self._stopping.wait(self.tick_s)
 
     def _wait_for_news(self) -> None:
-        """Until a running attempt has a message, a ray job is queued, or ``tick_s`` passed."""
-        if self._flights:
-            self._ray.wait([flight.stream for flight in self._flights.values()], num_returns=1,
-                           timeout=self.tick_s)
-        else:
-            self._wake.wait(self.tick_s)
+        """Until a running attempt has sent a message, a ray job is queued, or ``tick_s`` passed."""
+        self._wake.wait(self.tick_s)
         self._wake.clear()
 
     # --- one tick --------------------------------------------------------------
 
     def step(self) -> None:
+        self._collect()
         if self._flights:
-            self._collect()
             self._watch()
         self._claim()
 
@@ -205,6 +204,12 @@ class RayDispatcher:
         now = time.monotonic()
         self._flights[lease.lease_id] = _Flight(lease, stream, next_beat=now + _beat_interval(lease),
                                                 next_check=now + self.check_s)
+        read_stream(self._ray, stream, functools.partial(self._post, lease.lease_id),
+                    name=f"flashruntime-ray-{lease.lease_id}")
+
+    def _post(self, lease_id: str, message: tuple[str, Any]) -> None:
+        self._inbox.put((lease_id, message))
+        self._wake.set()
 
     def _inputs(self, payload: dict[str, Any]) -> dict[str, bytes]:
         """The bytes of every ``artifact://`` input, read from this coordinator's store."""
@@ -259,40 +264,36 @@ class RayDispatcher:
             self._sweep_node(flight)
 
     def _collect(self) -> None:
-        ray = self._ray
-        streams = [flight.stream for flight in self._flights.values()]
-        ready, _ = ray.wait(streams, num_returns=len(streams), timeout=0)
-        if not ready:
-            return
-        ready_ids = {id(stream) for stream in ready}
-        for lease_id, flight in list(self._flights.items()):
-            if id(flight.stream) not in ready_ids:
-                continue
+        """Act on every message the running attempts have sent."""
+        while True:
             try:
-                kind, body = ray.get(next(flight.stream))
-            except StopIteration:
-                self._flights.pop(lease_id, None)
-                self._news = True
-                continue
-            except Exception as exc:
-                self._flights.pop(lease_id, None)
-                self._news = True
-                self._lost(flight, exc)
-                continue
-            if kind == "started":
-                flight.where = body
-                self._started(flight)
-            elif kind == "log":
-                self._store_log(flight.lease, body)
-            elif kind == "refused":
-                self._flights.pop(lease_id, None)
-                self._news = True
-                self._call(self.coordinator.manager.fail, lease_id, body, now=self.coordinator.now())
-            elif kind == "finished":
-                self._flights.pop(lease_id, None)
-                self._news = True
-                if flight.cancel_since is None:
-                    self._finished(flight, body)
+                lease_id, (kind, body) = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            flight = self._flights.get(lease_id)
+            if flight is not None:
+                self._take(lease_id, flight, kind, body)
+
+    def _take(self, lease_id: str, flight: _Flight, kind: str, body: Any) -> None:
+        if kind in (ENDED, LOST):
+            self._flights.pop(lease_id, None)
+            self._news = True
+            if kind == LOST:
+                self._lost(flight, body)
+        elif kind == "started":
+            flight.where = body
+            self._started(flight)
+        elif kind == "log":
+            self._store_log(flight.lease, body)
+        elif kind == "refused":
+            self._flights.pop(lease_id, None)
+            self._news = True
+            self._call(self.coordinator.manager.fail, lease_id, body, now=self.coordinator.now())
+        elif kind == "finished":
+            self._flights.pop(lease_id, None)
+            self._news = True
+            if flight.cancel_since is None:
+                self._finished(flight, body)
 
     # --- outcomes --------------------------------------------------------------
 

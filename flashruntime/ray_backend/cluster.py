@@ -15,16 +15,20 @@ import logging
 import os
 import re
 import socket
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from flashruntime.errors import BadRayAddress, ModuleUnavailable
 
-__all__ = ["ADDRESS_FORMS", "RAY_ADDRESS_ENV", "cluster_nodes", "connect", "import_ray", "on_node",
-           "parse_ray_address", "placement"]
+__all__ = ["ADDRESS_FORMS", "ENDED", "LOST", "RAY_ADDRESS_ENV", "cluster_nodes", "connect", "import_ray", "on_node",
+           "parse_ray_address", "placement", "read_stream"]
 
 RAY_ADDRESS_ENV = "FLASHML_RAY_ADDRESS"
 ADDRESS_FORMS = "local, auto, ray://host:port or host:port"
 REACH_TIMEOUT_S = 5.0
+# What ``read_stream`` hands on after a streaming task's own messages: its end, or its failure.
+ENDED, LOST = "ended", "lost"
 _HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}$")
 
 
@@ -115,3 +119,27 @@ def on_node(ray: Any, function: Any, node_id: str) -> Any:
 
     return ray.remote(function).options(
         num_cpus=0, max_retries=3, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))
+
+
+def read_stream(ray: Any, stream: Any, sink: Callable[[tuple[str, Any]], None], name: str) -> threading.Thread:
+    """Hand every message of a streaming Ray task (an ``ObjectRefGenerator``) to ``sink``, on a
+    daemon thread of its own, then ``(ENDED, None)``, or ``(LOST, error)`` with what Ray raised
+    (its worker died, it was cancelled). Reading may wait for as long as the task runs: after a
+    cancel that Ray did not deliver, even its readiness checks wait for the task to end, so no
+    loop that must stay responsive can read a stream itself."""
+
+    def read() -> None:
+        while True:
+            try:
+                message = ray.get(next(stream))
+            except StopIteration:
+                sink((ENDED, None))
+                return
+            except Exception as exc:  # whatever Ray raised for the task
+                sink((LOST, exc))
+                return
+            sink(message)
+
+    thread = threading.Thread(target=read, name=name, daemon=True)
+    thread.start()
+    return thread

@@ -18,6 +18,7 @@ task, which stops the attempt's processes before it ends, and kills it after the
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +29,8 @@ from flashruntime.errors import BadRayAddress, InvalidSubmission, LaunchError
 from flashruntime.launchers import Launcher, LaunchHandle, LaunchState
 from flashruntime.launchers.local import LOG_NAME, LocalProcessLauncher, read_log_tail, stop_leftover_attempt
 from flashruntime.ray_backend.cluster import (
+    ENDED,
+    LOST,
     RAY_ADDRESS_ENV,
     cluster_nodes,
     connect,
@@ -35,6 +38,7 @@ from flashruntime.ray_backend.cluster import (
     on_node,
     parse_ray_address,
     placement,
+    read_stream,
 )
 from flashruntime.ray_backend.failures import classify_ray_error, is_cancellation
 
@@ -42,6 +46,8 @@ __all__ = ["RayLaunchHandle", "RayLauncher", "cluster_cpus", "connect_for_a_run"
            "run_local_attempt"]
 
 POLL_S = 0.1
+# Ray delivers a cancel to a streaming task at its next yield: one comes at least this often.
+ALIVE_S = 0.5
 
 
 def run_local_attempt(spec_json: dict[str, Any], job_id: str, attempt_id: str, output_root: str,
@@ -67,7 +73,9 @@ def run_local_attempt(spec_json: dict[str, Any], job_id: str, attempt_id: str, o
     try:
         state = handle.wait(timeout_seconds=0)
         while not state.terminal:
-            state = handle.wait(timeout_seconds=POLL_S)
+            state = handle.wait(timeout_seconds=ALIVE_S)
+            if not state.terminal:
+                yield "alive", None  # where a cancel of a streaming task takes effect
     except BaseException:  # ray.cancel: nothing outlives the attempt
         handle.cancel(grace_s=min(term_grace_s, 5.0))
         raise
@@ -121,6 +129,8 @@ class RayLaunchHandle(LaunchHandle):
         self.reported_failure: tuple[Any, str] | None = None
         # The run's driver waits while a cancel (another thread) waits too: one reads at a time.
         self._reading = threading.Lock()
+        self._messages: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        read_stream(ray, stream, self._messages.put, name=f"flashruntime-ray-{name}")
 
     @property
     def execution_id(self) -> str:
@@ -148,19 +158,18 @@ class RayLaunchHandle(LaunchHandle):
                 self._read_one(timeout_s)
 
     def _read_one(self, timeout_s: float) -> None:
-        ready, _ = self._ray.wait([self._stream], timeout=timeout_s)
-        if not ready:
-            return
         try:
-            kind, body = self._ray.get(next(self._stream))
-        except StopIteration:
+            kind, body = self._messages.get(timeout=timeout_s) if timeout_s > 0 else self._messages.get_nowait()
+        except queue.Empty:
+            return
+        if kind == ENDED:
             self._end(None, "the Ray task ended without a result")
             return
-        except Exception as exc:
-            if self._cancel_requested or is_cancellation(exc):
+        if kind == LOST:
+            if self._cancel_requested or is_cancellation(body):
                 self._end(None, None)
             else:
-                self.reported_failure = classify_ray_error(exc)
+                self.reported_failure = classify_ray_error(body)
                 failure, words = self.reported_failure
                 self._end(None, f"{failure}: {words}")
                 self._stop_leftovers()

@@ -78,4 +78,5 @@ def unplaceable_reason(options: Mapping[str, Any], nodes: Sequence[Mapping[str, 
             + "; ".join(", ".join(f"{name} {amount:g}" for name, amount in sorted(node.items())
                                   if not name.startswith(("node:", "memory", "object_store_memory")))
                         for node in nodes)
-            + "); start a node with those resources, or change the job's placement")
+            + "); start a node with those resources, or ask for less (the job's spec.resources and "
+            "spec.placement)")
