@@ -38,6 +38,7 @@ from flashruntime.protocol.v1alpha1 import Lease
 from flashruntime.ray_backend.cluster import placement
 
 __all__ = [
+    "ALIVE",
     "DATASETS_ENV",
     "WORK_DIR_ENV",
     "run_task_attempt",
@@ -53,7 +54,7 @@ DATASETS_ENV = "FLASHML_RAY_DATASETS"
 TERM_GRACE_S = 10.0
 POLL_S = 0.1
 # Ray delivers a cancel to a streaming task at its next yield: one comes at least this often.
-ALIVE_S = 0.5
+ALIVE, ALIVE_S = "alive", 0.5
 
 
 def work_root() -> Path:
@@ -121,7 +122,7 @@ def run_task_attempt(lease_json: dict[str, Any], inputs: dict[str, bytes],
                     shipped_size = size
                 shipped_at = now
             if now - alive_at >= ALIVE_S:
-                yield "alive", None  # where a cancel of a streaming task takes effect
+                yield ALIVE, None  # where a cancel of a streaming task takes effect
                 alive_at = now
     except BaseException:
         # ray.cancel (KeyboardInterrupt), or the generator closed: nothing outlives the attempt.

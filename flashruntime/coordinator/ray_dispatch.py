@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flashruntime.agent import ray_task
+from flashruntime.agent.ray_task import ALIVE
 from flashruntime.errors import ArtifactNotFound, FlashRuntimeError, LeaseError
 from flashruntime.protocol.task_logs import task_log_key
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Event, EventType, FailureClass, Lease, TaskSpec
@@ -208,6 +209,8 @@ class RayDispatcher:
                     name=f"flashruntime-ray-{lease.lease_id}")
 
     def _post(self, lease_id: str, message: tuple[str, Any]) -> None:
+        if message[0] == ALIVE:
+            return  # the task yields it so that a cancel can reach it: nothing to act on
         self._inbox.put((lease_id, message))
         self._wake.set()
 
