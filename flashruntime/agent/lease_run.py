@@ -275,7 +275,12 @@ def start_child(argv: list[str], env: dict[str, str], dirs: LeaseDirs, term_grac
 
 
 def last_log_line(log: Path) -> str:
-    lines = [line.strip() for line in read_log_tail(log, 64 * 1024).splitlines() if line.strip()]
+    return last_line(read_log_tail(log, 64 * 1024))
+
+
+def last_line(text: str) -> str:
+    """The last non-blank line of a log's text, cut to a failure reason's length."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1][:_REASON_LIMIT] if lines else "(no output)"
 
 

@@ -35,10 +35,9 @@ from flashruntime.errors import TaskRefused
 from flashruntime.launchers.local import read_log_tail, stop_leftover_attempt
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
 from flashruntime.protocol.v1alpha1 import Lease
-from flashruntime.ray_backend.cluster import placement
+from flashruntime.ray_backend.cluster import ALIVE, ALIVE_S, placement
 
 __all__ = [
-    "ALIVE",
     "DATASETS_ENV",
     "WORK_DIR_ENV",
     "run_task_attempt",
@@ -53,8 +52,6 @@ WORK_DIR_ENV = "FLASHML_RAY_WORK_DIR"
 DATASETS_ENV = "FLASHML_RAY_DATASETS"
 TERM_GRACE_S = 10.0
 POLL_S = 0.1
-# Ray delivers a cancel to a streaming task at its next yield: one comes at least this often.
-ALIVE, ALIVE_S = "alive", 0.5
 
 
 def work_root() -> Path:

@@ -35,11 +35,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flashruntime.agent import ray_task
-from flashruntime.agent.ray_task import ALIVE
+from flashruntime.agent.lease_run import heartbeat_interval, last_line, payload_prefix
 from flashruntime.errors import ArtifactNotFound, FlashRuntimeError, LeaseError
 from flashruntime.protocol.task_logs import task_log_key
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Event, EventType, FailureClass, Lease, TaskSpec
-from flashruntime.ray_backend.cluster import ENDED, LOST, cluster_nodes, connect, on_node, read_stream
+from flashruntime.ray_backend.cluster import (
+    ALIVE,
+    ENDED,
+    LOST,
+    cluster_nodes,
+    connect,
+    on_node,
+    read_stream,
+    total_cpus,
+)
 from flashruntime.ray_backend.failures import classify_ray_error, is_cancellation
 from flashruntime.ray_backend.resources import ray_options
 from flashruntime.recovery import classify, decide, describe_launch, from_local_launch
@@ -53,6 +62,7 @@ RAY_NODE_ID = "ray"
 # The payload key naming the backend of a task's job; a task without it is the agents'.
 BACKEND_KEY = "backend"
 SOURCE = "flashruntime.ray"
+BEAT_FLOOR_S = 0.5  # the dispatcher renews in process: it may beat more often than an agent over HTTP
 MODE = "independent_tasks"
 
 
@@ -167,7 +177,7 @@ class RayDispatcher:
     def _capacity_now(self) -> int:
         now = time.monotonic()
         if now - self._capacity_at > 10.0:
-            self._capacity = max(1, int(sum(node.get("CPU", 0.0) for node in cluster_nodes(self._ray))))
+            self._capacity = total_cpus(self._ray)
             self._capacity_at = now
         return self._capacity
 
@@ -203,7 +213,7 @@ class RayDispatcher:
             **options, num_returns="streaming", max_retries=0, name=f"{lease.job_id}/{lease.task_id}",
         ).remote(lease.model_dump(mode="json"), inputs, self.log_every_s)
         now = time.monotonic()
-        self._flights[lease.lease_id] = _Flight(lease, stream, next_beat=now + _beat_interval(lease),
+        self._flights[lease.lease_id] = _Flight(lease, stream, next_beat=now + heartbeat_interval(lease, BEAT_FLOOR_S),
                                                 next_check=now + self.check_s)
         read_stream(self._ray, stream, functools.partial(self._post, lease.lease_id),
                     name=f"flashruntime-ray-{lease.lease_id}")
@@ -245,7 +255,7 @@ class RayDispatcher:
             if now >= flight.next_beat:
                 try:
                     coordinator.manager.heartbeat(lease_id, now=coordinator.now())
-                    flight.next_beat = now + _beat_interval(flight.lease)
+                    flight.next_beat = now + heartbeat_interval(flight.lease, BEAT_FLOOR_S)
                 except LeaseError:
                     live = False
             elif now >= flight.next_check:
@@ -321,7 +331,7 @@ class RayDispatcher:
 
     def _store_log(self, lease: Lease, data: bytes) -> None:
         try:
-            self.coordinator.artifacts.write_bytes(task_log_key(_prefix(lease)), data)
+            self.coordinator.artifacts.write_bytes(task_log_key(payload_prefix(lease)), data)
         except (FlashRuntimeError, OSError) as exc:  # a log is an aid, never the outcome
             log.warning("log of lease %s not stored: %s", lease.lease_id, exc)
 
@@ -333,7 +343,7 @@ class RayDispatcher:
         files = dict(result.get("files") or [])
         evidence = result.get("evidence") or {}
         if exit_code == 0 and "metrics.json" in files:
-            prefix = _prefix(lease)
+            prefix = payload_prefix(lease)
             try:
                 for relative, data in sorted(files.items()):
                     coordinator.artifacts.write_bytes(prefix + relative, data)
@@ -347,10 +357,10 @@ class RayDispatcher:
         log_tail = str(result.get("log_tail") or "")
         if exit_code == 0:
             reason = ("exit 0 without out/metrics.json: a task must write metrics.json into $FLASHML_OUTPUT_DIR; "
-                      f"its last line: {_last_line(log_tail)}")
+                      f"its last line: {last_line(log_tail)}")
             failure, words = FailureClass.APPLICATION_ERROR, "exit 0 without metrics.json"
         else:
-            reason = f"exit {exit_code}: {_last_line(log_tail)}"
+            reason = f"exit {exit_code}: {last_line(log_tail)}"
             failure, words = classify(from_local_launch(exit_code, log_tail)), describe_launch(exit_code, log_tail)
         self._failed(flight, failure, words, reason, evidence, lost=False)
 
@@ -406,17 +416,3 @@ class RayDispatcher:
             log.info("Ray dispatch: %s", exc)
             return None
 
-
-def _beat_interval(lease: Lease) -> float:
-    seconds = lease.lease_seconds if lease.lease_seconds > 0 else 30.0
-    return max(0.5, seconds / 3.0)
-
-
-def _prefix(lease: Lease) -> str:
-    prefix = lease.payload.get("output_prefix")
-    return prefix if isinstance(prefix, str) and prefix else f"jobs/{lease.job_id}/{lease.task_id}/"
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1][:500] if lines else "(no output)"

@@ -27,6 +27,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from flashruntime.monitor.records import finite_number
+from flashruntime.monitor.records import step_records as metrics_records
+
 __all__ = [
     "AttemptSteps",
     "GoodputLedger",
@@ -86,28 +89,9 @@ class GoodputLedger:
         return document
 
 
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 def step_records(path: Path) -> Iterator[tuple[int, float]]:
     """``(step, ts)`` of each usable line of a ``metrics.jsonl``, in file order (streamed)."""
-    try:
-        with open(path, "rb") as handle:
-            for raw in handle:
-                try:
-                    record = json.loads(raw)
-                except ValueError:
-                    continue  # a torn last line, or not JSON
-                if not isinstance(record, dict):
-                    continue
-                step, ts = record.get("step"), _number(record.get("ts"))
-                if isinstance(step, int) and not isinstance(step, bool) and ts is not None:
-                    yield step, ts
-    except OSError:
-        return
+    return ((step, ts) for step, ts, _record in metrics_records(path))
 
 
 def attempt_steps(records: Iterable[tuple[int, float]], kept_through: float) -> AttemptSteps:
@@ -145,7 +129,7 @@ def goodput_ledger(
     # last fault of any kind (a corrupted checkpoint does not end an attempt; a kill does).
     injected: dict[str, tuple[bool, float]] = {}
     for fault in (document.get("chaos") or {}).get("injected") or []:
-        if not isinstance(fault, dict) or not fault.get("done") or _number(fault.get("ts")) is None:
+        if not isinstance(fault, dict) or not fault.get("done") or finite_number(fault.get("ts")) is None:
             continue
         attempt_id, kill = str(fault.get("attempt_id")), fault.get("kind") in _ENDS_AN_ATTEMPT
         if kill or not injected.get(attempt_id, (False, 0.0))[0]:
@@ -169,7 +153,7 @@ def goodput_ledger(
             timed = timed or steps.first_ts is not None
             if index + 1 < len(rows):
                 recoveries.append(_recovery(row, rows[index + 1], steps, sums[index + 1], resumed_from, injected))
-    started, finished = _number(document.get("started_at")), _number(document.get("finished_at"))
+    started, finished = finite_number(document.get("started_at")), finite_number(document.get("finished_at"))
     end = finished if finished is not None else now
     wall = None if started is None or end is None else max(0.0, end - started)
     return GoodputLedger(
@@ -185,7 +169,7 @@ def _recovery(row: dict[str, Any], successor: dict[str, Any], steps: AttemptStep
               resumed_from: dict[str, int], injected: dict[str, tuple[bool, float]]) -> Recovery:
     attempt_id, next_id = str(row.get("attempt_id")), str(successor.get("attempt_id"))
     fault_at = injected[attempt_id][1] if attempt_id in injected else steps.last_ts
-    detected = _number(row.get("finished_at"))
+    detected = finite_number(row.get("finished_at"))
     progress = next_steps.first_ts
     return Recovery(
         failed_attempt=attempt_id, next_attempt=next_id, fault_at=fault_at, injected=attempt_id in injected,

@@ -6,18 +6,11 @@ Only what was measured becomes a number; anything not measured stays None, never
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from typing import Any
 
+from flashruntime.monitor.records import finite_number, json_lines
 from flashruntime.protocol.v1alpha1 import ExecutionEvidence
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def _mean(values: list[float]) -> float | None:
@@ -25,26 +18,14 @@ def _mean(values: list[float]) -> float | None:
 
 
 def _read_ticks(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    ticks: list[dict[str, Any]] = []
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # a torn last line or foreign text
-                if isinstance(record, dict):
-                    ticks.append(record)
-    except (OSError, ValueError):
-        return []
-    return ticks
+    return list(json_lines(path))
 
 
 def summarize_ticks(
     ticks: list[dict[str, Any]], *, exit_code: int | None = None, wall_seconds: float | None = None
 ) -> ExecutionEvidence:
     """Pure core of ``evidence_from_telemetry`` over already-parsed tick records."""
-    stamps = [ts for ts in (_number(t.get("ts")) for t in ticks) if ts is not None]
+    stamps = [ts for ts in (finite_number(t.get("ts")) for t in ticks) if ts is not None]
     if wall_seconds is None and len(stamps) >= 2:
         wall_seconds = stamps[-1] - stamps[0]
     cpu: list[float] = []
@@ -53,12 +34,12 @@ def summarize_ticks(
         machine = tick.get("machine")
         if not isinstance(machine, dict):
             continue
-        value = _number(machine.get("cpu_percent"))
+        value = finite_number(machine.get("cpu_percent"))
         if value is not None:
             cpu.append(value)
         gpus = machine.get("gpus")
         for row in gpus if isinstance(gpus, list) else []:
-            util = _number(row.get("util_percent")) if isinstance(row, dict) else None
+            util = finite_number(row.get("util_percent")) if isinstance(row, dict) else None
             if util is not None:
                 gpu.append(util)
     return ExecutionEvidence(

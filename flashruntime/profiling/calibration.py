@@ -9,7 +9,6 @@ run's figures from its directory; ``flash.run`` records every run of a plan that
 from __future__ import annotations
 
 import json
-import math
 import os
 import sqlite3
 import statistics
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flashruntime.errors import InvalidProfileRequest, StoreError
+from flashruntime.monitor.records import finite_number, step_records
 from flashruntime.protocol.profile_v1alpha1 import ProfileResult
 
 __all__ = ["CalibrationLedger", "LedgerRun", "RunFigures", "default_ledger_path", "ledger_disabled", "plan_key",
@@ -64,30 +64,9 @@ class RunFigures:
     wall_s: float | None
 
 
-def _finite(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 def _attempt_records(path: Path) -> list[tuple[int, float, float | None]]:
     """``(step, ts, peak_vram_gb)`` of each record of a ``metrics.jsonl`` with an integer step and a numeric ts."""
-    out: list[tuple[int, float, float | None]] = []
-    try:
-        with open(path, "rb") as handle:
-            for raw in handle:
-                try:
-                    record = json.loads(raw)
-                except ValueError:
-                    continue  # a torn last line, or not JSON
-                if not isinstance(record, dict):
-                    continue
-                step, ts = record.get("step"), _finite(record.get("ts"))
-                if isinstance(step, int) and not isinstance(step, bool) and ts is not None:
-                    out.append((step, ts, _finite(record.get("peak_vram_gb"))))
-    except OSError:
-        pass
-    return out
+    return [(step, ts, finite_number(record.get("peak_vram_gb"))) for step, ts, record in step_records(path)]
 
 
 def run_figures(run_dir: str | os.PathLike[str]) -> RunFigures:
@@ -117,7 +96,7 @@ def run_figures(run_dir: str | os.PathLike[str]) -> RunFigures:
             if previous is not None and step > previous[0] and ts >= previous[1]:
                 per_step.append((ts - previous[1]) / (step - previous[0]))
             previous = (step, ts)
-    started, finished = _finite(document.get("started_at")), _finite(document.get("finished_at"))
+    started, finished = finite_number(document.get("started_at")), finite_number(document.get("finished_at"))
     wall = finished - started if started is not None and finished is not None and finished >= started else None
     positive = [t for t in per_step if t > 0]
     return RunFigures(

@@ -21,14 +21,17 @@ from typing import Any
 
 from flashruntime.errors import BadRayAddress, ModuleUnavailable
 
-__all__ = ["ADDRESS_FORMS", "ENDED", "LOST", "RAY_ADDRESS_ENV", "cluster_nodes", "connect", "import_ray", "on_node",
-           "parse_ray_address", "placement", "read_stream"]
+__all__ = ["ADDRESS_FORMS", "ALIVE", "ALIVE_S", "ENDED", "LOST", "RAY_ADDRESS_ENV", "cluster_nodes", "connect",
+           "import_ray", "on_node", "parse_ray_address", "placement", "read_stream", "total_cpus"]
 
 RAY_ADDRESS_ENV = "FLASHML_RAY_ADDRESS"
 ADDRESS_FORMS = "local, auto, ray://host:port or host:port"
 REACH_TIMEOUT_S = 5.0
 # What ``read_stream`` hands on after a streaming task's own messages: its end, or its failure.
 ENDED, LOST = "ended", "lost"
+# Ray delivers a cancel to a streaming task at its next yield: a running attempt yields this
+# message at least every ALIVE_S, and its reader has nothing to act on in it.
+ALIVE, ALIVE_S = "alive", 0.5
 _HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}$")
 
 
@@ -93,6 +96,11 @@ def _require_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None
 def cluster_nodes(ray: Any) -> list[dict[str, float]]:
     """The total resources of each live node of the cluster."""
     return [dict(node.get("Resources") or {}) for node in ray.nodes() if node.get("Alive")]
+
+
+def total_cpus(ray: Any) -> int:
+    """The CPUs of every live node together (at least 1): how many one-CPU tasks run at once."""
+    return max(1, int(sum(node.get("CPU", 0.0) for node in cluster_nodes(ray))))
 
 
 def placement() -> dict[str, Any]:

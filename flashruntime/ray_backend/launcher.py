@@ -29,16 +29,18 @@ from flashruntime.errors import BadRayAddress, InvalidSubmission, LaunchError
 from flashruntime.launchers import Launcher, LaunchHandle, LaunchState
 from flashruntime.launchers.local import LOG_NAME, LocalProcessLauncher, read_log_tail, stop_leftover_attempt
 from flashruntime.ray_backend.cluster import (
+    ALIVE,
+    ALIVE_S,
     ENDED,
     LOST,
     RAY_ADDRESS_ENV,
-    cluster_nodes,
     connect,
     import_ray,
     on_node,
     parse_ray_address,
     placement,
     read_stream,
+    total_cpus,
 )
 from flashruntime.ray_backend.failures import classify_ray_error, is_cancellation
 
@@ -46,8 +48,6 @@ __all__ = ["RayLaunchHandle", "RayLauncher", "cluster_cpus", "connect_for_a_run"
            "run_local_attempt"]
 
 POLL_S = 0.1
-# Ray delivers a cancel to a streaming task at its next yield: one comes at least this often.
-ALIVE_S = 0.5
 
 
 def run_local_attempt(spec_json: dict[str, Any], job_id: str, attempt_id: str, output_root: str,
@@ -75,7 +75,7 @@ def run_local_attempt(spec_json: dict[str, Any], job_id: str, attempt_id: str, o
         while not state.terminal:
             state = handle.wait(timeout_seconds=ALIVE_S)
             if not state.terminal:
-                yield "alive", None  # where a cancel of a streaming task takes effect
+                yield ALIVE, None  # where a cancel of a streaming task takes effect
     except BaseException:  # ray.cancel: nothing outlives the attempt
         handle.cancel(grace_s=min(term_grace_s, 5.0))
         raise
@@ -105,8 +105,7 @@ def connect_for_a_run(address: str) -> None:
 
 def cluster_cpus(address: str) -> int:
     """The CPUs of the cluster at ``address`` (connecting to it): how many attempts run at once."""
-    ray = connect(address)
-    return max(1, int(sum(node.get("CPU", 0.0) for node in cluster_nodes(ray))))
+    return total_cpus(connect(address))
 
 
 class RayLaunchHandle(LaunchHandle):
