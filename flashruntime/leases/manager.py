@@ -17,7 +17,18 @@ from typing import Any
 
 from flashruntime.errors import LeaseError
 from flashruntime.leases._checks import _check_id, _check_spec, _is_str, _node_of, _why_not_live
-from flashruntime.leases._events import commit_accepted, lease_claimed, lease_renewed
+from flashruntime.leases._events import (
+    attempt_failed,
+    budget_outcome,
+    commit_accepted,
+    commit_rejected,
+    lease_claimed,
+    lease_expired,
+    lease_released,
+    lease_renewed,
+    renewal_refused,
+    task_created,
+)
 from flashruntime.leases._models import (
     _DELTAS,
     UTC,
@@ -106,16 +117,7 @@ class LeaseManager:
             self._store.add(record)
         on_event = self.on_event
         if on_event is not None:
-            on_event(
-                make_event(
-                    EventType.TASK_CREATED,
-                    spec.job_id,
-                    now,
-                    f"task {spec.task_id} created (max_attempts={spec.max_attempts}, "
-                    f"max_expiries={spec.max_expiries}, lease_seconds={spec.lease_seconds:g})",
-                    {"task_id": spec.task_id},
-                )
-            )
+            on_event(task_created(spec, now))
 
     def cancel_task(self, job_id: str, task_id: str, now: datetime | None = None) -> None:
         """PENDING or LEASED -> CANCELLED (the active lease stops being live); terminal: no-op."""
@@ -239,20 +241,7 @@ class LeaseManager:
         spec = record.spec
         if renewal is None:
             if on_event is not None:
-                on_event(
-                    make_event(
-                        EventType.LEASE_RENEWAL_REFUSED,
-                        spec.job_id,
-                        now,
-                        f"renewal of lease {lease_id} refused: {why}",
-                        {
-                            "task_id": spec.task_id,
-                            "node_id": _node_of(record, lease_id),
-                            "lease_id": lease_id,
-                            "reason": why,
-                        },
-                    )
-                )
+                on_event(renewal_refused(spec, _node_of(record, lease_id), lease_id, why, now))
             raise LeaseError(f"lease {lease_id} of task {spec.task_id} (job {spec.job_id}) is no longer live: {why}")
         if on_event is not None:
             on_event(lease_renewed(spec, renewal.node_id, lease_id, renewal.deadline, now))
@@ -293,18 +282,7 @@ class LeaseManager:
             if accepted:
                 on_event(commit_accepted(spec, _node_of(record, lease_id), lease_id, output_sha256, now))
             else:
-                data = {"task_id": spec.task_id, "node_id": _node_of(record, lease_id), "lease_id": lease_id, "reason": why}
-                # "late/duplicate" marks the case alerting rules look for: another lease's commit won
-                late = " as a late/duplicate commit" if state is _COMPLETED else ""
-                on_event(
-                    make_event(
-                        EventType.TASK_COMMIT_REJECTED,
-                        spec.job_id,
-                        now,
-                        f"commit of task {spec.task_id} from lease {lease_id} rejected{late}: {why}",
-                        data,
-                    )
-                )
+                on_event(commit_rejected(spec, _node_of(record, lease_id), lease_id, why, state is _COMPLETED, now))
         return accepted
 
     def fail(self, lease_id: str, reason: str, now: datetime | None = None, *, retry: bool = True) -> None:
@@ -320,22 +298,7 @@ class LeaseManager:
             record, active = self._live(lease_id, now)
             record.failures_seen += 1
             if events is not None:
-                spec = record.spec
-                events.append(
-                    make_event(
-                        EventType.TASK_ATTEMPT_FAILED,
-                        spec.job_id,
-                        now,
-                        reason,
-                        {
-                            "task_id": spec.task_id,
-                            "node_id": active.node_id,
-                            "lease_id": lease_id,
-                            "attempt_number": active.attempt_number,
-                            "reason": reason,
-                        },
-                    )
-                )
+                events.append(attempt_failed(record.spec, active, reason, now))
             self._release(record, active, False, now, events, final=not retry)
         if events:
             _emit(on_event, events)  # type: ignore[arg-type]
@@ -356,28 +319,7 @@ class LeaseManager:
             record.state = _PENDING
             self._save(record)
             if events is not None:
-                spec = record.spec
-                base = {"task_id": spec.task_id, "node_id": active.node_id, "lease_id": lease_id}
-                events.append(
-                    make_event(
-                        EventType.LEASE_RELEASED,
-                        spec.job_id,
-                        now,
-                        f"lease {lease_id} (attempt {active.attempt_number}) of task {spec.task_id} on "
-                        f"{active.node_id} released by its worker" + (f": {reason}" if reason else ""),
-                        {**base, "attempt_number": active.attempt_number, "reason": reason},
-                    )
-                )
-                events.append(
-                    make_event(
-                        EventType.TASK_REQUEUED,
-                        spec.job_id,
-                        now,
-                        f"task {spec.task_id} requeued after a release (no budget spent; "
-                        f"{record.releases_seen} released)",
-                        {**base, "released": record.releases_seen},
-                    )
-                )
+                events.extend(lease_released(record.spec, active, reason, record.releases_seen, now))
         if events:
             _emit(on_event, events)  # type: ignore[arg-type]
 
@@ -396,26 +338,7 @@ class LeaseManager:
             record, active = self._live(lease_id, now)
             record.expiries_seen += 1
             if events is not None:
-                spec = record.spec
-                events.append(
-                    make_event(
-                        EventType.LEASE_EXPIRED,
-                        spec.job_id,
-                        now,
-                        f"lease {lease_id} (attempt {active.attempt_number}) of task {spec.task_id} on "
-                        f"{active.node_id} abandoned before its deadline ({active.deadline.isoformat()})"
-                        + (f": {reason}" if reason else ""),
-                        {
-                            "task_id": spec.task_id,
-                            "node_id": active.node_id,
-                            "lease_id": lease_id,
-                            "attempt_number": active.attempt_number,
-                            "deadline": active.deadline.isoformat(),
-                            "abandoned": True,
-                            "reason": reason,
-                        },
-                    )
-                )
+                events.append(lease_expired(record.spec, active, now, abandoned_because=reason))
             self._release(record, active, True, now, events)
             state = record.state
         if events:
@@ -561,33 +484,15 @@ class LeaseManager:
         FAILED if the cause's budget is spent (or ``final``), else PENDING."""
         spec = record.spec
         if expiry:
-            used, budget, name, cause = record.expiries_seen, spec.max_expiries, "max_expiries", "expiries"
+            used, budget = record.expiries_seen, spec.max_expiries
         else:
-            used, budget, name, cause = record.failures_seen, spec.max_attempts, "max_attempts", "failures"
+            used, budget = record.failures_seen, spec.max_attempts
         exhausted = final or used >= budget
         record.active_lease = None
         record.state = _FAILED if exhausted else _PENDING
         self._save(record)
         if events is not None:
-            data = {"task_id": spec.task_id, "node_id": lease.node_id, "lease_id": lease.lease_id, "budget": name}
-            if exhausted:
-                message = (f"all {budget} {cause} used ({name})" if used >= budget else
-                           f"failed without a retry: a retry would fail the same way ({used} of {budget} {cause} "
-                           f"used, {name})")
-                events.append(make_event(EventType.TASK_EXHAUSTED, spec.job_id, now, message, data))
-            else:
-                data["used"] = used
-                data["limit"] = budget
-                events.append(
-                    make_event(
-                        EventType.TASK_REQUEUED,
-                        spec.job_id,
-                        now,
-                        f"task {spec.task_id} requeued after {'an expiry' if expiry else 'a failure'} "
-                        f"({used} of {budget} {cause} used, {name})",
-                        data,
-                    )
-                )
+            events.append(budget_outcome(spec, lease, expiry, exhausted, used, budget, now))
 
     def _release_expired(self, expired: list[TaskRecord], now: datetime, events: list[Event] | None) -> int:
         count = 0
@@ -597,23 +502,7 @@ class LeaseManager:
                 continue  # a store may be conservative; the manager decides
             record.expiries_seen += 1
             if events is not None:
-                spec = record.spec
-                events.append(
-                    make_event(
-                        EventType.LEASE_EXPIRED,
-                        spec.job_id,
-                        now,
-                        f"lease {lease.lease_id} (attempt {lease.attempt_number}) of task {spec.task_id} "
-                        f"on {lease.node_id} expired at {lease.deadline.isoformat()}",
-                        {
-                            "task_id": spec.task_id,
-                            "node_id": lease.node_id,
-                            "lease_id": lease.lease_id,
-                            "attempt_number": lease.attempt_number,
-                            "deadline": lease.deadline.isoformat(),
-                        },
-                    )
-                )
+                events.append(lease_expired(record.spec, lease, now))
             self._release(record, lease, True, now, events)
             count += 1
         return count
