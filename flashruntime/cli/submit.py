@@ -28,7 +28,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--metric", default=None,
                         help="the metrics.json key that ranks a sweep's trials, e.g. loss")
     parser.add_argument("--mode", choices=("min", "max"), default=None,
-                        help="whether the best trial has the lowest (min, default) or highest (max) --metric")
+                        help="whether the best trial has the lowest (min) or highest (max) --metric; default: min for a "
+                             "metric named like a cost (loss, error, time), else max")
     parser.add_argument("--parallel", type=whole_number("--parallel", 1), default=None, metavar="N",
                         help="run up to N trials of a sweep at once (default: one after another; with --executor "
                              "ray, as many as the cluster has CPUs)")
@@ -128,7 +129,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         with printed:
             run = submit(workload, output_dir=args.output_dir, wait=False, max_restarts=args.max_restarts,
-                         watch=args.watch, metric=args.metric, mode=args.mode or "min",
+                         watch=args.watch, metric=args.metric, mode=args.mode,
                          max_concurrent_trials=args.parallel, fail_fast=args.fail_fast,
                          quiet=args.quiet, stream=terminal, executor=args.executor, ray_address=args.ray_address)
         if status is not None:

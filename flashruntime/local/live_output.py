@@ -27,7 +27,7 @@ _CHUNK = 1 << 20  # read at most this much of one log per pass, so every attempt
 # The events a user watching the terminal needs; the others are in run.json.
 EVENTS_SHOWN = frozenset({
     "FAILURE_CLASSIFIED", "RECOVERY_ACTION_SELECTED", "RESUME_SELECTED", "LAUNCH_FAILED",
-    "TRIAL_STARTED", "TRIAL_FINISHED", "SWEEP_STOPPED", "CHAOS_INJECTED",
+    "SWEEP_STARTED", "TRIAL_STARTED", "TRIAL_FINISHED", "SWEEP_STOPPED", "OUTPUT_UNATTRIBUTABLE", "CHAOS_INJECTED",
 })
 
 

@@ -21,6 +21,7 @@ from flashruntime.files import write_atomic
 from flashruntime.launchers import LaunchState
 from flashruntime.local.failure_summary import render_failure_summary
 from flashruntime.local.goodput import GoodputLedger, ledger_of_run
+from flashruntime.workloads.ranking import resolve_mode
 
 if TYPE_CHECKING:
     from flashruntime.launchers import LaunchHandle
@@ -70,7 +71,7 @@ class Run:
         self.started_at = time.time()
         self.finished_at: float | None = None
         self.metric: str | None = workload.outputs.primary_metric
-        self.mode: str = "max" if workload.outputs.maximize else "min"
+        self.mode: str = resolve_mode(self.metric, None, workload.outputs.maximize_if_set())
         self._events: list[dict[str, Any]] = []
         self._attempts: list[dict[str, Any]] = []
         self._log_blocks: list[str] = []
@@ -113,7 +114,8 @@ class Run:
 
     def best_trial(self, metric: str | None = None, maximize: bool | None = None) -> dict[str, Any] | None:
         """The trial (its metrics.json, with ``params``) with the best ``metric``: by default the
-        run's metric and mode (``submit(metric=, mode=)``, else ``OutputSpec``). None when no
+        run's metric and mode (``submit(metric=, mode=)``, else ``OutputSpec``, else the rule of
+        ``flashruntime.workloads.ranking``: a cost such as ``loss`` is minimised). None when no
         trial reported the metric as a number."""
         metric = metric or self.metric
         if metric is None:
@@ -121,7 +123,8 @@ class Run:
                 "best_trial needs a metric: pass best_trial(metric='accuracy'), submit(..., metric='accuracy') "
                 "or set OutputSpec(primary_metric=...)"
             )
-        maximize = (self.mode == "max") if maximize is None else maximize
+        if maximize is None:
+            maximize = (self.mode if metric == self.metric else resolve_mode(metric)) == "max"
         scored = [t for t in self.trials if metric_value(t, metric) is not None]
         if not scored:
             return None

@@ -39,10 +39,12 @@ from flashruntime.local.chaos import ChaosInjector, ChaosPlan
 from flashruntime.local.live_output import LiveOutput
 from flashruntime.local.run import Run, trial_id
 from flashruntime.local.run_dirs import new_run_dir
+from flashruntime.local.trial_workdir import WORKDIR_NAME, is_shared, link_source_view
 from flashruntime.recovery import classify, decide, describe_launch, from_local_launch
 from flashruntime.recovery.signals import failure_excerpt
 from flashruntime.strategies.command import compile_workload
 from flashruntime.workloads.command import CommandWorkload, collect_pattern_problem, task_params_problem
+from flashruntime.workloads.ranking import mode_reason, resolve_mode
 
 __all__ = ["EXECUTORS", "Run", "submit"]
 
@@ -55,6 +57,7 @@ class _Sweep:
 
     max_concurrent_trials: int = 1
     fail_fast: bool = False
+    mode: str | None = None  # as given to submit(); None: the rule of flashruntime.workloads.ranking
 
 
 def submit(
@@ -85,7 +88,8 @@ def submit(
     The job's output is copied to ``stream`` (default ``sys.stdout``) as it is written,
     with the run's recovery events; ``quiet=True`` turns that off. For a sweep
     (``task_params``), ``metric`` and ``mode`` ("min" or "max") rank the trials (defaults:
-    ``outputs.primary_metric`` and ``outputs.maximize``), ``max_concurrent_trials`` runs up
+    ``outputs.primary_metric``, and ``outputs.maximize`` when set, else the metric's name:
+    a cost such as ``loss`` is minimised, anything else maximised), ``max_concurrent_trials`` runs up
     to that many at once (default: one at a time; with Ray, as many as the cluster has CPUs),
     and ``fail_fast=True`` stops the sweep at the first failed trial (otherwise every trial
     runs). ``executor="ray"`` runs each attempt as a Ray task on the cluster at
@@ -158,7 +162,8 @@ def submit(
     output_dir = Path(os.path.expanduser(str(output_dir))).resolve()
     run = Run(workload, output_dir, max_restarts, checkpoint_dir=checkpoint_dir)
     if metric is not None or mode is not None:
-        run.recorder.set_metric(metric or run.metric, mode or run.mode)
+        chosen = metric or run.metric
+        run.recorder.set_metric(chosen, resolve_mode(chosen, mode, workload.outputs.maximize_if_set()))
     launcher: Any
     if ray_address is not None:  # executor="ray"
         from flashruntime.ray_backend.launcher import RayLauncher, cluster_cpus
@@ -169,7 +174,8 @@ def submit(
             max_concurrent_trials = cluster_cpus(ray_address)
     else:
         launcher = LocalProcessLauncher(output_dir, checkpoint_dir=checkpoint_dir)
-    sweep = _Sweep(max_concurrent_trials=max_concurrent_trials or 1, fail_fast=bool(fail_fast)) if fan_out else None
+    sweep = _Sweep(max_concurrent_trials=max_concurrent_trials or 1, fail_fast=bool(fail_fast),
+                   mode=mode) if fan_out else None
     if ledger is not None and plan_key is not None:
         key = plan_key
         run.recorder.on_end(lambda: _record_calibration(run, ledger, key))
@@ -341,6 +347,10 @@ def _run_sweep(run: Run, launcher: LocalProcessLauncher, sweep: _Sweep) -> bool:
     """Run every trial (or up to the first failure with fail_fast); True when all succeeded."""
     param_sets = list(run.workload.task_params or [])
     run.recorder.start_sweep(param_sets, sweep.max_concurrent_trials, sweep.fail_fast)
+    at_once = "one at a time" if sweep.max_concurrent_trials == 1 else f"up to {sweep.max_concurrent_trials} at once"
+    ranked = ("unranked (no metric)" if run.metric is None else
+              f"ranked by {run.metric}, {mode_reason(run.metric, sweep.mode, run.workload.outputs.maximize_if_set())}")
+    run.record_event("SWEEP_STARTED", f"{len(param_sets)} trials, {at_once}, {ranked}")
     state = _SweepState(len(param_sets))
 
     def trials() -> None:
@@ -348,7 +358,8 @@ def _run_sweep(run: Run, launcher: LocalProcessLauncher, sweep: _Sweep) -> bool:
             index = state.take()
             if index is None:
                 return
-            succeeded = _run_trial(run, launcher, param_sets[index], index, len(param_sets), state.stopped)
+            succeeded = _run_trial(run, launcher, param_sets[index], index, len(param_sets), state.stopped,
+                                   concurrent=sweep.max_concurrent_trials > 1)
             if not succeeded and sweep.fail_fast:
                 _stop_the_sweep(run, state, index)
 
@@ -395,17 +406,27 @@ def _stop_the_sweep(run: Run, state: _SweepState, failed_index: int) -> None:
 
 def _run_trial(
     run: Run, launcher: LocalProcessLauncher, params: dict[str, Any], index: int, total: int,
-    stopped: threading.Event,
+    stopped: threading.Event, *, concurrent: bool,
 ) -> bool:
-    """One trial of a sweep, with its restarts; True when it succeeded."""
+    """One trial of a sweep, with its restarts, in its own working directory (a view of the
+    source, see ``flashruntime.local.trial_workdir``); True when it succeeded. ``concurrent``:
+    other trials run at the same time, so a file of the shared source is nobody's."""
     trial = trial_id(index)
     label = f"trial {index + 1}/{total} {trial}"
     started = time.time()
     run.recorder.update_trial(index, {"state": str(LaunchState.RUNNING), "started_at": started})
     run.record_event("TRIAL_STARTED", f"{label} started ({_describe_params(params)})")
-    outcome, metrics = _run_param_set(run, launcher, compile_workload(run.workload, params), trial,
-                                      f"task-{index:03d}", "independent_tasks", params, trial_index=index,
-                                      stopped=stopped)
+    source = Path(os.path.expanduser(run.workload.source.path))
+    try:
+        view = link_source_view(source, run.output_dir / trial / WORKDIR_NAME, run.workload.outputs.collect,
+                                skip=[run.output_dir])
+    except OSError as exc:
+        raise LaunchError(f"could not make trial {trial}'s working directory from {str(source)!r}: {exc}; "
+                          "check that the source directory is readable and the output directory writable") from exc
+    spec = compile_workload(run.workload, params).model_copy(update={"workdir_hint": str(view)})
+    outcome, metrics = _run_param_set(run, launcher, spec, trial, f"task-{index:03d}", "independent_tasks", params,
+                                      trial_index=index, stopped=stopped, view=view,
+                                      shared_writers=concurrent)
     if metrics is not None:
         run.recorder.add_trial(metrics, index)
     finished = time.time()
@@ -432,9 +453,12 @@ def _run_param_set(
     *,
     trial_index: int | None = None,
     stopped: threading.Event | None = None,
+    view: Path | None = None,
+    shared_writers: bool = False,
 ) -> tuple[LaunchState, dict[str, Any] | None]:
     """Run one param set with its restarts: (its last state, its last metrics.json). ``stopped``
-    (a fail-fast sweep) ends it like a cancel, without cancelling the run."""
+    (a fail-fast sweep) ends it like a cancel, without cancelling the run. ``view``: the trial's
+    working directory, where its outputs are collected from (see ``_collect_outputs``)."""
     source_dir = Path(os.path.expanduser(run.workload.source.path))
     metrics: dict[str, Any] | None = None
     state = LaunchState.FAILED
@@ -479,7 +503,10 @@ def _run_param_set(
             if sampler is not None:
                 _stop_sampler(sampler)
         finish_attempt(run, handle, attempt_id, state)
-        _collect_outputs(run, source_dir, handle.output_dir, started_ns)
+        if view is not None:
+            link_source_view(source_dir, view, run.workload.outputs.collect, skip=[run.output_dir])
+        _collect_outputs(run, source_dir, handle.output_dir, started_ns, attempt_id=attempt_id, view=view,
+                         shared_writers=shared_writers)
         candidate = _read_metrics(handle.output_dir / "metrics.json", started_ns)
         if candidate is not None:
             if params is not None:
@@ -559,32 +586,49 @@ def _stop_sampler(sampler: Any) -> None:
         pass
 
 
-def _collect_outputs(run: Run, source_dir: Path, attempt_dir: Path, started_ns: int) -> None:
-    """Copy files matching ``outputs.collect`` that changed since the attempt started.
-    Only files inside the source directory are collected, into the attempt directory."""
+def _collect_outputs(
+    run: Run, source_dir: Path, attempt_dir: Path, started_ns: int, *, attempt_id: str = "",
+    view: Path | None = None, shared_writers: bool = False,
+) -> None:
+    """Copy files matching ``outputs.collect`` that changed since the attempt started, into the
+    attempt directory. They are looked for in ``view`` (a trial's working directory) when given,
+    else in the source directory, and must lie inside one of the two. A match that is a file of
+    the shared source, found through the view while other trials run (``shared_writers``), is
+    not credited: any of them may have written it, and the event says how to fix that."""
     collected: list[Path] = []
     source = source_dir.resolve()
+    where = (view or source).resolve()
+    unattributable: list[str] = []
     for pattern in run.workload.outputs.collect:
         if collect_pattern_problem(pattern) is not None:
             continue  # refused by submit(); only a workload changed since could bring one here
-        for match in sorted(source.glob(pattern)):
+        for match in sorted(where.glob(pattern)):
             try:
                 info = match.stat()
-                inside = match.resolve().is_relative_to(source)
+                real = match.resolve()
+                inside = real.is_relative_to(where) or real.is_relative_to(source)
             except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
                 continue
             if not inside:
                 continue  # a symlink out of the source directory: never copied
             if not match.is_file() or info.st_mtime_ns < started_ns:
                 continue  # stale: written before this attempt, never credited
-            relative = match.relative_to(source)
+            if view is not None and shared_writers and is_shared(match, view):
+                unattributable.append(str(match.relative_to(where)))
+                continue
+            relative = match.relative_to(where)
             target = attempt_dir / relative
-            if target.resolve() == match.resolve():
+            if target.resolve() == real:
                 collected.append(target)
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(match, target)
             collected.append(target)
+    if unattributable:
+        run.record_event("OUTPUT_UNATTRIBUTABLE", (
+            f"{attempt_id}: not credited: {', '.join(unattributable)} lies in a directory of the source that every "
+            f"trial running at once writes to, so it may be another trial's; have the script write it into "
+            f"$FLASHML_OUTPUT_DIR (or its working directory itself), or run the trials one at a time"))
     run.recorder.add_artifacts(collected)
 
 

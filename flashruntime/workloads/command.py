@@ -65,6 +65,11 @@ class OutputSpec(BaseModel):
     primary_metric: str | None = None
     maximize: bool = True
 
+    def maximize_if_set(self) -> bool | None:
+        """``maximize`` when it was given, else None: the metric's name then decides
+        (``flashruntime.workloads.ranking.resolve_mode``)."""
+        return self.maximize if "maximize" in self.model_fields_set else None
+
 
 class CommandWorkload(BaseModel):
     model_config = ConfigDict(defer_build=True)
