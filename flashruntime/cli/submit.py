@@ -25,6 +25,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--source", default=".", help="source directory the command runs in (default .)")
     parser.add_argument("--task-params", default=None,
                         help='JSON list of objects; fans out one trial per object, e.g. \'[{"lr": 0.1}]\'')
+    parser.add_argument("--checkpoint-glob", action="append", default=None, metavar="PATTERN",
+                        help="a checkpoint the script keeps itself, as a glob relative to its working directory "
+                             "(e.g. snapshot.pt; repeatable); Hugging Face, Lightning, accelerate and DCP "
+                             "checkpoints are recognised without it")
     parser.add_argument("--metric", default=None,
                         help="the metrics.json key that ranks a sweep's trials, e.g. loss")
     parser.add_argument("--mode", choices=("min", "max"), default=None,
@@ -129,7 +133,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         with printed:
             run = submit(workload, output_dir=args.output_dir, wait=False, max_restarts=args.max_restarts,
-                         watch=args.watch, metric=args.metric, mode=args.mode,
+                         watch=args.watch, checkpoints=args.checkpoint_glob, metric=args.metric, mode=args.mode,
                          max_concurrent_trials=args.parallel, fail_fast=args.fail_fast,
                          quiet=args.quiet, stream=terminal, executor=args.executor, ray_address=args.ray_address)
         if status is not None:

@@ -109,6 +109,10 @@ class LocalLaunchHandle(LaunchHandle):
             found[leader] = leader
         return found
 
+    def processes(self) -> set[int]:
+        """The attempt's live processes now: the leader and every process carrying its marker."""
+        return set(self._find())
+
     def _settle(self, returncode: int, grace_s: float | None = None) -> LaunchState:
         """Called once the leader has exited: sweep the rest, then cache the result."""
         with self._lock:

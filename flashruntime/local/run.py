@@ -70,6 +70,9 @@ class Run:
         self.viewer_url: str | None = None
         self.started_at = time.time()
         self.finished_at: float | None = None
+        # Globs (relative to the working directory) of checkpoints the script keeps itself, beyond
+        # the layouts recognised anyway (see flashruntime.checkpoint.frameworks).
+        self.checkpoint_patterns: list[str] = []
         self.metric: str | None = workload.outputs.primary_metric
         self.mode: str = resolve_mode(self.metric, None, workload.outputs.maximize_if_set())
         self._events: list[dict[str, Any]] = []

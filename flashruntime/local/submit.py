@@ -38,7 +38,11 @@ from flashruntime.local.guard import (
 from flashruntime.local.chaos import ChaosInjector, ChaosPlan
 from flashruntime.local.live_output import LiveOutput
 from flashruntime.local.run import Run, trial_id
+from flashruntime.local.framework_resume import CheckpointWatch, FrameworkCheckpoints
 from flashruntime.local.run_dirs import new_run_dir
+from flashruntime.monitor.exits import ExitWatch, ProcessSighting, first_exit
+from flashruntime.monitor.framework_metrics import final_figures
+from flashruntime.protocol.v1alpha1 import FailureClass, RecoveryDecision
 from flashruntime.local.trial_workdir import WORKDIR_NAME, is_shared, link_source_view
 from flashruntime.recovery import classify, decide, describe_launch, from_local_launch
 from flashruntime.recovery.signals import failure_excerpt
@@ -68,6 +72,7 @@ def submit(
     watch: bool | None = None,
     *,
     checkpoint_dir: str | Path | None = None,
+    checkpoints: str | list[str] | None = None,
     metric: str | None = None,
     mode: str | None = None,
     max_concurrent_trials: int | None = None,
@@ -95,6 +100,13 @@ def submit(
     runs). ``executor="ray"`` runs each attempt as a Ray task on the cluster at
     ``ray_address`` (default: ``$FLASHML_RAY_ADDRESS``, else an embedded local Ray; see
     ``flashruntime.ray_backend.launcher``), with the same directories, recovery and run.json.
+    The checkpoints the script keeps itself are recognised in its working directory and in
+    ``FLASHML_CKPT_DIR`` (Hugging Face ``checkpoint-<step>/``, Lightning ``*.ckpt``, accelerate
+    ``checkpoint_<n>/`` / ``step_<n>/``, PyTorch DCP directories), plus files or directories
+    matching ``checkpoints`` (a glob or a list of them, relative to the working directory, e.g.
+    ``"snapshot.pt"``): each is fingerprinted once written and verified before a relaunch, and
+    a bad one is moved aside so the script resumes from the one before (see
+    ``flashruntime.local.framework_resume``).
     ``chaos`` injects a ``ChaosPlan``'s faults into the run on purpose (see
     ``flashruntime.local.chaos``). With a ``CalibrationLedger`` as ``ledger`` and
     its ``plan_key``, a run that ends SUCCEEDED records its median step time and peak memory
@@ -152,6 +164,7 @@ def submit(
         problem = collect_pattern_problem(pattern)
         if problem is not None:  # refused before anything runs, not after the attempt succeeded
             raise InvalidSubmission(problem)
+    checkpoint_patterns = _checkpoint_patterns(checkpoints)
     problem = task_params_problem(workload)
     if problem is not None:  # a trial's placeholder it cannot fill: refused here, not as a KeyError mid-run
         raise InvalidSubmission(problem)
@@ -161,6 +174,7 @@ def submit(
         output_dir = new_run_dir()
     output_dir = Path(os.path.expanduser(str(output_dir))).resolve()
     run = Run(workload, output_dir, max_restarts, checkpoint_dir=checkpoint_dir)
+    run.checkpoint_patterns = checkpoint_patterns
     if metric is not None or mode is not None:
         chosen = metric or run.metric
         run.recorder.set_metric(chosen, resolve_mode(chosen, mode, workload.outputs.maximize_if_set()))
@@ -201,6 +215,22 @@ def submit(
             untrack(run)
             raise
     return run
+
+
+def _checkpoint_patterns(checkpoints: str | list[str] | None) -> list[str]:
+    """``checkpoints`` as a list of globs, each relative and inside the working directory."""
+    if checkpoints is None:
+        return []
+    patterns = [checkpoints] if isinstance(checkpoints, str) else checkpoints
+    if not isinstance(patterns, (list, tuple)) or not all(isinstance(p, str) for p in patterns):
+        raise InvalidSubmission(f"checkpoints must be a glob or a list of globs, e.g. 'snapshot.pt' or "
+                                f"['ckpt/*.pt'], got {checkpoints!r}")
+    for pattern in patterns:
+        problem = collect_pattern_problem(pattern)
+        if problem is not None:
+            raise InvalidSubmission(problem.replace("outputs.collect pattern", "checkpoints pattern")
+                                    .replace("e.g. 'metrics.json' or 'results/*.csv'", "e.g. 'snapshot.pt'"))
+    return list(patterns)
 
 
 def _record_calibration(run: Run, ledger: Any, key: str) -> None:
@@ -462,6 +492,9 @@ def _run_param_set(
     source_dir = Path(os.path.expanduser(run.workload.source.path))
     metrics: dict[str, Any] | None = None
     state = LaunchState.FAILED
+    framework = FrameworkCheckpoints([view or source_dir, launcher.checkpoint_root(job_id)], run.checkpoint_patterns,
+                                     run.output_dir / job_id)
+    failure_class: FailureClass | None = None
 
     def halted() -> bool:
         return run.cancel_requested or (stopped is not None and stopped.is_set())
@@ -471,12 +504,8 @@ def _run_param_set(
             break
         attempt_id = base_id if restart == 0 else f"{base_id}-r{restart}"
         if restart >= 1:
-            manifest = latest_valid_manifest(launcher.checkpoint_root(job_id))
-            run.record_event(
-                "RESUME_SELECTED",
-                f"{attempt_id} resumes from step {manifest.step} ({manifest.manifest_id})" if manifest
-                else f"{attempt_id} starts at step 0 (no valid checkpoint)",
-            )
+            _select_resume(run, launcher.checkpoint_root(job_id), attempt_id, framework,
+                           failed_loading=failure_class is FailureClass.ARTIFACT_CORRUPTION)
         started_ns = _filesystem_now_ns(run.output_dir)
         # A terminating signal waits until the attempt has its handle and its row; the run's lock,
         # held throughout, makes a cancel on another thread wait for the handle too.
@@ -497,37 +526,69 @@ def _run_param_set(
             if trial_index is not None:
                 run.recorder.update_trial(trial_index, {}, attempt_id=attempt_id)
         sampler = _start_sampler(handle)
+        exits = ExitWatch(handle.processes).start() if isinstance(handle, LocalLaunchHandle) else None
+        saves = CheckpointWatch(framework, run.record_event).start()
         try:
             state = handle.wait()
         finally:  # on an interrupt the attempt stays active: _drive stops and settles it
             if sampler is not None:
                 _stop_sampler(sampler)
+            sightings = exits.stop() if exits is not None else []
+            saves.stop()
         finish_attempt(run, handle, attempt_id, state)
-        if view is not None:
-            link_source_view(source_dir, view, run.workload.outputs.collect, skip=[run.output_dir])
         _collect_outputs(run, source_dir, handle.output_dir, started_ns, attempt_id=attempt_id, view=view,
                          shared_writers=shared_writers)
         candidate = _read_metrics(handle.output_dir / "metrics.json", started_ns)
+        if candidate is None:
+            candidate = _framework_figures(run, view or source_dir, handle, attempt_id, started_ns)
         if candidate is not None:
             if params is not None:
                 candidate.setdefault("params", params)
             metrics = candidate
         if state is not LaunchState.FAILED:
             break
-        decision = _classify_failure(run, handle, attempt_id, mode, last_attempt=restart == run.max_restarts)
+        went_first = first_exit(sightings, int(handle.execution_id)) if sightings else None
+        decision = _classify_failure(run, handle, attempt_id, mode, last_attempt=restart == run.max_restarts,
+                                     went_first=went_first)
+        failure_class = decision.failure_class
         if decision.action == "fail_job":
             break
     return state, metrics
 
 
+def _select_resume(run: Run, checkpoint_root: Path, attempt_id: str, framework: FrameworkCheckpoints, *,
+                   failed_loading: bool) -> None:
+    """Before a relaunch: say what it resumes from. A valid ``flashruntime.torch`` manifest in
+    ``FLASHML_CKPT_DIR`` first; else the newest framework checkpoint that verifies (bad ones
+    are quarantined first, so the script's own resume logic takes the one before)."""
+    manifest = latest_valid_manifest(checkpoint_root)
+    if manifest is not None:
+        run.record_event("RESUME_SELECTED", f"{attempt_id} resumes from step {manifest.step} ({manifest.manifest_id})")
+        return
+    point = framework.prepare_resume(failed_loading=failed_loading)
+    for event_type, message in point.events:
+        run.record_event(event_type, f"{attempt_id}: {message}")
+    chosen = point.checkpoint
+    if chosen is None:
+        run.record_event("RESUME_SELECTED", f"{attempt_id} starts at step 0 (no valid checkpoint)")
+    elif chosen.step is None:
+        run.record_event("RESUME_SELECTED", f"{attempt_id} resumes from the {framework.describe(chosen)}, verified: "
+                         "script-managed, step unknown")
+    else:
+        run.record_event("RESUME_SELECTED", f"{attempt_id} resumes from {chosen.unit} {chosen.step} "
+                         f"({framework.describe(chosen)}, verified; the script resumes from it itself)")
+
+
 _LAST_LINES = 5  # of a failed attempt's log, shown when it names no exception
 
 
-def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, mode: str, *, last_attempt: bool) -> Any:
+def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, mode: str, *, last_attempt: bool,
+                      went_first: ProcessSighting | None = None) -> RecoveryDecision:
     """Classify a failed attempt, record the class, the decision and the log lines that show
     the error (for the failure summary), and return the decision. On the last attempt the
     budget allows, a decision to relaunch says that none is left. What Ray reported of an
-    attempt it lost (``reported_failure`` of a Ray handle) is its class and evidence."""
+    attempt it lost (``reported_failure`` of a Ray handle) is its class and evidence.
+    ``went_first``: the rank the exit watch saw gone while the others still ran, named first."""
     log_tail = read_log_tail(handle.output_dir / LOG_NAME)
     reported = getattr(handle, "reported_failure", None)
     if reported is not None:
@@ -535,6 +596,8 @@ def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, mode
     else:
         failure = classify(from_local_launch(handle.exit_code, log_tail))
         evidence = describe_launch(handle.exit_code, log_tail)
+    if went_first is not None:
+        evidence = f"rank {went_first.rank} (pid {went_first.pid}) exited first; {evidence}"
     decision = decide(failure, mode)
     excerpt = failure_excerpt(log_tail)
     spent = last_attempt and decision.action != "fail_job"
@@ -543,6 +606,7 @@ def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, mode
         "class": str(failure), "evidence": evidence, "action": str(decision.action), "reason": decision.reason,
         "exception": excerpt.exception, "traceback": list(excerpt.traceback), "rank": excerpt.tag,
         "last_lines": last_lines, "restarts_spent": spent,
+        "first_exit": None if went_first is None else {"rank": went_first.rank, "pid": went_first.pid},
     }})
     run.record_event("FAILURE_CLASSIFIED", f"{attempt_id}: {failure} (exit {handle.exit_code}; {evidence})")
     action = f"{attempt_id}: {decision.action} — {decision.reason}"
@@ -630,6 +694,17 @@ def _collect_outputs(
             f"trial running at once writes to, so it may be another trial's; have the script write it into "
             f"$FLASHML_OUTPUT_DIR (or its working directory itself), or run the trials one at a time"))
     run.recorder.add_artifacts(collected)
+
+
+def _framework_figures(run: Run, workdir: Path, handle: Any, attempt_id: str, started_ns: int) -> dict[str, Any] | None:
+    """Without a metrics.json: the figures the framework wrote during the attempt (see
+    ``flashruntime.monitor.framework_metrics``), with an event naming where they came from."""
+    found = final_figures(workdir, handle.output_dir, read_log_tail(handle.output_dir / LOG_NAME), started_ns)
+    if found is None:
+        return None
+    figures, where = found
+    run.record_event("METRICS_FOUND", f"{attempt_id}: {len(figures)} figure(s) from {where}")
+    return dict(figures)
 
 
 def _read_metrics(path: Path, started_ns: int) -> dict[str, Any] | None:

@@ -1,8 +1,8 @@
-"""Signals from a finished local process: its exit code and the tail of
-its log decide only whether the failure would recur on retry.
+"""Signals from a finished local process: its exit code and the tail of its log decide
+whether the failure would recur on retry, and whether it failed reading a checkpoint back.
 
-Pure. Only ``exit_code`` and ``exit_deterministic`` are ever set; the log text is
-not copied into ``message``, so it can never trigger the comm/storage markers.
+Pure. Only ``exit_code``, ``exit_deterministic`` and ``validation_failed`` are ever set; the
+log text is not copied into ``message``, so it can never trigger the comm/storage markers.
 """
 
 from __future__ import annotations
@@ -15,11 +15,17 @@ from typing import NamedTuple
 from flashruntime.recovery.taxonomy import FailureSignals
 
 __all__ = [
+    "CHECKPOINT_LOAD_ERRORS",
     "DETERMINISTIC_EXCEPTIONS",
+    "PEER_LOSS",
+    "TASK_INPUT_ERRORS",
+    "TASK_MODULES",
+    "PeerLossRule",
     "LAUNCH_ERRORS",
     "LAUNCH_ERROR_EXIT_CODES",
     "LaunchErrorRule",
     "LogExcerpt",
+    "checkpoint_load_failure",
     "describe_launch",
     "failure_excerpt",
     "from_local_launch",
@@ -60,6 +66,57 @@ LAUNCH_ERRORS: tuple[LaunchErrorRule, ...] = (
 )
 # What a shell (and POSIX exec wrappers) exit with when the command cannot be run.
 LAUNCH_ERROR_EXIT_CODES: dict[int, str] = {126: "found but not executable", 127: "command not found"}
+
+# The task modules of ``flashml_workloads`` report a failure as one line, ``<module>: <Type>:
+# <message>`` (``sgd_trainer: ValueError: params.steps is required``). These types say the task
+# itself is wrong (its parameters, its input's contents): it would fail the same way anywhere.
+TASK_MODULES = ("sgd_trainer", "sklearn_trial", "kmeans_shard", "fedavg_worker")
+TASK_INPUT_ERRORS = ("ValueError", "TypeError", "KeyError", "IndexError", "JSONDecodeError")
+_TASK_MODULE_ERROR = re.compile(
+    r"^(?:\[[A-Za-z]+[0-9]+\]:[ \t]*)*(?:flashml_workloads\.)?(" + "|".join(TASK_MODULES) + r"): "
+    r"(" + "|".join(TASK_INPUT_ERRORS + DETERMINISTIC_EXCEPTIONS) + r"): ",
+    re.MULTILINE,
+)
+# argparse's own refusal of the command line: "usage: ..." then "<prog>: error: ...", exit 2.
+_USAGE_ERROR = re.compile(r"^usage: .*(?:\n.*)*?\n(?:\[[A-Za-z]+[0-9]+\]:[ \t]*)*\S+: error: .+$", re.MULTILINE)
+ARGPARSE_EXIT_CODE = 2
+
+
+class PeerLossRule(NamedTuple):
+    """An exception that a surviving process raises because another process of the job died
+    (not because of its own code): named by ``words``, matched by ``pattern`` on the exception
+    line, as in ``example``. A named group ``rank`` or ``signal`` says which process and how."""
+
+    words: str
+    pattern: str
+    example: str
+
+
+PEER_LOSS: tuple[PeerLossRule, ...] = (
+    PeerLossRule("torch.multiprocessing.spawn saw a rank killed",
+                 r"ProcessExitedException: process (?P<rank>[0-9]+) terminated with signal (?P<signal>SIG[A-Z0-9]+)",
+                 "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGKILL"),
+    PeerLossRule("a launched process was killed",
+                 r"CalledProcessError: Command .* died with <Signals\.(?P<signal>SIG[A-Z0-9]+): [0-9]+>",
+                 "subprocess.CalledProcessError: Command '['python', 't.py']' died with <Signals.SIGKILL: 9>."),
+    PeerLossRule("a peer closed its gloo connection",
+                 r"(?:RuntimeError|DistBackendError|DistNetworkError).*gloo.*Connection (?:closed|reset) by peer",
+                 "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:31916"),
+    PeerLossRule("a peer went away mid-collective",
+                 r"(?:RuntimeError|DistBackendError|DistNetworkError): .*(?:Connection reset by peer|Broken pipe"
+                 r"|NCCL communicator was aborted|remote process exited|ncclRemoteError)",
+                 "torch.distributed.DistBackendError: NCCL error: remote process exited or there was a network error"),
+)
+_PEER_LOSS = tuple((rule.words, re.compile(rule.pattern)) for rule in PEER_LOSS)
+
+# An exception line saying a checkpoint file could not be read back: the file is bad, and
+# every relaunch that loads it would fail the same way.
+CHECKPOINT_LOAD_ERRORS = (
+    r"PytorchStreamReader failed", r"failed finding central directory", r"SafetensorError",
+    r"Error while deserializing header", r"UnpicklingError", r"EOFError: Ran out of input",
+    r"invalid load key", r"BadZipFile", r"HeaderTooLarge", r"MetadataIncompleteBuffer",
+)
+_CHECKPOINT_LOAD = re.compile("|".join(CHECKPOINT_LOAD_ERRORS))
 
 TRACEBACK_HEADER = "Traceback (most recent call last):"
 TORCHRUN_WRAPPER = "ChildFailedError"
@@ -107,24 +164,97 @@ def _verdict(exit_code: int | None, log_tail: str | None) -> tuple[bool, str]:
             return True, f"{words}: exit {exit_code}"
     if exit_code in LAUNCH_ERROR_EXIT_CODES:
         return True, f"exit {exit_code} ({LAUNCH_ERROR_EXIT_CODES[exit_code]})"
+    task_error = _TASK_MODULE_ERROR.search(text)
+    if task_error:
+        return True, f"{task_error.group(1)} refused its task: {task_error.group(2)}"
+    if exit_code == ARGPARSE_EXIT_CODE and _USAGE_ERROR.search(text):
+        return True, "the command line was refused (usage error, exit 2)"
     wrapped = TORCHRUN_WRAPPER in text
     if TRACEBACK_HEADER in text and not wrapped:
+        peer = _peer_loss(text)
+        if peer is not None:
+            return False, peer
         return True, "traceback without ChildFailedError"
     if exit_code < 0:
         return False, f"killed by {_signal_name(-exit_code)}"
     if wrapped:
-        return False, "torchrun ChildFailedError"
+        return False, "torchrun ChildFailedError" + _torchrun_root_cause(text)
     if 128 < exit_code < 128 + 65:
         return False, f"exit {exit_code} (128 + {_signal_name(exit_code - 128)})"
     return False, f"exit {exit_code} without a traceback"
+
+
+# torchrun's failure report: the "Root Cause (first observed failure):" block names the rank,
+# its exit code and pid first ("rank      : 1 (local_rank: 1)", "exitcode  : -9 (pid: 6042)").
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(?P<rank>[0-9]+).*?"
+    r"exitcode\s*:\s*(?P<code>-?[0-9]+)\s*\(pid:\s*(?P<pid>[0-9]+)\)", re.DOTALL)
+
+
+def _torchrun_root_cause(text: str) -> str:
+    """``": root cause rank 1 (pid 6042) killed by SIGKILL"`` from torchrun's report, or ""."""
+    match = _ROOT_CAUSE.search(text)
+    if match is None:
+        return ""
+    code = int(match.group("code"))
+    how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit {code}"
+    return f": root cause rank {match.group('rank')} (pid {match.group('pid')}) {how}"
+
+
+def _exception_lines(text: str) -> list[str]:
+    """The exception line of every traceback in ``text``, each rank's read apart (by its tag)."""
+    found = []
+    for bodies in _lines_by_rank(text).values():
+        index = 0
+        while index < len(bodies):
+            if bodies[index].strip() != TRACEBACK_HEADER:
+                index += 1
+                continue
+            index += 1
+            while index < len(bodies) and (bodies[index].startswith((" ", "\t")) or not bodies[index].strip()):
+                index += 1
+            if index < len(bodies) and bodies[index].strip() != TRACEBACK_HEADER:
+                found.append(bodies[index].strip())
+    return found
+
+
+def _peer_loss(text: str) -> str | None:
+    """When every traceback in ``text`` is a survivor's reaction to another process of the job
+    dying (``PEER_LOSS``), the words naming that, with the rank and signal where the launcher
+    said them; None when any traceback is of the code's own making (that is the root cause)."""
+    exceptions = _exception_lines(text)
+    if not exceptions:
+        return None
+    named: list[str] = []
+    for exception in exceptions:
+        match = next(((words, m) for words, pattern in _PEER_LOSS if (m := pattern.search(exception))), None)
+        if match is None:
+            return None
+        words, found = match
+        groups = found.groupdict()
+        who = f"rank {groups['rank']}" if groups.get("rank") else "a process"
+        how = f" by {groups['signal']}" if groups.get("signal") else ""
+        named.append(f"peer lost: {words} ({who} killed{how})" if how else f"peer lost: {words}")
+    return next((words for words in named if " killed by " in words), named[0])
+
+
+def checkpoint_load_failure(log_tail: str | None) -> str | None:
+    """The exception line of a traceback that failed reading a checkpoint back (a torn zip,
+    a bad safetensors header, a truncated pickle), or None."""
+    return next((line for line in _exception_lines(log_tail or "") if _CHECKPOINT_LOAD.search(line)), None)
 
 
 def from_local_launch(exit_code: int | None, log_tail: str | None) -> FailureSignals:
     """Signals of a finished local process. Deterministic iff, in this order: a line
     starts with one of ``DETERMINISTIC_EXCEPTIONS`` (after ``[rankN]:``-style tags); a
     line shows the command could not start (``LAUNCH_ERRORS``); the exit code is one a
-    shell gives a command it cannot run (``LAUNCH_ERROR_EXIT_CODES``); or a traceback
-    appears without torchrun's ``ChildFailedError`` wrapper. Transient otherwise."""
+    shell gives a command it cannot run (``LAUNCH_ERROR_EXIT_CODES``); a task module of
+    ``flashml_workloads`` refused its task (``TASK_MODULES``, ``TASK_INPUT_ERRORS``); argparse
+    refused the command line (exit 2 after a usage line); or a traceback appears without
+    torchrun's ``ChildFailedError`` wrapper, unless every traceback is a survivor's reaction to
+    a lost peer (``PEER_LOSS``: a killed rank, a closed gloo connection). Transient otherwise."""
+    if exit_code not in (None, 0) and checkpoint_load_failure(log_tail) is not None:
+        return FailureSignals(exit_code=exit_code, validation_failed=True)
     deterministic, _ = _verdict(exit_code, log_tail)
     return FailureSignals(exit_code=exit_code, exit_deterministic=deterministic)
 
@@ -132,6 +262,10 @@ def from_local_launch(exit_code: int | None, log_tail: str | None) -> FailureSig
 def describe_launch(exit_code: int | None, log_tail: str | None) -> str:
     """A few words naming the evidence behind ``from_local_launch`` for the same
     arguments, e.g. ``"ModuleNotFoundError at line start"``, ``"killed by SIGKILL"``."""
+    if exit_code not in (None, 0):
+        loading = checkpoint_load_failure(log_tail)
+        if loading is not None:
+            return f"a checkpoint could not be loaded: {loading[:200]}"
     return _verdict(exit_code, log_tail)[1]
 
 
@@ -154,6 +288,20 @@ def _untag(line: str) -> tuple[str | None, str]:
     return match.group(1), line[match.end():]
 
 
+def _lines_by_rank(text: str) -> dict[str | None, list[str]]:
+    """The lines of ``text`` grouped by their rank tag (None: untagged), tags removed, so
+    two ranks writing at once are read apart."""
+    by_tag: dict[str | None, list[str]] = {}
+    for line in text.splitlines():
+        tag, body = _untag(line.rstrip("\r"))
+        by_tag.setdefault(tag, []).append(body)
+    for tag, bodies in by_tag.items():
+        # "[rank3]: " puts a blank after the tag on every line: it is not the line's indent.
+        if tag is not None and all(body.startswith(" ") for body in bodies if body):
+            by_tag[tag] = [body[1:] for body in bodies]
+    return by_tag
+
+
 def failure_excerpt(log_tail: str | None) -> LogExcerpt:
     """The exception line and the last traceback lines of a failed attempt's log.
 
@@ -162,15 +310,7 @@ def failure_excerpt(log_tail: str | None) -> LogExcerpt:
     one. Without a traceback, the line naming a deterministic exception or a launch
     error is the exception line. Pure; a log without any of these gives an empty excerpt.
     """
-    lines = (log_tail or "").splitlines()
-    by_tag: dict[str | None, list[str]] = {}
-    for line in lines:
-        tag, body = _untag(line.rstrip("\r"))
-        by_tag.setdefault(tag, []).append(body)
-    for tag, bodies in by_tag.items():
-        # "[rank3]: " puts a blank after the tag on every line: it is not the line's indent.
-        if tag is not None and all(body.startswith(" ") for body in bodies if body):
-            by_tag[tag] = [body[1:] for body in bodies]
+    by_tag = _lines_by_rank(log_tail or "")
     candidates: list[tuple[str | None, LogExcerpt]] = []
     for tag, bodies in by_tag.items():
         excerpt = _traceback_excerpt(bodies, tag)

@@ -1,0 +1,244 @@
+"""A run's framework checkpoints (see ``flashruntime.checkpoint.frameworks``) from save to
+resume. While an attempt runs, ``CheckpointWatch`` fingerprints every checkpoint within
+seconds of the framework finishing it, and keeps a copy of a one-file checkpoint whose name
+every save reuses (``snapshot.pt``, ``last.ckpt``). Before a relaunch, ``prepare_resume``
+verifies the newest one against its fingerprint and its format, moves a bad one aside (into
+``.flashruntime-quarantine/`` beside it, never deleted) so the script's own resume logic
+takes the previous one, and names the checkpoint the relaunch will resume from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flashruntime.checkpoint.frameworks import (
+    FrameworkCheckpoint,
+    checkpoint_files,
+    file_problem,
+    find_checkpoints,
+    fingerprint,
+    fingerprint_problem,
+    newest,
+)
+from flashruntime.files import write_atomic
+
+__all__ = ["QUARANTINE_DIR", "CheckpointWatch", "FrameworkCheckpoints", "ResumePoint"]
+
+QUARANTINE_DIR = ".flashruntime-quarantine"
+RECORD_NAME = "framework-checkpoints.json"
+VERIFIED_DIR = "framework-checkpoints-verified"
+WATCH_PERIOD_S = 0.5
+
+
+def _reused_name(checkpoint: FrameworkCheckpoint) -> bool:
+    """A one-file checkpoint that every save overwrites: the previous save survives only as our copy."""
+    return checkpoint.path.is_file() and (checkpoint.kind == "pattern" or checkpoint.path.name.startswith("last"))
+
+
+def _state_of(checkpoint: FrameworkCheckpoint) -> tuple[int, int, int]:
+    """(files, bytes, newest mtime): unchanged across two looks means the framework is done with it."""
+    files = checkpoint_files(checkpoint)
+    stats = [path.stat() for path in files]
+    return len(stats), sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0)
+
+
+def _structural_problem(checkpoint: FrameworkCheckpoint) -> str | None:
+    if checkpoint.kind == "huggingface" and not (checkpoint.path / "trainer_state.json").exists():
+        return "trainer_state.json is missing (the save did not finish)"
+    for path in checkpoint_files(checkpoint):
+        problem = file_problem(path)
+        if problem is not None:
+            return problem
+    return None
+
+
+@dataclass
+class ResumePoint:
+    """What a relaunch will resume from, and what was done to get there."""
+
+    checkpoint: FrameworkCheckpoint | None
+    events: list[tuple[str, str]] = field(default_factory=list)  # (event type, message)
+
+
+class FrameworkCheckpoints:
+    """The framework checkpoints of one job (a run, or one trial of a sweep): where to look
+    (``roots``: the working directory and ``FLASHML_CKPT_DIR``; ``patterns``: the user's own
+    names), and the fingerprints taken so far (``<job dir>/framework-checkpoints.json``)."""
+
+    def __init__(self, roots: Iterable[Path], patterns: Iterable[str], job_dir: Path) -> None:
+        self.roots = [Path(root) for root in roots]
+        self.patterns = list(patterns)
+        self.record_path = job_dir / RECORD_NAME
+        self.verified_dir = job_dir / VERIFIED_DIR
+        self._lock = threading.Lock()
+        self._records: dict[str, dict[str, Any]] = self._load()
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads(self.record_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _save(self) -> None:
+        self.record_path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.record_path, json.dumps(self._records, indent=1, sort_keys=True).encode())
+
+    def find(self) -> list[FrameworkCheckpoint]:
+        return find_checkpoints(self.roots, self.patterns)
+
+    def root_of(self, checkpoint: FrameworkCheckpoint) -> Path | None:
+        return next((root for root in self.roots if checkpoint.path.is_relative_to(root)), None)
+
+    def describe(self, checkpoint: FrameworkCheckpoint) -> str:
+        return checkpoint.describe(self.root_of(checkpoint))
+
+    def recorded(self, checkpoint: FrameworkCheckpoint) -> dict[str, Any] | None:
+        with self._lock:
+            return self._records.get(str(checkpoint.path))
+
+    def record(self, checkpoint: FrameworkCheckpoint) -> str:
+        """Fingerprint ``checkpoint`` as it is now (and keep a copy of a reused one-file
+        checkpoint); returns the event message."""
+        files = fingerprint(checkpoint)
+        entry: dict[str, Any] = {"kind": checkpoint.kind, "step": checkpoint.step, "files": files,
+                                 "seen_at": time.time()}
+        kept = ""
+        if _reused_name(checkpoint):
+            copy = self.verified_dir / _copy_name(checkpoint.path)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(checkpoint.path, copy)
+            entry["verified_copy"] = str(copy)
+            kept = "; a copy is kept in case a later save of it tears"
+        with self._lock:
+            self._records[str(checkpoint.path)] = entry
+            self._save()
+        total = sum(f["size"] for f in files.values())
+        return f"{self.describe(checkpoint)} fingerprinted: {len(files)} file(s), {total} bytes{kept}"
+
+    def problem(self, checkpoint: FrameworkCheckpoint) -> str | None:
+        """Why ``checkpoint`` must not be resumed from, or None: its format, then its bytes
+        against the fingerprint taken when it was finished (a checkpoint never seen finished
+        is judged by its format alone)."""
+        problem = _structural_problem(checkpoint)
+        if problem is not None:
+            return problem
+        recorded = self.recorded(checkpoint)
+        if recorded is not None:
+            return fingerprint_problem(checkpoint, recorded.get("files", {}))
+        return None
+
+    def quarantine(self, checkpoint: FrameworkCheckpoint) -> Path:
+        """Move ``checkpoint`` into ``.flashruntime-quarantine/`` beside it (a free name)."""
+        target_dir = checkpoint.path.parent / QUARANTINE_DIR
+        target_dir.mkdir(exist_ok=True)
+        target, n = target_dir / checkpoint.path.name, 0
+        while os.path.lexists(target):
+            n += 1
+            target = target_dir / f"{checkpoint.path.name}.{n}"
+        os.rename(checkpoint.path, target)
+        return target
+
+    def _restore(self, checkpoint: FrameworkCheckpoint) -> FrameworkCheckpoint | None:
+        """Put the kept copy of a reused one-file checkpoint back in its place, if it still
+        verifies; the checkpoint as restored, or None."""
+        recorded = self.recorded(checkpoint)
+        copy = Path(recorded["verified_copy"]) if recorded and recorded.get("verified_copy") else None
+        if copy is None or not copy.is_file():
+            return None
+        restored = FrameworkCheckpoint(checkpoint.kind, copy, recorded.get("step"), checkpoint.order)
+        if fingerprint_problem(restored, {copy.name: recorded["files"].get(checkpoint.path.name, {})}):
+            return None
+        shutil.copy2(copy, checkpoint.path)
+        return FrameworkCheckpoint(checkpoint.kind, checkpoint.path, recorded.get("step"), checkpoint.order)
+
+    def prepare_resume(self, *, failed_loading: bool = False) -> ResumePoint:
+        """Verify the newest checkpoint, quarantining (and, for a reused one-file checkpoint,
+        restoring the kept copy of) each bad one until one verifies. ``failed_loading``: the
+        last attempt failed while loading a checkpoint, so the newest is bad whatever it reads as."""
+        point = ResumePoint(None)
+        distrust_newest = failed_loading
+        for _ in range(64):  # each pass removes one checkpoint: never more passes than there are
+            chosen = newest(self.find())
+            if chosen is None:
+                return point
+            problem = "the last attempt failed while loading it" if distrust_newest else self.problem(chosen)
+            distrust_newest = False
+            if problem is None:
+                point.checkpoint = chosen
+                return point
+            described = self.describe(chosen)
+            recorded = self.recorded(chosen) if _reused_name(chosen) else None
+            moved = self.quarantine(chosen)
+            point.events.append(("CHECKPOINT_QUARANTINED", f"{described} is not resumable: {problem}; moved to "
+                                 f"{moved} (kept, not deleted)"))
+            if recorded is not None:
+                restored = self._restore(chosen)
+                if restored is not None:
+                    point.events.append(("CHECKPOINT_RESTORED", f"{self.describe(restored)}: the copy kept when it "
+                                         "was last verified is back in its place"))
+        return point
+
+
+def _copy_name(path: Path) -> str:
+    """A file name for the kept copy of ``path`` that two checkpoints of one job never share."""
+    return "__".join(part for part in path.parts if part not in ("/", "")) or path.name
+
+
+class CheckpointWatch:
+    """While an attempt runs: fingerprint each checkpoint once it stops changing (its files,
+    bytes and newest mtime the same on two looks ``period_s`` apart, and its format sound),
+    reporting each through ``on_event(type, message)``."""
+
+    def __init__(self, checkpoints: FrameworkCheckpoints, on_event: Callable[[str, str], None], *,
+                 period_s: float = WATCH_PERIOD_S) -> None:
+        self._checkpoints = checkpoints
+        self._on_event = on_event
+        self._period_s = period_s
+        self._pending: dict[Path, tuple[int, int, int]] = {}
+        self._done: dict[Path, tuple[int, int, int]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> CheckpointWatch:
+        self._thread = threading.Thread(target=self._loop, name="flashruntime-checkpoint-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop, after one last look: a checkpoint unchanged since the previous look counts; one
+        still changing when the attempt ended is left to ``prepare_resume`` to judge."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.look()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._period_s):
+            self.look()
+
+    def look(self) -> None:
+        try:
+            for checkpoint in self._checkpoints.find():
+                try:
+                    state = _state_of(checkpoint)
+                except OSError:
+                    continue
+                if self._done.get(checkpoint.path) == state:
+                    continue
+                previous = self._pending.get(checkpoint.path)
+                self._pending[checkpoint.path] = state
+                if previous != state or _structural_problem(checkpoint) is not None:
+                    continue  # still being written (or torn: prepare_resume will say so)
+                self._on_event("CHECKPOINT_SEEN", self._checkpoints.record(checkpoint))
+                self._done[checkpoint.path] = state
+        except Exception:  # noqa: BLE001 - watching must never fail the attempt
+            return

@@ -1,0 +1,373 @@
+"""Unchanged framework scripts (tests/e2e/frameworks/, written as each framework's docs show,
+without a line for flashruntime) under flash.submit: one rank is SIGKILLed mid-run, the run
+restarts, the script resumes from its own newest checkpoint, the resume event names that
+step, and the final figure equals the script's bare run resumed by hand from the same
+checkpoint. A checkpoint changed or torn after it was written is quarantined and the one
+before it used."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import flashruntime as flash
+from flashruntime.launchers import LaunchState
+from flashruntime.local.run import Run
+from flashruntime.workloads.command import CommandWorkload, OutputSpec, Source
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.frameworks]
+
+CORPUS = Path(__file__).parent / "frameworks"
+PY = sys.executable
+ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+
+
+def _need(module: str) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip(module)
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _project(tmp_path: Path, script: str) -> Path:
+    source = tmp_path / "project"
+    source.mkdir()
+    shutil.copy(CORPUS / script, source / script)
+    return source
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(entry.split("=", 1) for entry in raw.decode(errors="replace").split("\0") if "=" in entry)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _attempt_pids(attempt_id: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _environ(int(entry.name)).get("FLASHML_ATTEMPT_ID") == attempt_id:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def rank_one(attempt_id: str) -> int | None:
+    """The process that is rank 1 of the attempt: RANK or LOCAL_RANK 1 (torchrun, accelerate,
+    Lightning's launcher), else the second rank torch.multiprocessing.spawn started."""
+    pids = _attempt_pids(attempt_id)
+    for pid in pids:
+        env = _environ(pid)
+        if env.get("RANK", env.get("LOCAL_RANK")) == "1":
+            return pid
+    spawned = [pid for pid in pids if "spawn_main" in _cmdline(pid)]
+    return spawned[1] if len(spawned) >= 2 else None
+
+
+def leader(attempt_id: str) -> int | None:
+    pids = _attempt_pids(attempt_id)
+    return pids[0] if pids else None
+
+
+class Interruption:
+    """Once a checkpoint event matching ``seen`` appears in the run's events, do ``before``
+    (corrupt a file, say), SIGKILL the process ``target`` names, and copy ``keep`` (the
+    checkpoints as the relaunch will find them) aside for the reference run."""
+
+    def __init__(self, seen: str, target: Callable[[str], int | None], keep: list[str], *,
+                 before: Callable[[Path], None] | None = None) -> None:
+        self.seen = re.compile(seen)
+        self.target = target
+        self.keep = keep
+        self.before = before
+        self.killed: int | None = None
+        self.kept: Path | None = None
+        self.error: str | None = None
+
+    def watch(self, run: Run, source: Path, kept: Path) -> threading.Thread:
+        def loop() -> None:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and not run.recorder.done.is_set():
+                if any(e["type"] == "CHECKPOINT_SEEN" and self.seen.search(e["message"]) for e in run.events):
+                    break
+                time.sleep(0.05)
+            else:
+                self.error = f"no checkpoint matching {self.seen.pattern!r} was seen"
+                return
+            if self.before is not None:
+                self.before(source)
+            for _ in range(200):
+                pid = self.target(run.attempts[0]["attempt_id"])
+                if pid is not None:
+                    break
+                time.sleep(0.05)
+            else:
+                self.error = "the process to kill was not found"
+                return
+            os.kill(pid, signal.SIGKILL)
+            self.killed = pid
+            for name in self.keep:  # before the relaunch writes anything (it takes seconds to start)
+                origin = source / name
+                if origin.is_dir():
+                    shutil.copytree(origin, kept / name, symlinks=True)
+                elif origin.exists():
+                    (kept / name).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(origin, kept / name)
+            self.kept = kept
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        return thread
+
+
+def _submit(tmp_path: Path, source: Path, command: str, interruption: Interruption, **kwargs: Any) -> Run:
+    workload = CommandWorkload(command=command, source=Source(path=str(source)), env=ENV,
+                               outputs=OutputSpec(collect=["metrics.json"]))
+    run = flash.submit(workload, output_dir=tmp_path / "run", watch=False, quiet=True, wait=False, max_restarts=2,
+                       **kwargs)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    interruption.watch(run, source, kept).join(300)
+    run.wait(timeout=600)
+    assert interruption.error is None, interruption.error + "\n" + run.logs(80)
+    return run
+
+
+def _events(run: Run, kind: str) -> list[str]:
+    return [e["message"] for e in run.events if e["type"] == kind]
+
+
+def _resumed_step(run: Run) -> int:
+    resumes = _events(run, "RESUME_SELECTED")
+    assert len(resumes) == 1, resumes
+    match = re.search(r"resumes from (?:step|epoch) ([0-9]+)", resumes[0])
+    assert match, resumes[0]
+    return int(match.group(1))
+
+
+def _check_restarted(run: Run, killed: int | None) -> None:
+    assert run.state is LaunchState.SUCCEEDED, run.logs(120)
+    assert len(run.attempts) == 2, [a["attempt_id"] for a in run.attempts]
+    failure = run.attempts[0]["failure"]
+    assert failure["class"] == "worker_crash", failure
+    assert failure["action"] != "fail_job"
+    assert killed is not None
+
+
+def _bare(reference: Path, argv: list[str], kept: Path) -> subprocess.CompletedProcess[str]:
+    """The script run bare (no flashruntime) from the checkpoints kept at the kill."""
+    for entry in kept.iterdir():
+        target = reference / entry.name
+        (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, target)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASHML_", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+                                                                    "MASTER_"))}
+    env.update(ENV)
+    done = subprocess.run(argv, cwd=reference, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def _attempt_log(run: Run, index: int) -> str:
+    return (Path(run.attempts[index]["output_dir"]) / "launcher.log").read_text(errors="replace")
+
+
+def test_hugging_face_trainer_killed_mid_run_resumes_from_its_newest_checkpoint(tmp_path: Path) -> None:
+    _need("transformers")
+    source = _project(tmp_path, "hf_clm.py")
+    interruption = Interruption(r"checkpoint-20 \(step 20\) fingerprinted", lambda attempt: leader(attempt),
+                                ["clm-out"])
+    run = _submit(tmp_path, source, f"{PY} hf_clm.py", interruption)
+    _check_restarted(run, interruption.killed)
+    step = _resumed_step(run)
+    assert step >= 20
+    assert f"huggingface checkpoint clm-out/checkpoint-{step} (step {step}), verified" in \
+        _events(run, "RESUME_SELECTED")[0]
+    assert f"resuming training at clm-out/checkpoint-{step}" in _attempt_log(run, 1)
+    ours = json.loads((source / "clm-out" / "all_results.json").read_text())
+    reference = tmp_path / "reference"
+    shutil.copytree(CORPUS, reference, ignore=shutil.ignore_patterns("__pycache__"))
+    for later in (interruption.kept / "clm-out").glob("checkpoint-*"):
+        if int(later.name.split("-")[1]) > step:
+            shutil.rmtree(later)  # a save the kill interrupted: not what the relaunch resumed from
+    _bare(reference, [PY, "hf_clm.py"], interruption.kept)
+    theirs = json.loads((reference / "clm-out" / "all_results.json").read_text())
+    assert ours["eval_loss"] == pytest.approx(theirs["eval_loss"], abs=1e-6)
+    assert run.trials and run.trials[0]["eval_loss"] == pytest.approx(ours["eval_loss"], abs=1e-9)
+
+
+def _flip_a_byte(path: Path) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(path.stat().st_size - 100)
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_flipped_byte_in_the_newest_hf_checkpoint_is_quarantined_and_the_one_before_used(tmp_path: Path) -> None:
+    _need("transformers")
+    source = _project(tmp_path, "hf_clm.py")
+    interruption = Interruption(r"checkpoint-20 \(step 20\) fingerprinted", lambda attempt: leader(attempt), [],
+                                before=lambda src: _flip_a_byte(src / "clm-out" / "checkpoint-20" / "model.safetensors"))
+    run = _submit(tmp_path, source, f"{PY} hf_clm.py --save_steps 10 --max_steps 30", interruption)
+    _check_restarted(run, interruption.killed)
+    quarantined = _events(run, "CHECKPOINT_QUARANTINED")
+    assert len(quarantined) == 1
+    assert "huggingface checkpoint clm-out/checkpoint-20 (step 20) is not resumable: model.safetensors changed since " \
+           "it was written (sha256 differs)" in quarantined[0]
+    assert (source / "clm-out" / ".flashruntime-quarantine" / "checkpoint-20" / "model.safetensors").is_file()
+    assert _resumed_step(run) == 10
+    assert "resuming training at clm-out/checkpoint-10" in _attempt_log(run, 1)
+    assert len(run.attempts) == 2  # one restart spent
+
+
+def test_lightning_ddp_with_its_own_launcher_resumes_from_last_ckpt(tmp_path: Path) -> None:
+    _need("lightning")
+    source = _project(tmp_path, "lightning_ddp.py")
+    interruption = Interruption(r"lightning checkpoint checkpoints/epoch=[0-9]+-step=20\.ckpt \(step 20\) fingerprinted",
+                                rank_one, ["checkpoints"])
+    run = _submit(tmp_path, source, f"{PY} lightning_ddp.py --step_seconds 0.25", interruption)
+    _check_restarted(run, interruption.killed)
+    step = _resumed_step(run)
+    assert step >= 20
+    assert f"(step {step})" in _events(run, "RESUME_SELECTED")[0]
+    assert f"rank 1 (pid {interruption.killed}) exited first" in _events(run, "FAILURE_CLASSIFIED")[0]
+    ours = _last_val_loss(source)
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    shutil.copy(CORPUS / "lightning_ddp.py", reference)
+    kept = interruption.kept / "checkpoints"
+    for later in kept.glob("epoch=*-step=*.ckpt"):
+        if int(re.search(r"step=([0-9]+)", later.name).group(1)) > step:
+            later.unlink()
+    _bare(reference, [PY, "lightning_ddp.py", "--step_seconds", "0"], interruption.kept)
+    assert ours == pytest.approx(_last_val_loss(reference), abs=1e-6)
+    assert run.trials[0]["val_loss"] == pytest.approx(ours, abs=1e-9)
+
+
+def _last_val_loss(root: Path) -> float:
+    import csv
+
+    rows = list(csv.DictReader((root / "logs" / "regressor" / "version_0" / "metrics.csv").open()))
+    return float([row for row in rows if row.get("val_loss")][-1]["val_loss"])
+
+
+def test_accelerate_launch_with_save_state_resumes_from_its_newest_step_directory(tmp_path: Path) -> None:
+    _need("accelerate")
+    source = _project(tmp_path, "accelerate_ddp.py")
+    accelerate = Path(PY).with_name("accelerate")
+    command = f"{accelerate} launch --multi_gpu --num_processes 2 --main_process_port {_free_port()} accelerate_ddp.py"
+    interruption = Interruption(r"accelerate checkpoint acc-out/step_16 \(step 16\) fingerprinted", rank_one,
+                                ["acc-out"])
+    run = _submit(tmp_path, source, command, interruption)
+    _check_restarted(run, interruption.killed)
+    step = _resumed_step(run)
+    assert step >= 16
+    assert f"accelerate checkpoint acc-out/step_{step} (step {step}), verified" in _events(run, "RESUME_SELECTED")[0]
+    assert f"Resumed from checkpoint: step_{step}" in _attempt_log(run, 1)
+    ours = run.trials[0]  # the JSON line the script printed
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    shutil.copy(CORPUS / "accelerate_ddp.py", reference)
+    for later in (interruption.kept / "acc-out").glob("step_*"):
+        if int(later.name.split("_")[1]) > step:
+            shutil.rmtree(later)
+    done = _bare(reference, [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port",
+                             _free_port(), "accelerate_ddp.py"], interruption.kept)
+    theirs = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+    assert ours["final_loss"] == pytest.approx(theirs["final_loss"], abs=1e-6)
+    assert ours["weight_norm"] == pytest.approx(theirs["weight_norm"], abs=1e-6)
+
+
+def test_torch_multiprocessing_spawn_killed_rank_restarts_from_its_checkpoint(tmp_path: Path) -> None:
+    _need("torch")
+    source = _project(tmp_path, "spawn_ddp.py")
+    port = _free_port()
+    interruption = Interruption(r"pattern checkpoint checkpoint\.pt \(step (2|3)0\) fingerprinted", rank_one,
+                                ["checkpoint.pt"])
+    run = _submit(tmp_path, source, f"{PY} spawn_ddp.py {port} 0.2", interruption, checkpoints="checkpoint.pt")
+    _check_restarted(run, interruption.killed)
+    failure = run.attempts[0]["failure"]
+    assert "torch.multiprocessing.spawn saw a rank killed" in failure["evidence"], failure
+    step = _resumed_step(run)
+    assert step >= 20
+    assert f"rank 0 resumed at step {step}" in _attempt_log(run, 1)
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    shutil.copy(CORPUS / "spawn_ddp.py", reference)
+    _bare(reference, [PY, "spawn_ddp.py", _free_port(), "0"], interruption.kept)
+    theirs = json.loads((reference / "metrics.json").read_text())
+    assert run.trials[0]["final_loss"] == pytest.approx(theirs["final_loss"], abs=1e-6)
+
+
+def _torchrun() -> str:
+    beside = Path(PY).with_name("torchrun")
+    return str(beside) if beside.exists() else f"{PY} -m torch.distributed.run"
+
+
+def _truncate(path: Path) -> None:
+    with open(path, "r+b") as handle:
+        handle.truncate(path.stat().st_size // 2)
+
+
+def test_torchrun_snapshot_killed_rank_resumes_from_its_snapshot(tmp_path: Path) -> None:
+    _need("torch")
+    source = _project(tmp_path, "torchrun_snapshot.py")
+    command = f"{_torchrun()} --nproc-per-node=2 --standalone --local-addr=127.0.0.1 torchrun_snapshot.py 8 2 --step_seconds 0.3"
+    interruption = Interruption(r"pattern checkpoint snapshot\.pt \(epoch 4\) fingerprinted", rank_one,
+                                ["snapshot.pt"])
+    run = _submit(tmp_path, source, command, interruption, checkpoints="snapshot.pt")
+    _check_restarted(run, interruption.killed)
+    epoch = _resumed_step(run)
+    assert epoch >= 4
+    assert f"Resuming training from snapshot at Epoch {epoch}" in _attempt_log(run, 1)
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    shutil.copy(CORPUS / "torchrun_snapshot.py", reference)
+    _bare(reference, [*_torchrun().split(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1",
+                      "torchrun_snapshot.py", "8", "2", "--step_seconds", "0"], interruption.kept)
+    theirs = json.loads((reference / "metrics.json").read_text())
+    assert run.trials[0]["weights"] == theirs["weights"]
+    assert run.trials[0]["final_loss"] == pytest.approx(theirs["final_loss"], abs=1e-6)
+
+
+def test_a_truncated_snapshot_is_quarantined_and_the_kept_copy_restored(tmp_path: Path) -> None:
+    _need("torch")
+    source = _project(tmp_path, "torchrun_snapshot.py")
+    command = f"{_torchrun()} --nproc-per-node=2 --standalone --local-addr=127.0.0.1 torchrun_snapshot.py 8 2 " \
+              "--step_seconds 0.3"
+    interruption = Interruption(r"pattern checkpoint snapshot\.pt \(epoch 4\) fingerprinted", rank_one, [],
+                                before=lambda src: _truncate(src / "snapshot.pt"))
+    run = _submit(tmp_path, source, command, interruption, checkpoints="snapshot.pt")
+    _check_restarted(run, interruption.killed)
+    quarantined = _events(run, "CHECKPOINT_QUARANTINED")
+    assert len(quarantined) == 1 and "pattern checkpoint snapshot.pt" in quarantined[0]
+    assert "snapshot.pt is not a readable zip archive" in quarantined[0] and "truncated or torn" in quarantined[0]
+    assert len(_events(run, "CHECKPOINT_RESTORED")) == 1
+    assert (source / ".flashruntime-quarantine" / "snapshot.pt").is_file()
+    assert _resumed_step(run) == 4
+    assert "Resuming training from snapshot at Epoch 4" in _attempt_log(run, 1)
+    assert len(run.attempts) == 2
