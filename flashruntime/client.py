@@ -302,8 +302,13 @@ class CoordinatorClient:
         return self.request_json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/complete", dict(body),
                                  idempotent=True) or {}
 
-    def fail(self, lease_id: str, reason: str) -> dict[str, Any]:
-        return self.request_json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/fail", {"reason": reason},
+    def fail(self, lease_id: str, reason: str, *, exit_code: int | None = None) -> dict[str, Any]:
+        """``POST /v1alpha1/attempts/{lease_id}/fail``; ``exit_code`` of the attempt's command, when it
+        ran, lets the coordinator judge the failure from it and the task's log."""
+        body: dict[str, Any] = {"reason": reason}
+        if exit_code is not None:
+            body["exit_code"] = exit_code
+        return self.request_json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/fail", body,
                                  idempotent=False) or {}
 
     def release(self, lease_id: str, reason: str, *, abandoned: bool = False) -> dict[str, Any]:

@@ -458,7 +458,8 @@ class LeaseRunner:
                           f"$FLASHML_OUTPUT_DIR; its last line: {last_log_line(dirs.log)}")
             else:
                 reason = f"exit {exit_code}: {last_log_line(dirs.log)}"
-            return self._fail(lease, reason, Outcome.FAILED)
+            # With the exit code the coordinator judges the failure from it and the shipped log.
+            return self._fail(lease, reason, Outcome.FAILED, exit_code=exit_code)
         prefix = payload_prefix(lease)
         if _is_regular(dirs.out / TASK_LOG_NAME):
             logger.warning("lease %s: the task wrote out/%s, which the task's own log replaces on the coordinator",
@@ -493,13 +494,14 @@ class LeaseRunner:
                     answer.get("detail") or "")
         return Outcome.COMPLETED
 
-    def _fail(self, lease: Lease, reason: str, outcome: Outcome) -> Outcome:
+    def _fail(self, lease: Lease, reason: str, outcome: Outcome, *, exit_code: int | None = None) -> Outcome:
         reason = reason[:_REASON_LIMIT * 4]
         logger.info("lease %s failed: %s", lease.lease_id, reason)
         try:
             # Repeated like the idempotent calls: a repeat of a fail that was applied gets 410
             # (the lease is gone), which ends the attempt just the same.
-            sent = self._settled(lambda: self._client.retry.run(lambda: self._client.fail(lease.lease_id, reason)))
+            sent = self._settled(lambda: self._client.retry.run(
+                lambda: self._client.fail(lease.lease_id, reason, exit_code=exit_code)))
         except CoordinatorHTTPError as exc:
             logger.warning("lease %s: fail refused: %s", lease.lease_id, exc)
             return Outcome.ABANDONED

@@ -27,6 +27,7 @@ from flashruntime.coordinator.access import LiveLease, artifact_read_allowed, ow
 from flashruntime.coordinator.artifacts import ArtifactStore, sha256_of
 from flashruntime.coordinator.auth import ARGV_SUBMITTERS_ENV, Identity, Role, authenticator_from_env
 from flashruntime.coordinator.expansion import expand_tasks
+from flashruntime.coordinator.failures import TASK_MODE, failure_classified
 from flashruntime.coordinator.lease_jobs import TERMINAL_JOB_STATES, refreshed
 from flashruntime.coordinator.metrics import Metrics
 from flashruntime.coordinator.nodes import NodeRegistry
@@ -54,7 +55,9 @@ from flashruntime.protocol.v1alpha1 import (
     SubmittedBy,
     TaskState,
 )
+from flashruntime.protocol.task_logs import TASK_LOG_MAX_BYTES
 from flashruntime.ray_backend.resources import ray_options, unplaceable_reason
+from flashruntime.recovery.verdict import judge_exit, judge_no_result
 from flashruntime.scheduler import IsolationAwarePlacement
 
 __all__ = ["SUBMITTED_BY_KEY", "Coordinator", "NoBackend"]
@@ -308,11 +311,28 @@ class Coordinator:
         write when it changed, so a terminal (frozen) record never lacks its event. Call inside
         a transaction."""
         updated, event = refreshed(current, self.manager.job_state(current.job_id), self.now())
+        if updated is not current and updated.state is JobState.FAILED and updated.error is None:
+            updated = updated.model_copy(update={"error": self._failure_reason(current.job_id)})
         if updated is not current:
             self.ledger.upsert_job(updated, events=() if event is None else (event,))
             if event is not None:
                 self.state.after_commit(functools.partial(self._observe, event))
         return updated
+
+    def _failure_reason(self, job_id: str) -> str | None:
+        """Why a job failed, for its record: how many tasks failed, and the last one's last
+        failed attempt (its class and decision where it was judged, else its reason)."""
+        events = self.ledger.events_for(job_id)
+        exhausted = [e for e in events if e.type is EventType.TASK_EXHAUSTED]
+        if not exhausted:
+            return None
+        task_id = exhausted[-1].data.get("task_id")
+        about = [e for e in events if e.data.get("task_id") == task_id
+                 and e.type in (EventType.FAILURE_CLASSIFIED, EventType.TASK_ATTEMPT_FAILED)]
+        judged = [e for e in about if e.type is EventType.FAILURE_CLASSIFIED]
+        last = (judged or about or exhausted)[-1].message
+        failed = len({e.data.get("task_id") for e in exhausted})
+        return f"{failed} task(s) failed; {task_id}: {last}"[:2000]
 
     def job(self, job_id: str) -> JobRecord | None:
         record = self.ledger.get_job(job_id)
@@ -414,6 +434,28 @@ class Coordinator:
 
     def lease(self, lease_id: str) -> Lease | None:
         return self.manager.lease_info(lease_id)
+
+    def fail_attempt(self, lease: Lease, reason: str, exit_code: int | None) -> None:
+        """A worker's failed attempt. With its ``exit_code`` the failure is judged by the recovery
+        policy from that and the task's log (``judge_exit``, as for a local run and on Ray): a
+        deterministic error is not retried, and a ``FAILURE_CLASSIFIED`` event says why, in the
+        transaction of the failure. Without it (the command never ran), the task's budget decides."""
+        if exit_code is None:
+            self.manager.fail(lease.lease_id, reason, now=self.now())
+            return
+        if exit_code == 0:
+            verdict = judge_no_result(TASK_MODE, at=self.now())
+        else:
+            path = task_log_path(self.artifacts, lease.job_id, lease.task_id, lease.payload)
+            log_tail = read_log(path, TASK_LOG_MAX_BYTES)[0] if path is not None else ""
+            verdict = judge_exit(exit_code, log_tail, TASK_MODE, at=self.now())
+        event = failure_classified(lease, verdict, source=SERVICE_SOURCE, at=self.now())
+
+        def fail() -> None:
+            self.record_event(event)
+            self.manager.fail(lease.lease_id, reason, now=self.now(), retry=verdict.retry)
+
+        self.state.run(fail)
 
     def complete(self, lease: Lease, request: CompleteRequest) -> dict[str, Any]:
         """Commit ``request`` under ``lease`` (the caller may act on it): a repeat of the accepted

@@ -38,7 +38,7 @@ from flashruntime.agent import ray_task
 from flashruntime.agent.lease_run import heartbeat_interval, last_line, payload_prefix
 from flashruntime.errors import ArtifactNotFound, FlashRuntimeError, LeaseError
 from flashruntime.protocol.task_logs import task_log_key
-from flashruntime.protocol.v1alpha1 import CompleteRequest, Event, EventType, FailureClass, Lease, TaskSpec
+from flashruntime.protocol.v1alpha1 import CompleteRequest, Event, EventType, Lease, TaskSpec
 from flashruntime.ray_backend.cluster import (
     ALIVE,
     ENDED,
@@ -51,7 +51,9 @@ from flashruntime.ray_backend.cluster import (
 )
 from flashruntime.ray_backend.failures import classify_ray_error, is_cancellation
 from flashruntime.ray_backend.resources import ray_options
-from flashruntime.recovery import classify, decide, describe_launch, from_local_launch
+from flashruntime.coordinator.failures import TASK_MODE, failure_classified
+from flashruntime.recovery import AttemptVerdict, decide, judge_exit
+from flashruntime.recovery.verdict import judge_no_result
 from flashruntime.scheduler.policy import NodeView, PlacementPolicy
 
 __all__ = ["BACKEND_KEY", "RAY_NODE_ID", "BackendPlacement", "RayDispatcher", "backend_of"]
@@ -63,7 +65,6 @@ RAY_NODE_ID = "ray"
 BACKEND_KEY = "backend"
 SOURCE = "flashruntime.ray"
 BEAT_FLOOR_S = 0.5  # the dispatcher renews in process: it may beat more often than an agent over HTTP
-MODE = "independent_tasks"
 
 
 def backend_of(task: TaskSpec) -> str:
@@ -355,37 +356,35 @@ class RayDispatcher:
             self._call(coordinator.complete, lease, request)
             return
         log_tail = str(result.get("log_tail") or "")
+        now = coordinator.now()
         if exit_code == 0:
             reason = ("exit 0 without out/metrics.json: a task must write metrics.json into $FLASHML_OUTPUT_DIR; "
                       f"its last line: {last_line(log_tail)}")
-            failure, words = FailureClass.APPLICATION_ERROR, "exit 0 without metrics.json"
+            verdict = judge_no_result(TASK_MODE, at=now)
         else:
             reason = f"exit {exit_code}: {last_line(log_tail)}"
-            failure, words = classify(from_local_launch(exit_code, log_tail)), describe_launch(exit_code, log_tail)
-        self._failed(flight, failure, words, reason, evidence, lost=False)
+            verdict = judge_exit(exit_code, log_tail, TASK_MODE, at=now)
+        self._failed(flight, verdict, reason, evidence, lost=False)
 
     def _lost(self, flight: _Flight, exc: BaseException) -> None:
         if flight.cancel_since is not None or is_cancellation(exc):
             return  # cancelled: the lease had already ended
         failure, words = classify_ray_error(exc)
         reason = f"{failure}: {words}"
-        self._failed(flight, failure, words, reason, dict(flight.where), lost=True)
+        verdict = AttemptVerdict(failure, words, decide(failure, TASK_MODE, {"evidence": words},
+                                                        at=self.coordinator.now()))
+        self._failed(flight, verdict, reason, dict(flight.where), lost=True)
         self._sweep_node(flight)
 
-    def _failed(self, flight: _Flight, failure: FailureClass, words: str, reason: str,
-                evidence: dict[str, Any], *, lost: bool) -> None:
+    def _failed(self, flight: _Flight, verdict: AttemptVerdict, reason: str, evidence: dict[str, Any], *,
+                lost: bool) -> None:
         """Record the class and the decision, then act: no retry for a deterministic error, an
         expiry's budget for a lost worker or node, an attempt's budget otherwise."""
         coordinator = self.coordinator
         lease = flight.lease
-        decision = decide(failure, MODE, {"evidence": words}, at=coordinator.now())
-        retry = decision.action != "fail_job"
-        event = self._event(
-            lease, EventType.FAILURE_CLASSIFIED,
-            f"attempt {lease.attempt_number} of task {lease.task_id}: {failure} ({words}) -> {decision.action}: "
-            f"{decision.reason}" + ("" if retry else " (the task is not retried)"),
-            {"failure_class": str(failure), "evidence": words, "action": str(decision.action),
-             "reason": decision.reason, "retried": retry, "ray": evidence})
+        retry = verdict.retry
+        event = failure_classified(lease, verdict, source=SOURCE, at=coordinator.now(), node_id=RAY_NODE_ID,
+                                   data={"ray": evidence})
 
         def act() -> None:
             coordinator.record_event(event)

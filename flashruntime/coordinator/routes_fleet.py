@@ -157,9 +157,9 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
 
     @router.post("/v1alpha1/attempts/{lease_id}/fail", response_model=FailResult)
     def fail(lease_id: str, body: FailRequest, identity: Identity = caller) -> dict[str, str]:
-        held_lease(identity, lease_id)
+        lease = held_lease(identity, lease_id)
         try:
-            coordinator.manager.fail(lease_id, body.reason, now=coordinator.now())
+            coordinator.fail_attempt(lease, body.reason, body.exit_code)
         except LeaseError as exc:
             raise HTTPException(410, str(exc)) from None
         return {"status": "requeued-or-exhausted"}

@@ -44,7 +44,7 @@ from flashruntime.monitor.exits import ExitWatch, ProcessSighting, first_exit
 from flashruntime.monitor.framework_metrics import final_figures
 from flashruntime.protocol.v1alpha1 import FailureClass, RecoveryDecision
 from flashruntime.local.trial_workdir import WORKDIR_NAME, is_shared, link_source_view
-from flashruntime.recovery import classify, decide, describe_launch, from_local_launch
+from flashruntime.recovery import decide, judge_exit
 from flashruntime.recovery.signals import failure_excerpt
 from flashruntime.strategies.command import compile_workload
 from flashruntime.workloads.command import CommandWorkload, collect_pattern_problem, task_params_problem
@@ -594,8 +594,8 @@ def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, mode
     if reported is not None:
         failure, evidence = reported
     else:
-        failure = classify(from_local_launch(handle.exit_code, log_tail))
-        evidence = describe_launch(handle.exit_code, log_tail)
+        verdict = judge_exit(handle.exit_code, log_tail, mode)
+        failure, evidence = verdict.failure_class, verdict.evidence
     if went_first is not None:
         evidence = f"rank {went_first.rank} (pid {went_first.pid}) exited first; {evidence}"
     decision = decide(failure, mode)

@@ -517,7 +517,12 @@ class CompleteRequest(WireModel):
 
 
 class FailRequest(WireModel):
+    """A failed attempt. ``exit_code``: how its command exited, when it ran; the coordinator then
+    judges the failure from it and the task's log by the recovery policy (a deterministic error
+    is not retried), as a local run and the Ray backend do."""
+
     reason: str
+    exit_code: int | None = Field(default=None, ge=-255, le=255)
 
 
 class ReleaseRequest(WireModel):

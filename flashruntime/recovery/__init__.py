@@ -5,6 +5,7 @@ decision, with a one-line ``explain`` and a byte-stable ``replay``.
 from flashruntime.recovery.policy import decide, explain, replay
 from flashruntime.recovery.signals import describe_launch, from_local_launch
 from flashruntime.recovery.taxonomy import CORRELATED_THRESHOLD, POLICY_VERSION, FailureSignals, classify
+from flashruntime.recovery.verdict import AttemptVerdict, judge_exit
 
 __all__ = [
     "POLICY_VERSION",
@@ -16,4 +17,6 @@ __all__ = [
     "replay",
     "from_local_launch",
     "describe_launch",
+    "AttemptVerdict",
+    "judge_exit",
 ]

@@ -189,6 +189,19 @@ def test_an_import_error_fails_the_task_once_without_a_retry(api: Any) -> None:
     assert "ModuleNotFoundError" in api.get(f"/v1alpha1/jobs/{job_id}/logs").json()["tasks"][0]["log"]
 
 
+def test_a_task_modules_bad_parameter_fails_once_as_an_application_error(api: Any) -> None:
+    workload = {"type": "hyperparameter_search", "parameters": {"module": "sgd_trainer", "trials": [{"lr": 0.1}]}}
+    job_id = submit(api, job(workload, attempts=3))
+    record = terminal(api, job_id)
+    tasks = api.get(f"/v1alpha1/jobs/{job_id}/tasks").json()
+    assert record["state"] == "FAILED"
+    assert tasks[0]["attempts"] == 1 and tasks[0]["failures"] == 1
+    classified = events(api, job_id, "FAILURE_CLASSIFIED")
+    assert [(e["data"]["failure_class"], e["data"]["retried"]) for e in classified] == [("application_error", False)]
+    assert classified[0]["data"]["evidence"] == "sgd_trainer refused its task: ValueError"
+    assert "sgd_trainer refused its task" in record["error"]
+
+
 def test_cancel_stops_the_running_ray_tasks_and_leaves_no_process(api: Any, tmp_path: Path) -> None:
     program = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(300)"
     pid_files = [tmp_path / "a.pid", tmp_path / "b.pid"]

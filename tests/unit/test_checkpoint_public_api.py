@@ -13,7 +13,7 @@ import flashruntime.checkpoint as checkpoint
 import flashruntime.errors
 import flashruntime.recovery as recovery
 from flashruntime.checkpoint import catalog, local, sqlite_store, store
-from flashruntime.recovery import policy, signals, taxonomy
+from flashruntime.recovery import policy, signals, taxonomy, verdict
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,6 +52,8 @@ def test_recovery_names_are_the_defining_objects() -> None:
         "replay",
         "from_local_launch",
         "describe_launch",
+        "AttemptVerdict",
+        "judge_exit",
     }
     for name in ("POLICY_VERSION", "CORRELATED_THRESHOLD", "FailureSignals", "classify"):
         assert getattr(recovery, name) is getattr(taxonomy, name)
@@ -59,6 +61,8 @@ def test_recovery_names_are_the_defining_objects() -> None:
         assert getattr(recovery, name) is getattr(policy, name)
     for name in ("from_local_launch", "describe_launch"):
         assert getattr(recovery, name) is getattr(signals, name)
+    for name in ("AttemptVerdict", "judge_exit"):
+        assert getattr(recovery, name) is getattr(verdict, name)
 
 
 def test_core_logic_imports_no_heavy_modules() -> None:
