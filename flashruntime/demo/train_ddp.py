@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    model, optimizer, _ = ft.prepare(model, optimizer)
+    model, optimizer = ft.prepare(model, optimizer)
     loss_fn = nn.MSELoss()
     fresh = ft.start_step() == 0
     for step in range(ft.start_step(), args.steps):

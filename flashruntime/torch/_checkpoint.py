@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from flashruntime.errors import InvalidProfileRequest
-from flashruntime.torch import _auto, _heartbeat, _profile, _state
+from flashruntime.torch import _auto, _heartbeat, _profile, _rng, _state
 from flashruntime.torch._prepare import unwrap
 
 
@@ -55,7 +55,23 @@ def _clear_unverified(step_dir: Path) -> None:
         step_dir.unlink()
 
 
-def _write_step(model: Any, optimizer: Any, step: int) -> None:
+RESUME_PART = "resume.pt"
+
+
+def _resume_state() -> list[dict[str, Any]] | None:
+    """Every rank's generator states, gathered on rank 0 (None on the others); collective."""
+    mine = {"rank": _state.rank(), "rng": _rng.capture()}
+    if _state.world_size() > 1:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            gathered: list[Any] | None = [None] * dist.get_world_size() if _state.is_main() else None
+            dist.gather_object(mine, gathered, dst=0)
+            return gathered
+    return [mine]
+
+
+def _write_step(model: Any, optimizer: Any, step: int, ranks: list[dict[str, Any]] | None = None) -> None:
     import torch
 
     from flashruntime.checkpoint.local import open_part, write_manifest
@@ -71,6 +87,12 @@ def _write_step(model: Any, optimizer: Any, step: int) -> None:
         with open_part(step_dir, "optimizer.pt") as part:
             torch.save(optimizer.state_dict(), part)
         digests["optimizer.pt"] = part.digest
+    if ranks is not None:
+        loader = _state.STATE.loader
+        resume = {"ranks": ranks, "loader": loader.state_dict() if loader is not None else None}
+        with open_part(step_dir, RESUME_PART) as part:
+            torch.save(resume, part)
+        digests[RESUME_PART] = part.digest
     write_manifest(
         step_dir,
         job_id=os.environ.get("FLASHML_JOB_ID") or "local",
@@ -90,8 +112,11 @@ def checkpoint(model: Any, optimizer: Any = None, *, step: int, every: int | str
     Young/Daly interval ``sqrt(2 x C x MTBF)`` from the measured save cost C and ``mtbf_s``
     (else ``$FLASHML_CHECKPOINT_MTBF_S``, else 86400 s), in steps of the measured step time;
     the first save is at the second step seen, to measure C (see ``checkpoint_cadence``).
-    Always refreshes the heartbeat with ``step``. Rank 0 writes; with several ranks
-    everyone then waits at a barrier, so the call is collective: every rank makes it.
+    Always refreshes the heartbeat with ``step``. Besides the model and optimizer, the
+    checkpoint holds every rank's random generator states (Python, NumPy, torch CPU and CUDA)
+    and the position of the loader ``prepare`` returned, so a resumed run continues exactly.
+    Rank 0 writes; with several ranks everyone first hands rank 0 its generator states and
+    then waits at a barrier, so the call is collective: every rank makes it.
     """
     auto = every == "auto"
     if not auto and every is not None and (isinstance(every, bool) or not isinstance(every, int)):
@@ -102,9 +127,10 @@ def checkpoint(model: Any, optimizer: Any = None, *, step: int, every: int | str
     if not due:
         return
     save_s = None
+    ranks = _resume_state()  # every rank's, before rank 0 writes: a collective like the barrier below
     if _state.is_main():
         started = time.perf_counter()
-        _write_step(model, optimizer, step)
+        _write_step(model, optimizer, step, ranks)
         save_s = time.perf_counter() - started
     if _state.world_size() > 1:
         import torch.distributed as dist

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from flashruntime.errors import CheckpointError
-from flashruntime.torch import _heartbeat, _profile, _state
+from flashruntime.torch import _heartbeat, _profile, _rng, _state
+from flashruntime.torch._loader import ResumableLoader, is_loader
 
 
 def unwrap(model: Any) -> Any:
@@ -30,21 +31,6 @@ def _destroy_group_at_exit() -> None:
             dist.destroy_process_group()
     except Exception:
         pass
-
-
-def _rebuild_loader(loader: Any, world_size: int, rank: int) -> Any:
-    from torch.utils.data import DataLoader
-    from torch.utils.data.distributed import DistributedSampler
-
-    sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, seed=0)
-    return DataLoader(
-        loader.dataset,
-        batch_size=loader.batch_size,
-        sampler=sampler,
-        collate_fn=loader.collate_fn,
-        num_workers=loader.num_workers,
-        drop_last=loader.drop_last,
-    )
 
 
 def _step_dir_of(root: Path, manifest: Any) -> Path:
@@ -112,18 +98,46 @@ def _restore(model: Any, optimizer: Any, device: str, multi_node: bool) -> int:
     optimizer_part = step_dir / "optimizer.pt"
     if optimizer is not None and optimizer_part.is_file():
         optimizer.load_state_dict(torch.load(optimizer_part, map_location=device))
+    resume_part = step_dir / "resume.pt"
+    if "resume.pt" in {Path(part.key).name for part in manifest.parts} and resume_part.is_file():
+        # Written by this helper and verified against the manifest: generator states are not tensors.
+        _state.STATE.resume = torch.load(resume_part, map_location="cpu", weights_only=False)
     return int(manifest.step)
 
 
-def prepare(model: Any, optimizer: Any = None, dataloader: Any = None) -> tuple[Any, Any, Any]:
-    """Place, wrap and restore: returns ``(model, optimizer, dataloader)``.
+def _apply_resume(loader: Any) -> None:
+    """Continue the data where the checkpoint left it and put this rank's generators back as
+    they were then (last, so nothing of prepare's own draws from them afterwards)."""
+    resume = _state.STATE.resume
+    _state.STATE.resume = None
+    if not isinstance(resume, dict):
+        return
+    if isinstance(loader, ResumableLoader) and isinstance(resume.get("loader"), dict):
+        loader.load_state_dict(resume["loader"])
+    mine = [entry for entry in resume.get("ranks") or [] if isinstance(entry, dict)
+            and entry.get("rank") == _state.rank()]
+    if mine and len(resume["ranks"]) == _state.world_size():
+        _rng.restore(mine[0]["rng"])
+
+
+_NOT_GIVEN: Any = object()
+
+
+def prepare(model: Any, optimizer: Any = None, dataloader: Any = _NOT_GIVEN) -> tuple[Any, ...]:
+    """Place, wrap and restore: returns ``(model, optimizer, dataloader)``, or ``(model,
+    optimizer)`` when called without a dataloader (``model, opt = ft.prepare(model, opt)``).
 
     Device from ``LOCAL_RANK`` and CUDA; with ``WORLD_SIZE > 1`` the default process
-    group (nccl on CUDA, else gloo), DistributedDataParallel and a DistributedSampler
-    (seed 0); then the latest verified checkpoint of the job is loaded and
-    ``start_step()`` reports its step. A single CPU process is a pass-through apart
-    from the restore.
+    group (nccl on CUDA, else gloo) and DistributedDataParallel. A ``DataLoader`` comes
+    back as a ``ResumableLoader`` over the same dataset and batches (a DistributedSampler,
+    seed 0, one replica for a single process; shuffled when the original shuffled), whose
+    position checkpoints record. Then the latest verified checkpoint of the job is loaded,
+    the loader continues after the batches it had handed out, this rank's random generators
+    are put back as they were, and ``start_step()`` reports the step. A single CPU process
+    is otherwise a pass-through.
     """
+    given_loader = dataloader is not _NOT_GIVEN
+    dataloader = dataloader if given_loader else None
     import torch
 
     state = _state.STATE
@@ -153,14 +167,16 @@ def prepare(model: Any, optimizer: Any = None, dataloader: Any = None) -> tuple[
             model = DistributedDataParallel(model, device_ids=[index], output_device=index)
         else:
             model = DistributedDataParallel(model)
-        if dataloader is not None:
-            dataloader = _rebuild_loader(dataloader, world, _state.rank())
     else:
         state.backend = None
+    if is_loader(dataloader):
+        dataloader = ResumableLoader(dataloader, world, _state.rank() if world > 1 else 0)
+    state.loader = dataloader if isinstance(dataloader, ResumableLoader) else None
 
     multi_node = world > _state.local_world_size()
     state.start_step = _restore(model, optimizer, device, multi_node)
     state.last_step = state.start_step
     _heartbeat.beat(state.start_step, force=True)
+    _apply_resume(state.loader)
     dataloader = _profile.attach(model, optimizer, dataloader)  # unchanged unless the profiler runs this
-    return model, optimizer, dataloader
+    return (model, optimizer, dataloader) if given_loader else (model, optimizer)

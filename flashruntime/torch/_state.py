@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -21,6 +22,8 @@ class HelperState:
     last_step: int | None = None  # last step reported through checkpoint/log_metrics
     last_beat: float | None = None  # monotonic time of the last heartbeat write
     atexit_registered: bool = False
+    loader: Any = None  # the ResumableLoader prepare handed back, whose position checkpoints carry
+    resume: Any = None  # the restored checkpoint's RNG states and data position, applied by prepare
 
 
 STATE = HelperState()

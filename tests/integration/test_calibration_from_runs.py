@@ -24,7 +24,7 @@ import flashruntime.torch as ft
 
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-model, optimizer, _ = ft.prepare(model, optimizer)
+model, optimizer = ft.prepare(model, optimizer)
 for step in range(ft.start_step() + 1, 9):
     loss = model(torch.randn(8, 4)).pow(2).mean()
     optimizer.zero_grad()

@@ -18,7 +18,7 @@ import flashruntime.torch as ft
 
 model = torch.nn.Linear(4, 2)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-model, optimizer, _ = ft.prepare(model, optimizer)
+model, optimizer = ft.prepare(model, optimizer)
 saves = []
 for step in range(1, 41):
     loss = model(torch.randn(8, 4)).pow(2).mean()

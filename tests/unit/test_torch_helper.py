@@ -218,7 +218,7 @@ def test_single_process_checkpoint_then_prepare_restores_it(
 
     ft.checkpoint(model, optimizer, step=3, every=3)
     ft.checkpoint(model, optimizer, step=6)  # every=None: unconditional; the unverified leftover is cleared
-    assert sorted(p.name for p in leftover.iterdir()) == ["manifest.json", "model.pt", "optimizer.pt"]
+    assert sorted(p.name for p in leftover.iterdir()) == ["manifest.json", "model.pt", "optimizer.pt", "resume.pt"]
     manifest = latest_valid_manifest(ckpt)
     assert manifest is not None and manifest.step == 6 and verify_manifest(manifest, leftover)
     assert (manifest.job_id, manifest.attempt_id, manifest.world_size) == ("job-x", "local", 1)
