@@ -19,11 +19,36 @@ from typing import Any, TextIO
 from flashruntime.launchers.local import LOG_NAME
 from flashruntime.local.run import trial_id
 
-__all__ = ["EVENTS_SHOWN", "LiveOutput"]
+__all__ = ["EVENTS_SHOWN", "LiveOutput", "tidy_lines"]
 
 POLL_S = 0.1
 _ATTEMPT_OF_A_TRIAL = re.compile(r"task-([0-9]{3,})(?:-r[0-9]+)?[: ]")
 _CHUNK = 1 << 20  # read at most this much of one log per pass, so every attempt gets its turn
+_TAGS_AT_START = re.compile(r"^(?:\[[A-Za-z]+[0-9]+\]:)+")
+_TRAILING_TAGS = re.compile(r"(?:\[[A-Za-z]+[0-9]+\]:)+$")
+# torchrun's own tags, where another rank's line begins glued to the end of one that had no
+# line break (a stack of tags, "[default0]:[rank0]:", is one prefix: never split inside it).
+_GLUED_TAG = re.compile(r"(?<=[^:])(?=\[(?:default|rank)[0-9]+\]:)")
+_ONLY_TAGS = re.compile(r"^(?:\[[A-Za-z]+[0-9]+\]:)+\s*$")
+
+
+def tidy_lines(lines: list[str]) -> list[str]:
+    """The lines as a terminal would leave them. A carriage return (a progress bar's update)
+    keeps what follows the last one. torchrun's tee turns each carriage return into a line
+    break and glues the next rank's line to the end of a line that had none: such a line is
+    split where the other rank's tag begins, a tag left at a line's end is dropped, and so is a
+    line that is nothing but a tag."""
+    tidy = []
+    for line in (piece for whole in lines for piece in _GLUED_TAG.split(whole)):
+        if "\r" in line:
+            tags = _TAGS_AT_START.match(line)
+            shown = line.rstrip("\r").rsplit("\r", 1)[-1]
+            line = (tags.group(0) if tags and not shown.startswith(tags.group(0)) else "") + shown
+        stripped = _TRAILING_TAGS.sub("", line) if not _ONLY_TAGS.match(line) else line
+        if _ONLY_TAGS.match(stripped):
+            continue
+        tidy.append(stripped)
+    return tidy
 # The events a user watching the terminal needs; the others are in run.json.
 EVENTS_SHOWN = frozenset({
     "FAILURE_CLASSIFIED", "RECOVERY_ACTION_SELECTED", "RESUME_SELECTED", "LAUNCH_FAILED",
@@ -127,7 +152,7 @@ class LiveOutput:
             self._write_lines([self._partial.pop(attempt_id).decode(errors="replace")], prefix)
 
     def _write_lines(self, lines: list[str], prefix: str) -> None:
-        self._write("".join(f"{prefix}{line}\n" for line in lines))
+        self._write("".join(f"{prefix}{line}\n" for line in tidy_lines(lines)))
 
     def _write(self, text: str) -> None:
         if self._broken or not text:
