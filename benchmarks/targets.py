@@ -31,6 +31,8 @@ __all__ = [
     "SWEEP_PARALLEL_OVER_SERIAL",
     "faults_routed",
     "trials_completed",
+    "VERIFY_OVER_FRAMEWORK_SAVE",
+    "FULL_VERIFY_OVER_HASH_FLOOR",
 ]
 
 LEASE_MEMORY_OVER_FLOOR = Target(
@@ -44,6 +46,13 @@ LEASE_FLATNESS = Target(
                     "scans")
 CHECKPOINT_COMMIT_OVER_BARE_SAVE = Target(
     "<=", 1.15, "x", "verifying a checkpoint (hashing while writing, the manifest) adds at most 15 % to a bare save")
+FULL_VERIFY_OVER_HASH_FLOOR = Target(
+    "<=", 1.25, "x", "re-reading a framework's checkpoint in a new driver costs at most a quarter more than one bare "
+                     "sha256 pass over its bytes, the floor of checking every byte")
+VERIFY_OVER_FRAMEWORK_SAVE = Target(
+    "<=", 0.5, "x", "checking a framework's checkpoint before a relaunch, in the driver that fingerprinted it, costs "
+                    "at most half of what the framework spent writing it: a file nothing wrote to since is not read "
+                    "again")
 DEMO_WALL_S = Target("<=", 30, "s", "a new user sees the crash, the decision and the resume while they watch")
 FEDAVG_FAST_OVER_NUMPY = Target(
     "<=", 1.5, "x", "median-anchored clipping and its checks cost at most half again a plain numpy weighted mean")

@@ -31,6 +31,7 @@ __all__ = [
     "find_checkpoints",
     "fingerprint",
     "fingerprint_problem",
+    "identity",
     "newest",
     "torch_file_step",
 ]
@@ -204,18 +205,29 @@ def fingerprint(checkpoint: FrameworkCheckpoint) -> dict[str, dict[str, Any]]:
             for path in checkpoint_files(checkpoint)}
 
 
-def fingerprint_problem(checkpoint: FrameworkCheckpoint, recorded: Mapping[str, Mapping[str, Any]]) -> str | None:
+def identity(info: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What the filesystem says of a file's contents: device, inode, size, and the times of
+    its last write and last change. Any write through the filesystem changes one of them."""
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def fingerprint_problem(checkpoint: FrameworkCheckpoint, recorded: Mapping[str, Mapping[str, Any]], *,
+                        unchanged: Mapping[str, tuple[int, ...]] | None = None) -> str | None:
     """How the checkpoint differs from the fingerprint taken when the framework finished it,
-    or None when every recorded file is there with its size and sha256."""
+    or None when every recorded file is there with its size and sha256. A file whose
+    ``identity`` is still the one in ``unchanged`` (taken when this process hashed it) is not
+    read again: nothing has written to it since."""
     base = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
     for name, expected in sorted(recorded.items()):
         path = base / name
         try:
-            size = path.stat().st_size
+            info = path.stat()
         except OSError:
             return f"{name} is missing"
-        if size != expected.get("size"):
-            return f"{name} is {size} bytes, {expected.get('size')} when it was written"
+        if info.st_size != expected.get("size"):
+            return f"{name} is {info.st_size} bytes, {expected.get('size')} when it was written"
+        if unchanged is not None and unchanged.get(name) == identity(info):
+            continue
         if _sha256(path) != expected.get("sha256"):
             return f"{name} changed since it was written (sha256 differs)"
     return None

@@ -53,7 +53,9 @@ def register(subparsers: Any) -> None:
         description="Run CMD (as `flashruntime submit` does) while injecting faults, then run it again without "
                     "them, and report detection time (MTTD), recovery time (MTTR), steps recomputed, goodput and "
                     "whether the result equals the fault-free one. A STEP is N, or LOW-HIGH for a random step "
-                    "drawn with --seed. Ranks are found by the torch helper's heartbeats (flashruntime.torch).",
+                    "drawn with --seed. Steps and ranks come from the torch helper (flashruntime.torch), else "
+                    "from the checkpoints the script saves itself and the RANK each process was started with. "
+                    "Exit 1 when the run failed, its result differs, or a fault could not be injected.",
     )
     parser.add_argument("cmd", metavar="CMD", help='the command, e.g. "torchrun --nproc-per-node 2 train.py"')
     parser.add_argument("--kill-rank", type=_rank_at, action="append", default=[], metavar="RANK@STEP",
@@ -140,5 +142,7 @@ def handle(args: argparse.Namespace) -> int:
     if run.failure_summary():
         print(run.failure_summary(), file=sys.stderr)
     print(json.dumps(report, default=str) if args.json else render_report(report))
-    ok = str(run.state) == "SUCCEEDED" and (result is None or result["equal"])
+    # A fault that never fired tested nothing: the run says nothing about surviving it.
+    all_fired = not not_reached and all(injection.get("done") for injection in injected)
+    ok = str(run.state) == "SUCCEEDED" and (result is None or result["equal"]) and all_fired
     return EXIT_OK if ok else EXIT_FAILED

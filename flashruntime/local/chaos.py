@@ -5,14 +5,18 @@ A ``ChaosPlan`` lists faults, each fired once, in the first attempt that reaches
 (``at_step``, or a step drawn from ``between`` with the plan's ``seed``):
 
 - ``kill_rank``: SIGKILL one rank (found by its heartbeat file, which the torch helper
-  writes), as a crashed GPU or an OOM kill would;
+  writes, else by the ``RANK`` it was started with), as a crashed GPU or an OOM kill would;
 - ``kill_attempt``: SIGKILL the attempt's leader (torchrun, or the plain command), as a
   lost machine would; the launcher's sweep then reaps the ranks;
 - ``hang_rank``: stop one rank (SIGSTOP) for ``seconds``, then let it go on (SIGCONT);
 - ``slow``: for ``seconds``, stop every rank for ``factor`` of each 200 ms, as a
   throttled or shared machine would;
 - ``corrupt_checkpoint``: flip a byte in a part of the newest valid checkpoint, so its
-  sha256 no longer verifies and a resume must pick the one before it.
+  sha256 no longer verifies and a resume must pick the one before it; for a script that
+  keeps its own checkpoints, in the newest of those (``flashruntime.checkpoint.frameworks``).
+
+A step is reached when the torch helper reports it (heartbeats, ``metrics.jsonl``), or, for
+a script that keeps its own checkpoints, when it has saved one of that step.
 
 Faults due at the same step fire in the plan's order (so a checkpoint corrupted "at the
 kill" is corrupted first). Each injection is recorded in ``run.json`` (``chaos.injected``)
@@ -33,12 +37,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from flashruntime.checkpoint.frameworks import checkpoint_files, newest
 from flashruntime.checkpoint.local import MANIFEST_NAME, latest_valid_manifest
+from flashruntime.local.framework_resume import FrameworkCheckpoints
+from flashruntime.monitor.exits import rank_of
 
 __all__ = ["ChaosInjector", "ChaosPlan", "Fault"]
 
 FaultKind = Literal["kill_rank", "kill_attempt", "hang_rank", "slow", "corrupt_checkpoint"]
 POLL_S = 0.05
+FRAMEWORK_POLL_S = 0.5  # a script's own checkpoints are looked for this often (a directory walk)
 _SLOW_PERIOD_S = 0.2
 
 
@@ -116,13 +124,34 @@ def _last_step(attempt_dir: Path) -> int | None:
     return max(steps) if steps else None
 
 
-def _rank_pids(attempt_dir: Path) -> dict[int, int]:
+def _rank_pids(attempt_dir: Path, handle: Any = None) -> dict[int, int]:
+    """Each rank's pid: from the torch helper's heartbeats, else (a script without it) from the
+    attempt's processes, by the ``RANK`` / ``LOCAL_RANK`` each was started with."""
     pids = {}
     for beat in (attempt_dir / "ranks").glob("rank-*.json"):
         record = _read_json(beat)
         if record and isinstance(record.get("rank"), int) and isinstance(record.get("pid"), int):
             pids[record["rank"]] = record["pid"]
+    processes = getattr(handle, "processes", None)
+    if not pids and callable(processes):
+        for pid in sorted(processes()):
+            rank = rank_of(pid)
+            if rank is not None:
+                pids.setdefault(rank, pid)  # the first (lowest) pid of a rank: the rank, not its workers
     return pids
+
+
+def _flip_middle_byte(path: Path) -> int:
+    with open(path, "r+b") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        middle = size // 2
+        handle.seek(middle)
+        byte = handle.read(1) or b"\0"
+        handle.seek(middle)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+        handle.flush()
+        os.fsync(handle.fileno())
+    return middle
 
 
 def _signal(pid: int, signum: int) -> bool:
@@ -144,6 +173,8 @@ class ChaosInjector:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="flashruntime-chaos", daemon=True)
         self._timers: list[threading.Thread] = []
+        self._framework_looked: dict[str, float] = {}
+        self._framework_steps: dict[str, int | None] = {}
 
     def start(self) -> ChaosInjector:
         self._run.recorder.set_chaos({"plan": self._plan.model_dump(mode="json"),
@@ -152,11 +183,31 @@ class ChaosInjector:
         self._thread.start()
         return self
 
+    def _framework_step(self, job_id: str) -> int | None:
+        """The step of the newest checkpoint the script itself saved (for a script without the
+        torch helper), looked for at most every ``FRAMEWORK_POLL_S``."""
+        now = time.monotonic()
+        if now - self._framework_looked.get(job_id, 0.0) < FRAMEWORK_POLL_S:
+            return self._framework_steps.get(job_id)
+        self._framework_looked[job_id] = now
+        newest_one = newest(self._framework(job_id).find())
+        step = None if newest_one is None else newest_one.step
+        self._framework_steps[job_id] = step
+        return step
+
+    def _framework(self, job_id: str) -> FrameworkCheckpoints:
+        source = Path(os.path.expanduser(self._run.workload.source.path))
+        return FrameworkCheckpoints([source, Path(self._checkpoint_root(job_id))], self._run.checkpoint_patterns,
+                                    self._run.output_dir / job_id)
+
     def _loop(self) -> None:
         while self._due and not self._stop.wait(POLL_S):
             for attempt_id, handle in self._run.recorder.active:
                 attempt_dir = Path(handle.output_dir)
                 reached = _last_step(attempt_dir)
+                if reached is None:
+                    row = next((r for r in self._run.attempts if r["attempt_id"] == attempt_id), {})
+                    reached = self._framework_step(str(row.get("job_id", "local")))
                 while self._due and reached is not None and reached >= self._due[0][0]:
                     step, fault = self._due.pop(0)
                     self._inject(fault, step, reached, attempt_id, handle, attempt_dir)
@@ -166,20 +217,20 @@ class ChaosInjector:
         detail = ""
         done = True
         if fault.kind == "kill_rank":
-            pid = _rank_pids(attempt_dir).get(fault.rank)
+            pid = _rank_pids(attempt_dir, handle).get(fault.rank)
             done = pid is not None and _signal(pid, signal.SIGKILL)
-            detail = f"pid {pid}" if done else f"rank {fault.rank} has no heartbeat (is flashruntime.torch used?)"
+            detail = f"pid {pid}" if done else f"no process of rank {fault.rank} was found"
         elif fault.kind == "kill_attempt":
             done = _signal(int(handle.execution_id), signal.SIGKILL)
             detail = f"pid {handle.execution_id}"
         elif fault.kind == "hang_rank":
-            pid = _rank_pids(attempt_dir).get(fault.rank)
+            pid = _rank_pids(attempt_dir, handle).get(fault.rank)
             done = pid is not None and _signal(pid, signal.SIGSTOP)
             if done:
                 self._later(fault.seconds, lambda: _signal(pid, signal.SIGCONT))  # type: ignore[arg-type]
-            detail = f"pid {pid}" if done else f"rank {fault.rank} has no heartbeat (is flashruntime.torch used?)"
+            detail = f"pid {pid}" if done else f"no process of rank {fault.rank} was found"
         elif fault.kind == "slow":
-            pids = sorted(_rank_pids(attempt_dir).values()) or [int(handle.execution_id)]
+            pids = sorted(_rank_pids(attempt_dir, handle).values()) or [int(handle.execution_id)]
             self._later(0.0, lambda: self._throttle(pids, fault.seconds, fault.factor))
             detail = f"pids {pids}"
         elif fault.kind == "corrupt_checkpoint":
@@ -195,23 +246,27 @@ class ChaosInjector:
         root = Path(self._checkpoint_root(job_id))
         manifest = latest_valid_manifest(root)
         if manifest is None or not manifest.parts:
-            return f"no valid checkpoint under {root} yet", False
+            return self._corrupt_framework_checkpoint(job_id, root)
         step_dir = next((path.parent for path in sorted(root.glob(f"step-*/{MANIFEST_NAME}"))
                          if (_read_json(path) or {}).get("manifest_id") == manifest.manifest_id), None)
         part = manifest.parts[0]
         path = None if step_dir is None else step_dir / part.key
         if path is None or not path.is_file():
             return f"part {part.key} of step {manifest.step} not found", False
-        with open(path, "r+b") as handle:
-            size = handle.seek(0, os.SEEK_END)
-            middle = size // 2
-            handle.seek(middle)
-            byte = handle.read(1) or b"\0"
-            handle.seek(middle)
-            handle.write(bytes([byte[0] ^ 0xFF]))
-            handle.flush()
-            os.fsync(handle.fileno())
+        middle = _flip_middle_byte(path)
         return f"step {manifest.step}, part {part.key}, byte {middle}", True
+
+    def _corrupt_framework_checkpoint(self, job_id: str, root: Path) -> tuple[str, bool]:
+        """No checkpoint of the torch helper: flip a byte in the largest file of the newest
+        checkpoint the script saved itself (the one its own resume would load)."""
+        framework = self._framework(job_id)
+        chosen = newest(framework.find())
+        files = [] if chosen is None else checkpoint_files(chosen)
+        if not files:
+            return f"no valid checkpoint under {root} and none the script saved itself yet", False
+        path = max(files, key=lambda p: (p.stat().st_size, str(p)))
+        middle = _flip_middle_byte(path)
+        return f"{framework.describe(chosen)}, file {path.name}, byte {middle}", True
 
     def _later(self, delay: float, action: Any) -> None:
         def run() -> None:

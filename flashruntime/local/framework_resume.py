@@ -26,6 +26,7 @@ from flashruntime.checkpoint.frameworks import (
     find_checkpoints,
     fingerprint,
     fingerprint_problem,
+    identity,
     newest,
 )
 from flashruntime.files import write_atomic
@@ -80,6 +81,9 @@ class FrameworkCheckpoints:
         self.verified_dir = job_dir / VERIFIED_DIR
         self._lock = threading.Lock()
         self._records: dict[str, dict[str, Any]] = self._load()
+        # Per checkpoint, each file's identity when this process hashed it: a file unchanged since
+        # is not read again (a new process has none of these, and re-reads everything).
+        self._hashed: dict[str, dict[str, tuple[int, ...]]] = {}
 
     def _load(self) -> dict[str, dict[str, Any]]:
         try:
@@ -108,7 +112,9 @@ class FrameworkCheckpoints:
     def record(self, checkpoint: FrameworkCheckpoint) -> str:
         """Fingerprint ``checkpoint`` as it is now (and keep a copy of a reused one-file
         checkpoint); returns the event message."""
+        before = _identities(checkpoint)
         files = fingerprint(checkpoint)
+        after = _identities(checkpoint)
         entry: dict[str, Any] = {"kind": checkpoint.kind, "step": checkpoint.step, "files": files,
                                  "seen_at": time.time()}
         kept = ""
@@ -120,21 +126,23 @@ class FrameworkCheckpoints:
             kept = "; a copy is kept in case a later save of it tears"
         with self._lock:
             self._records[str(checkpoint.path)] = entry
+            # Only what did not change while it was read is known to hold what was hashed.
+            self._hashed[str(checkpoint.path)] = {name: key for name, key in after.items() if before.get(name) == key}
             self._save()
         total = sum(f["size"] for f in files.values())
         return f"{self.describe(checkpoint)} fingerprinted: {len(files)} file(s), {total} bytes{kept}"
 
     def problem(self, checkpoint: FrameworkCheckpoint) -> str | None:
-        """Why ``checkpoint`` must not be resumed from, or None: its format, then its bytes
-        against the fingerprint taken when it was finished (a checkpoint never seen finished
-        is judged by its format alone)."""
-        problem = _structural_problem(checkpoint)
-        if problem is not None:
-            return problem
+        """Why ``checkpoint`` must not be resumed from, or None. One fingerprinted when it was
+        finished is judged by its bytes against that fingerprint (its format was checked before
+        it was taken); a file this process hashed and nothing has written to since is not read
+        again. One never seen finished is judged by its format alone."""
         recorded = self.recorded(checkpoint)
-        if recorded is not None:
-            return fingerprint_problem(checkpoint, recorded.get("files", {}))
-        return None
+        if recorded is None:
+            return _structural_problem(checkpoint)
+        with self._lock:
+            unchanged = dict(self._hashed.get(str(checkpoint.path), {}))
+        return fingerprint_problem(checkpoint, recorded.get("files", {}), unchanged=unchanged)
 
     def quarantine(self, checkpoint: FrameworkCheckpoint) -> Path:
         """Move ``checkpoint`` into ``.flashruntime-quarantine/`` beside it (a free name)."""
@@ -186,6 +194,17 @@ class FrameworkCheckpoints:
                     point.events.append(("CHECKPOINT_RESTORED", f"{self.describe(restored)}: the copy kept when it "
                                          "was last verified is back in its place"))
         return point
+
+
+def _identities(checkpoint: FrameworkCheckpoint) -> dict[str, tuple[int, ...]]:
+    base = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
+    found = {}
+    for path in checkpoint_files(checkpoint):
+        try:
+            found[str(path.relative_to(base))] = identity(path.stat())
+        except OSError:
+            continue
+    return found
 
 
 def _copy_name(path: Path) -> str:

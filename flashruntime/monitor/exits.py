@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ExitWatch", "ProcessSighting", "first_exit"]
+__all__ = ["ExitWatch", "ProcessSighting", "first_exit", "rank_of"]
 
 PERIOD_S = 0.2
 _RANK_VARIABLES = (b"RANK=", b"LOCAL_RANK=")
@@ -30,7 +30,7 @@ class ProcessSighting:
     gone_at: float | None = None  # the first look that found it gone (or a zombie)
 
 
-def _rank_of(pid: int) -> int | None:
+def rank_of(pid: int) -> int | None:
     """The process's ``RANK`` (else ``LOCAL_RANK``) from the environment it was started with."""
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -94,7 +94,7 @@ class ExitWatch:
                 for pid in current:
                     sighting = self._seen.get(pid)
                     if sighting is None or sighting.gone_at is not None:
-                        self._seen[pid] = ProcessSighting(pid, _rank_of(pid), now, now)
+                        self._seen[pid] = ProcessSighting(pid, rank_of(pid), now, now)
                     else:
                         sighting.last_seen = now
                 for pid, sighting in self._seen.items():

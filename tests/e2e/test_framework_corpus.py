@@ -371,3 +371,35 @@ def test_a_truncated_snapshot_is_quarantined_and_the_kept_copy_restored(tmp_path
     assert _resumed_step(run) == 4
     assert "Resuming training from snapshot at Epoch 4" in _attempt_log(run, 1)
     assert len(run.attempts) == 2
+
+
+def test_chaos_on_an_unchanged_hf_script_kills_and_corrupts_at_its_own_checkpoints(tmp_path: Path) -> None:
+    _need("transformers")
+    source = _project(tmp_path, "hf_clm.py")
+    done = subprocess.run(
+        [PY, "-m", "flashruntime.cli", "chaos", f"{PY} hf_clm.py --max_steps 30 --step_seconds 0.15",
+         "--corrupt-checkpoint", "20", "--kill-attempt", "20", "--source", str(source),
+         "--output-dir", str(tmp_path / "chaos"), "--metric", "eval_loss", "--json", "--quiet"],
+        capture_output=True, text=True, timeout=600, check=False, env={**os.environ, **ENV})
+    report = json.loads(done.stdout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [(f["kind"], f["done"]) for f in report["faults"]] == [("corrupt_checkpoint", True), ("kill_attempt", True)]
+    assert "huggingface checkpoint clm-out/checkpoint-20 (step 20)" in report["faults"][0]["detail"]
+    assert report["not_reached"] == [] and report["result"]["equal"] is True
+    events = json.loads((tmp_path / "chaos" / "chaos" / "run.json").read_text())["events"]
+    quarantined = [e["message"] for e in events if e["type"] == "CHECKPOINT_QUARANTINED"]
+    assert len(quarantined) == 1 and "checkpoint-20" in quarantined[0]
+    assert any(e["type"] == "RESUME_SELECTED" and "resumes from step 10" in e["message"] for e in events)
+
+
+def test_chaos_exits_1_when_a_fault_could_not_be_injected(tmp_path: Path) -> None:
+    source = tmp_path / "project"
+    source.mkdir()
+    (source / "t.py").write_text("import time\nfor _ in range(20):\n    time.sleep(0.05)\n")
+    done = subprocess.run(
+        [PY, "-m", "flashruntime.cli", "chaos", f"{PY} t.py", "--kill-rank", "1@5", "--source", str(source),
+         "--output-dir", str(tmp_path / "chaos"), "--no-compare", "--json", "--quiet"],
+        capture_output=True, text=True, timeout=120, check=False)
+    report = json.loads(done.stdout)
+    assert report["state"] == "SUCCEEDED" and report["not_reached"] == [{"kind": "kill_rank", "step": 5}]
+    assert done.returncode == 1
