@@ -1,6 +1,6 @@
 """Live progress of a local run on a terminal: one status line (attempt or trial k/N,
-state, elapsed time, the last step/loss logged to metrics.jsonl) redrawn below the
-job's own output."""
+state, elapsed time, the last step/loss logged to metrics.jsonl or printed by the script's
+framework) redrawn below the job's own output."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
+
+from flashruntime.launchers.local import LOG_NAME
+from flashruntime.monitor.progress import progress_from_output
 
 
 def last_metrics(attempt_dir: str | Path) -> dict[str, Any] | None:
@@ -31,8 +34,20 @@ def last_metrics(attempt_dir: str | Path) -> dict[str, Any] | None:
     return None
 
 
+def _output_tail(attempt_dir: str | Path, size: int = 8192) -> str:
+    try:
+        with open(Path(attempt_dir) / LOG_NAME, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _step_and_loss(attempt: dict[str, Any]) -> str:
-    record = last_metrics(attempt["output_dir"])
+    """The last step and loss: from metrics.jsonl (the torch helper's), else from what the
+    script printed (a framework's log line or progress bar)."""
+    record = last_metrics(attempt["output_dir"]) or progress_from_output(_output_tail(attempt["output_dir"]))
     text = ""
     if record:
         if "step" in record:

@@ -549,7 +549,7 @@ def _run_param_set(
             break
         went_first = first_exit(sightings, int(handle.execution_id)) if sightings else None
         decision = _classify_failure(run, handle, attempt_id, mode, last_attempt=restart == run.max_restarts,
-                                     went_first=went_first)
+                                     went_first=went_first, processes=len(sightings))
         failure_class = decision.failure_class
         if decision.action == "fail_job":
             break
@@ -583,12 +583,13 @@ _LAST_LINES = 5  # of a failed attempt's log, shown when it names no exception
 
 
 def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, mode: str, *, last_attempt: bool,
-                      went_first: ProcessSighting | None = None) -> RecoveryDecision:
+                      went_first: ProcessSighting | None = None, processes: int = 0) -> RecoveryDecision:
     """Classify a failed attempt, record the class, the decision and the log lines that show
     the error (for the failure summary), and return the decision. On the last attempt the
     budget allows, a decision to relaunch says that none is left. What Ray reported of an
     attempt it lost (``reported_failure`` of a Ray handle) is its class and evidence.
-    ``went_first``: the rank the exit watch saw gone while the others still ran, named first."""
+    ``went_first``: the rank the exit watch saw gone while the others still ran, named first.
+    ``processes``: how many the watch saw; an attempt of one process is no group to restart."""
     log_tail = read_log_tail(handle.output_dir / LOG_NAME)
     reported = getattr(handle, "reported_failure", None)
     if reported is not None:
@@ -599,6 +600,9 @@ def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, mode
     if went_first is not None:
         evidence = f"rank {went_first.rank} (pid {went_first.pid}) exited first; {evidence}"
     decision = decide(failure, mode)
+    if processes == 1 and "restart the group" in decision.reason:
+        decision = decision.model_copy(update={"reason": decision.reason.replace("restart the group",
+                                                                                  "relaunch the command")})
     excerpt = failure_excerpt(log_tail)
     spent = last_attempt and decision.action != "fail_job"
     last_lines = [] if excerpt.exception else [line for line in log_tail.splitlines() if line.strip()][-_LAST_LINES:]

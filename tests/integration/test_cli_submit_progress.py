@@ -65,3 +65,33 @@ def test_a_sweep_shows_which_trial_of_how_many_is_running(tmp_path: Path) -> Non
     assert "\rtrial 1/2 [local-000] RUNNING" in screen and "\rtrial 2/2 [local-001] RUNNING" in screen
     assert "SUCCEEDED  trials 2/2 done" in screen
     assert stdout.splitlines()[-1].startswith("output: ")
+
+
+PRINTS_LIKE_HF = """
+import time
+for step in range(1, 11):
+    print({"loss": round(2.0 / step, 4), "grad_norm": 0.5, "learning_rate": 0.001, "epoch": step / 10}, flush=True)
+    print(f"\\r{step * 10}%|##   | {step}/10 [00:01<00:01, 9.9it/s]", end="", flush=True)
+    time.sleep(0.1)
+print()
+"""
+
+
+def test_the_progress_line_shows_step_and_loss_a_framework_printed(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(PRINTS_LIKE_HF)
+    code, screen, _ = _on_a_tty(["submit", f"{sys.executable} {script}", "--output-dir", str(tmp_path / "out"),
+                                 "--no-watch"])
+    assert code == 0
+    assert "step 10  loss 0.2" in screen  # the bar's step and the Trainer-style dict's loss, no metrics.jsonl
+
+
+def test_progress_from_output_reads_the_common_frameworks() -> None:
+    from flashruntime.monitor.progress import progress_from_output
+
+    hf = "{'loss': 4.7056, 'grad_norm': 1.2, 'learning_rate': 0.0009, 'epoch': 0.31}\n 50%|# | 20/40 [00:02<00:02]"
+    assert progress_from_output(hf) == {"step": 20, "loss": 4.7056}
+    lightning = "Epoch 0:  50%|#   | 12/24 [00:01<00:01, 11.2it/s, v_num=0, train_loss=0.123]"
+    assert progress_from_output(lightning) == {"step": 12, "loss": 0.123}
+    assert progress_from_output('[default0]:{"loss": 0.5, "step": 7}') == {"loss": 0.5, "step": 7}
+    assert progress_from_output("{'loss': __import__('os').system('x')}\nplain text") == {}

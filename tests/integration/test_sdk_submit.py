@@ -109,7 +109,8 @@ def test_killed_worker_is_relaunched_and_succeeds(tmp_path: Path) -> None:
     messages = {e["type"]: e["message"] for e in run.events}
     assert messages["FAILURE_CLASSIFIED"].startswith("task-000: worker_crash (exit -9; ")
     assert "killed by SIGKILL" in messages["FAILURE_CLASSIFIED"]
-    assert messages["RECOVERY_ACTION_SELECTED"].startswith("task-000: restart_group — ")
+    assert messages["RECOVERY_ACTION_SELECTED"] == ("task-000: restart_group — transient worker crash: relaunch the "
+                                                    "command from the last valid checkpoint")  # one process, no group
     assert messages["RESUME_SELECTED"] == "task-000-r1 starts at step 0 (no valid checkpoint)"
     assert run.trials == [{"ok": 1}]
 
