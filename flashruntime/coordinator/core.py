@@ -34,12 +34,20 @@ from flashruntime.coordinator.nodes import NodeRegistry
 from flashruntime.coordinator.ray_dispatch import BACKEND_KEY, BackendPlacement, RayDispatcher
 from flashruntime.coordinator.settings import RuntimeSettings
 from flashruntime.coordinator.state import InTransaction, open_state
-from flashruntime.coordinator.task_logs import TaskLog, log_share, read_log, task_log_path, with_tail
+from flashruntime.coordinator.task_logs import (
+    TaskLog,
+    attempt_log_key_of,
+    log_share,
+    read_log,
+    task_log_path,
+    with_tail,
+)
 from flashruntime.errors import (
     AuthFailure,
     CheckpointError,
     CodeExecutionNotPermitted,
     ExpansionError,
+    FlashRuntimeError,
     LeaseError,
     NoBackend,
 )
@@ -398,15 +406,39 @@ class Coordinator:
         records = sorted(self.manager.records(job_id), key=lambda record: record.spec.task_id)
         if task is not None:
             records = [record for record in records if record.spec.task_id == task]
-        share = log_share(len(records))
-        logs = []
+        wanted: list[tuple[Any, int | None, Path | None]] = []  # (record, earlier attempt or None, path)
         for record in records:
             spec = record.spec
-            path = task_log_path(self.artifacts, job_id, spec.task_id, spec.payload)
+            for number in range(1, record.attempts_used):  # the latest attempt's log is task.log itself
+                path = task_log_path(self.artifacts, job_id, spec.task_id, spec.payload, number)
+                if path is not None and path.is_file():
+                    wanted.append((record, number, path))
+            wanted.append((record, None, task_log_path(self.artifacts, job_id, spec.task_id, spec.payload)))
+        share = log_share(len(wanted))
+        logs = []
+        for record, number, path in wanted:
             text, truncated = read_log(path, share) if path is not None else ("", False)
             text, truncated = with_tail(text, truncated, tail)
-            logs.append(TaskLog(spec.task_id, record.state.value, _last_node(record), text, truncated))
+            state = record.state.value if number is None else "FAILED"
+            logs.append(TaskLog(record.spec.task_id, state, _last_node(record), text, truncated, number))
         return logs
+
+    def keep_attempt_log(self, lease: Lease) -> None:
+        """Keep the log of ``lease``'s failed attempt beside the task's, so the next attempt's log
+        (which replaces ``task.log``) does not erase it. Nothing is kept when it cannot be read."""
+        current = task_log_path(self.artifacts, lease.job_id, lease.task_id, lease.payload)
+        if current is None:
+            return
+        try:
+            data = current.read_bytes()
+        except OSError:
+            return
+        try:
+            self.artifacts.write_bytes(attempt_log_key_of(lease.job_id, lease.task_id, lease.payload,
+                                                          lease.attempt_number), data)
+        except (FlashRuntimeError, OSError) as exc:
+            log.warning("the log of attempt %s of task %s was not kept: %s", lease.attempt_number, lease.task_id,
+                        exc)
 
     def tasks(self, job_id: str) -> list[dict[str, Any]]:
         """``GET /jobs/{id}/tasks`` rows, sorted by task id."""
@@ -450,6 +482,7 @@ class Coordinator:
             log_tail = read_log(path, TASK_LOG_MAX_BYTES)[0] if path is not None else ""
             verdict = judge_exit(exit_code, log_tail, TASK_MODE, at=self.now())
         event = failure_classified(lease, verdict, source=SERVICE_SOURCE, at=self.now())
+        self.keep_attempt_log(lease)
 
         def fail() -> None:
             self.record_event(event)

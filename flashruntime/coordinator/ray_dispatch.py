@@ -383,6 +383,8 @@ class RayDispatcher:
         coordinator = self.coordinator
         lease = flight.lease
         retry = verdict.retry
+        if not lost:
+            coordinator.keep_attempt_log(lease)
         event = failure_classified(lease, verdict, source=SOURCE, at=coordinator.now(), node_id=RAY_NODE_ID,
                                    data={"ray": evidence})
 

@@ -19,13 +19,14 @@ from flashruntime.protocol.task_logs import (
     JOB_LOGS_MAX_BYTES,
     TASK_LOG_CUT_LINE,
     TASK_LOG_MAX_BYTES,
+    attempt_log_key,
     last_lines,
     task_log_key,
     was_cut,
     whole_lines_tail,
 )
 
-__all__ = ["TaskLog", "job_logs_text", "log_share", "read_log", "task_log_path", "with_tail"]
+__all__ = ["TaskLog", "attempt_log_key_of", "job_logs_text", "log_share", "read_log", "task_log_path", "with_tail"]
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,11 @@ class TaskLog:
     node_id: str | None
     log: str
     truncated: bool
+    attempt: int | None = None  # an earlier, failed attempt; None: the task's latest log
 
     def as_json(self) -> dict[str, Any]:
         return {"task_id": self.task_id, "state": self.state, "node_id": self.node_id, "log": self.log,
-                "truncated": self.truncated}
+                "truncated": self.truncated, "attempt": self.attempt}
 
 
 def log_share(tasks: int) -> int:
@@ -65,15 +67,28 @@ def read_log(path: Path, max_bytes: int) -> tuple[str, bool]:
     return note + data.decode("utf-8", "replace"), True
 
 
-def task_log_path(artifacts: ArtifactStore, job_id: str, task_id: str, payload: dict[str, Any]) -> Path | None:
-    """Where the task's log lies on the coordinator, or None when the key cannot be a file. Only
-    under ``jobs/<job>/``: what a job's reader may see, and where its nodes may write."""
+def _own_prefix(job_id: str, task_id: str, payload: dict[str, Any]) -> str:
+    """The task's output prefix, only under ``jobs/<job>/``: what a job's reader may see, and
+    where its nodes may write."""
     prefix = payload.get("output_prefix")
     own = f"jobs/{job_id}/"
     if not (isinstance(prefix, str) and prefix.startswith(own) and len(prefix) > len(own)):
         prefix = f"{own}{task_id}/"
+    return prefix
+
+
+def attempt_log_key_of(job_id: str, task_id: str, payload: dict[str, Any], attempt: int) -> str:
+    """The artifact key under which the log of the task's earlier ``attempt`` is kept."""
+    return attempt_log_key(_own_prefix(job_id, task_id, payload), attempt)
+
+
+def task_log_path(artifacts: ArtifactStore, job_id: str, task_id: str, payload: dict[str, Any],
+                  attempt: int | None = None) -> Path | None:
+    """Where the task's log lies on the coordinator (``attempt``: the kept log of that earlier
+    attempt), or None when the key cannot be a file."""
+    prefix = _own_prefix(job_id, task_id, payload)
     try:
-        return artifacts.path_of(task_log_key(prefix))
+        return artifacts.path_of(task_log_key(prefix) if attempt is None else attempt_log_key(prefix, attempt))
     except BadArtifactKey:
         return None
 
@@ -90,5 +105,6 @@ def job_logs_text(logs: Iterable[TaskLog]) -> str:
     parts = []
     for entry in logs:
         body = entry.log if not entry.log or entry.log.endswith("\n") else entry.log + "\n"
-        parts.append(f"--- {entry.task_id} ({entry.state}) ---\n{body}")
+        which = entry.task_id if entry.attempt is None else f"{entry.task_id} attempt {entry.attempt}"
+        parts.append(f"--- {which} ({entry.state}) ---\n{body}")
     return "".join(parts)

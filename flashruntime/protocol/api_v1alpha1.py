@@ -63,11 +63,13 @@ class TaskLogEntry(WireModel):
     node_id: str | None = None  # the node of its active lease, else of its last one
     log: str = ""  # empty until a worker uploads it
     truncated: bool = False  # earlier output is left out (by the worker's bound, the answer's or ?tail)
+    attempt: int | None = None  # an earlier, failed attempt's log; None: the task's latest
 
 
 class JobLogs(WireModel):
-    """``logs``: every task's log in one text, each under a ``--- <task_id> (<state>) ---`` line;
-    ``tasks``: the same, one entry per task."""
+    """``logs``: every task's log in one text, each under a ``--- <task_id> (<state>) ---`` line
+    (an earlier attempt's under ``--- <task_id> attempt <n> (FAILED) ---``, before the latest);
+    ``tasks``: the same, one entry per log."""
 
     logs: str
     tasks: list[TaskLogEntry] = Field(default_factory=list)

@@ -12,6 +12,7 @@ __all__ = [
     "TASK_LOG_CUT_LINE",
     "TASK_LOG_MAX_BYTES",
     "TASK_LOG_NAME",
+    "attempt_log_key",
     "bounded_log",
     "last_lines",
     "task_log_key",
@@ -30,6 +31,13 @@ MAX_TAIL_LINES = 100_000
 # The first line of a log the worker cut, so a reader (and the coordinator) can tell.
 TASK_LOG_CUT_LINE = f"[flashruntime: earlier output dropped; a task's log keeps its last {TASK_LOG_MAX_BYTES} bytes]"
 _CUT_PREFIX = (TASK_LOG_CUT_LINE + "\n").encode("utf-8")
+
+
+def attempt_log_key(output_prefix: str, attempt_number: int) -> str:
+    """Where the coordinator keeps the log of an earlier, failed attempt of a task, so a retry's
+    log does not replace it: ``<prefix>attempts/<n>/task.log``."""
+    base = output_prefix if output_prefix.endswith("/") else output_prefix + "/"
+    return f"{base}attempts/{attempt_number}/{TASK_LOG_NAME}"
 
 
 def task_log_key(output_prefix: str) -> str:

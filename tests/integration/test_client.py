@@ -78,7 +78,7 @@ def test_every_route_through_the_client(coordinator: str, tmp_path: Path) -> Non
     assert alice.job_state(job_id) == "RUNNING" and [j["job_id"] for j in alice.jobs()] == [job_id]
     assert [e["type"] for e in alice.events(job_id)][:2] == ["JOB_ACCEPTED", "BACKEND_SELECTED"]
     assert alice.logs(job_id) == {"logs": "--- trial-000 (PENDING) ---\n", "tasks": [
-        {"task_id": "trial-000", "state": "PENDING", "node_id": None, "log": "", "truncated": False}]}
+        {"task_id": "trial-000", "state": "PENDING", "node_id": None, "log": "", "truncated": False, "attempt": None}]}
     lease = node.claim("node-a")
     assert lease is not None and lease["job_id"] == job_id and node.claim("node-a") is None  # 204: nothing left
     assert node.attempt_heartbeat(lease["lease_id"])["lease_id"] == lease["lease_id"]

@@ -53,8 +53,8 @@ def test_the_logs_of_every_task_with_a_header_each_and_one_entry_per_task(world:
     body = answer.json()
     assert body["logs"] == f"--- trial-000 (LEASED) ---\n{LOG.decode()}--- trial-001 (PENDING) ---\n"
     assert body["tasks"] == [
-        {"task_id": "trial-000", "state": "LEASED", "node_id": "node-a", "log": LOG.decode(), "truncated": False},
-        {"task_id": "trial-001", "state": "PENDING", "node_id": None, "log": "", "truncated": False},
+        {"task_id": "trial-000", "state": "LEASED", "node_id": "node-a", "log": LOG.decode(), "truncated": False, "attempt": None},
+        {"task_id": "trial-001", "state": "PENDING", "node_id": None, "log": "", "truncated": False, "attempt": None},
     ]
     assert api.get(f"/v1alpha1/jobs/{job_id}/logs", headers=ROOT).json() == body  # an operator reads it too
 

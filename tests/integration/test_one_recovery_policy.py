@@ -156,3 +156,32 @@ def test_a_task_modules_bad_parameter_runs_once_on_a_worker_agent(tmp_path: Path
         assert status["state"] == "FAILED"
         assert status["error"].startswith("1 task(s) failed; trial-000: attempt 1 of task trial-000: application_error "
                                           "(sgd_trainer refused its task: ValueError) -> fail_job")
+
+
+@pytest.mark.service
+def test_logs_keep_every_attempt_of_a_retried_task(tmp_path: Path) -> None:
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    from tests.service_server import serve_in_thread, settings_for
+
+    job = {"apiVersion": "flashml.dev/v1alpha1", "kind": "Job", "metadata": {"name": "retried"},
+           "spec": {"execution": {"backend": "leases"}, "image": {"repository": "local/tier1", "tag": "dev"},
+                    "workload": {"type": "hyperparameter_search", "parameters": {"trials": [{"C": 1.0}]}},
+                    "retryPolicy": {"maxTaskAttempts": 3}}}
+    registration = {"node_id": "node-a", "kubernetes_node": "", "hostname": "a", "module_capable": True,
+                    "capabilities": {"cpu_cores": 2}}
+    with serve_in_thread(settings_for(tmp_path / "data")) as url, httpx.Client(base_url=url, timeout=10) as api:
+        job_id = api.post("/v1alpha1/jobs", json=job).json()["job_id"]
+        api.post("/v1alpha1/nodes/register", json=registration)
+        for attempt in (1, 2):
+            lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).json()
+            log_key = lease["payload"]["output_prefix"] + "task.log"
+            api.put(f"/v1alpha1/artifacts/{log_key}", content=f"attempt {attempt} lost its server\n".encode())
+            api.post(f"/v1alpha1/attempts/{lease['lease_id']}/fail", json={"reason": "exit 1", "exit_code": 1})
+        lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).json()
+        api.put(f"/v1alpha1/artifacts/{lease['payload']['output_prefix']}task.log", content=b"attempt 3 running\n")
+        answer = api.get(f"/v1alpha1/jobs/{job_id}/logs").json()
+        assert [(t["attempt"], t["state"], t["log"]) for t in answer["tasks"]] == [
+            (1, "FAILED", "attempt 1 lost its server\n"), (2, "FAILED", "attempt 2 lost its server\n"),
+            (None, "LEASED", "attempt 3 running\n")]
+        assert answer["logs"].startswith("--- trial-000 attempt 1 (FAILED) ---\nattempt 1 lost its server\n")
