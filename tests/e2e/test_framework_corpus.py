@@ -403,3 +403,35 @@ def test_chaos_exits_1_when_a_fault_could_not_be_injected(tmp_path: Path) -> Non
     report = json.loads(done.stdout)
     assert report["state"] == "SUCCEEDED" and report["not_reached"] == [{"kind": "kill_rank", "step": 5}]
     assert done.returncode == 1
+
+
+def test_a_scikit_learn_sweep_with_a_killed_trial_reports_each_trials_own_figure(tmp_path: Path) -> None:
+    _need("sklearn")
+    source = _project(tmp_path, "sklearn_cv.py")
+    values = [0.1, 1.0, 10.0, 100.0]
+    workload = CommandWorkload(command=f"{PY} sklearn_cv.py --C {{C}} --pause 1.5", source=Source(path=str(source)),
+                               task_params=[{"C": c} for c in values], env=ENV,
+                               outputs=OutputSpec(primary_metric="accuracy"))
+    run = flash.submit(workload, output_dir=tmp_path / "run", watch=False, quiet=True, wait=False, max_restarts=1,
+                       max_concurrent_trials=2)
+    killed = None
+    deadline = time.monotonic() + 120
+    while killed is None and time.monotonic() < deadline and not run.recorder.done.is_set():
+        pids = _attempt_pids("task-001")
+        if pids:
+            os.kill(pids[0], signal.SIGKILL)
+            killed = pids[0]
+        time.sleep(0.05)
+    run.wait(timeout=300)
+    assert killed is not None and run.state is LaunchState.SUCCEEDED, run.logs(60)
+    attempts = {row["attempt_id"] for row in run.attempts}
+    assert {"task-001", "task-001-r1"} <= attempts
+    assert next(a for a in run.attempts if a["attempt_id"] == "task-001")["failure"]["class"] == "worker_crash"
+    alone = {}
+    for c in values:
+        bare = tmp_path / f"bare-{c}"
+        bare.mkdir()
+        subprocess.run([PY, str(CORPUS / "sklearn_cv.py"), "--C", str(c)], cwd=bare, check=True, timeout=120)
+        alone[c] = json.loads((bare / "metrics.json").read_text())["accuracy"]
+    assert {trial["params"]["C"]: trial["accuracy"] for trial in run.trials} == alone
+    assert run.best_trial()["accuracy"] == max(alone.values())
