@@ -39,6 +39,7 @@ from flashruntime.local.chaos import ChaosInjector, ChaosPlan
 from flashruntime.local.live_output import LiveOutput
 from flashruntime.local.run import Run, trial_id
 from flashruntime.local.framework_resume import CheckpointWatch, FrameworkCheckpoints
+from flashruntime.local.output_metrics import OutputMetrics
 from flashruntime.local.run_dirs import new_run_dir
 from flashruntime.monitor.exits import ExitWatch, ProcessSighting, first_exit
 from flashruntime.monitor.framework_metrics import final_figures
@@ -528,6 +529,7 @@ def _run_param_set(
         sampler = _start_sampler(handle)
         exits = ExitWatch(handle.processes).start() if isinstance(handle, LocalLaunchHandle) else None
         saves = CheckpointWatch(framework, run.record_event).start()
+        curves = OutputMetrics(handle.output_dir).start()
         try:
             state = handle.wait()
         finally:  # on an interrupt the attempt stays active: _drive stops and settles it
@@ -535,6 +537,7 @@ def _run_param_set(
                 _stop_sampler(sampler)
             sightings = exits.stop() if exits is not None else []
             saves.stop()
+            curves.stop()
         finish_attempt(run, handle, attempt_id, state)
         _collect_outputs(run, source_dir, handle.output_dir, started_ns, attempt_id=attempt_id, view=view,
                          shared_writers=shared_writers)

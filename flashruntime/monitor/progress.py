@@ -13,7 +13,11 @@ import math
 import re
 from typing import Any
 
-__all__ = ["progress_from_output"]
+__all__ = ["FRAMEWORK_METRICS_NAME", "OutputProgress", "progress_from_output"]
+
+# Where the runtime writes the step and loss it read in a script's output, beside the attempt's
+# own files, for the run page's curves (never metrics.jsonl: that is the script's own).
+FRAMEWORK_METRICS_NAME = "framework-metrics.jsonl"
 
 _TAGS = re.compile(r"^(?:\[[A-Za-z]+[0-9]+\]:[ \t]*)+")
 _BAR = re.compile(r"(?P<done>[0-9]+)/(?P<total>[0-9]+) \[")
@@ -23,6 +27,12 @@ _MAX_LINES = 200
 
 
 def _number(value: Any) -> float | None:
+    """A finite number, also as the text of one (the Hugging Face Trainer prints ``'loss': '4.708'``)."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return value
@@ -83,3 +93,40 @@ def progress_from_output(text: str) -> dict[str, Any]:
             if "loss" in found and "step" in found:
                 return found
     return found
+
+
+class OutputProgress:
+    """Reads a growing output line by line and yields a ``{"step", "loss"}`` record each time a
+    line reports a loss (the step from the same line, else the last training progress bar's:
+    a bar counting less than the step reached is some other bar), for the run page's curves of
+    a script that logs no ``metrics.jsonl``."""
+
+    def __init__(self) -> None:
+        self._step: int | None = None
+        self._losses = 0
+
+    def feed(self, lines: list[str]) -> list[dict[str, Any]]:
+        records = []
+        for line in lines:
+            for segment in _TAGS.sub("", line).split("\r"):
+                found: dict[str, Any] = {}
+                for literal in _DICT.findall(segment):
+                    record = _mapping(literal)
+                    if record is not None:
+                        _from_mapping(record, found)
+                bar: dict[str, Any] = {}
+                _from_bar(segment, bar)
+                # Training only moves forward: a smaller count is another bar (evaluation, a save's
+                # "Writing model shards 1/1"), never the training step.
+                if "step" in bar and (self._step is None or bar["step"] >= self._step):
+                    found.setdefault("step", bar["step"])
+                    if "loss" in bar:
+                        found.setdefault("loss", bar["loss"])
+                if "step" in found and "loss" not in found:
+                    self._step = int(found["step"])
+                if "loss" in found:
+                    self._losses += 1
+                    step = found.get("step", self._step if self._step is not None else self._losses)
+                    self._step = int(step)
+                    records.append({"step": int(step), "loss": float(found["loss"])})
+        return records

@@ -19,6 +19,7 @@ from typing import Any
 
 from flashruntime.checkpoint.local import MANIFEST_NAME, latest_valid_manifest, read_manifest, verify_manifest
 from flashruntime.local.goodput import goodput_ledger, step_records
+from flashruntime.monitor.progress import FRAMEWORK_METRICS_NAME
 from flashruntime.protocol.v1alpha1 import CheckpointValidation
 from flashruntime.viewer.series import MetricsCache, MetricsView, ReadBudget, strict_loads
 from flashruntime.viewer.tasks import task_view
@@ -73,7 +74,10 @@ def _collect(run_dir: Path) -> dict[str, Any]:
             views.append(MetricsView())
             continue
         attempt_dirs.append(attempt_dir)
-        view = _METRICS.read(attempt_dir / "metrics.jsonl", budget)
+        metrics_file = attempt_dir / "metrics.jsonl"
+        if not metrics_file.exists() and (attempt_dir / FRAMEWORK_METRICS_NAME).exists():
+            metrics_file = attempt_dir / FRAMEWORK_METRICS_NAME  # what the script's framework printed
+        view = _METRICS.read(metrics_file, budget)
         views.append(view)
         attempt["metrics"] = view.recent
         attempt["metrics_records"] = view.records

@@ -217,6 +217,14 @@ def test_hugging_face_trainer_killed_mid_run_resumes_from_its_newest_checkpoint(
     theirs = json.loads((reference / "clm-out" / "all_results.json").read_text())
     assert ours["eval_loss"] == pytest.approx(theirs["eval_loss"], abs=1e-6)
     assert run.trials and run.trials[0]["eval_loss"] == pytest.approx(ours["eval_loss"], abs=1e-9)
+    # The run page's curve: the losses the Trainer printed, each at its step, for both attempts.
+    from flashruntime.viewer.state import collect
+
+    page = collect(run.output_dir)
+    assert [a["metrics_records"] >= 2 for a in page["attempts"]] == [True, True]
+    curve = [json.loads(line) for line in
+             (Path(run.attempts[1]["output_dir"]) / "framework-metrics.jsonl").read_text().splitlines()]
+    assert curve[-1]["step"] == 40 and all(isinstance(point["loss"], float) for point in curve)
 
 
 def _flip_a_byte(path: Path) -> None:

@@ -95,3 +95,15 @@ def test_progress_from_output_reads_the_common_frameworks() -> None:
     assert progress_from_output(lightning) == {"step": 12, "loss": 0.123}
     assert progress_from_output('[default0]:{"loss": 0.5, "step": 7}') == {"loss": 0.5, "step": 7}
     assert progress_from_output("{'loss': __import__('os').system('x')}\nplain text") == {}
+    assert progress_from_output("{'loss': '4.708', 'epoch': '0.07'}\r 12%|# | 5/40 [00:00<00:03]") == {
+        "step": 5, "loss": 4.708}
+
+
+def test_output_progress_keeps_the_training_step_through_other_bars() -> None:
+    from flashruntime.monitor.progress import OutputProgress
+
+    reader = OutputProgress()
+    lines = [" 25%|##  | 10/40 [00:01<00:03]", "{'loss': '4.7', 'epoch': '0.2'}",
+             "Writing model shards: 100%|###| 1/1 [00:00<00:00]", " 30%|##  | 12/40 [00:01<00:03]",
+             "{'loss': '4.6', 'epoch': '0.3'}", '{"loss": 0.5, "step": 40}']
+    assert reader.feed(lines) == [{"step": 10, "loss": 4.7}, {"step": 12, "loss": 4.6}, {"step": 40, "loss": 0.5}]
