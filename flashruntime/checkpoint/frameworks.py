@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flashruntime.workdir_walk import walk
+
 __all__ = [
     "KINDS",
     "FrameworkCheckpoint",
@@ -41,10 +43,6 @@ KINDS = ("huggingface", "lightning", "accelerate", "dcp", "pattern")
 _HF_DIR = re.compile(r"^checkpoint-([0-9]+)$")
 _ACCELERATE_DIR = re.compile(r"^(checkpoint|step)_([0-9]+)$")
 _LIGHTNING_STEP = re.compile(r"(?:^|[-_])step=([0-9]+)")
-_MAX_DEPTH = 4  # below a search root: out/checkpoint-10, lightning_logs/version_0/checkpoints/x.ckpt
-_MAX_ENTRIES = 20_000  # per search: a large project is never walked whole every second
-_SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", "venv", "wandb",
-                           ".flashruntime-quarantine"})
 _MAX_PICKLE_BYTES = 64 << 20
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "optimizer.bin", "model.bin")
 
@@ -136,7 +134,6 @@ def find_checkpoints(roots: Iterable[Path], patterns: Iterable[str] = ()) -> lis
     a framework's and are left to the manifest catalog."""
     found: dict[Path, FrameworkCheckpoint] = {}
     patterns = list(patterns)
-    budget = _MAX_ENTRIES
     for root in roots:
         root = Path(root)
         if not root.is_dir():
@@ -150,28 +147,21 @@ def find_checkpoints(roots: Iterable[Path], patterns: Iterable[str] = ()) -> lis
                     step, unit = position if position is not None else (None, "step")
                     found[match] = FrameworkCheckpoint("pattern", match, step,
                                                        (step if step is not None else -1, _newest_mtime(match)), unit)
-        stack = [(root, 0)]
-        while stack and budget > 0:
-            directory, depth = stack.pop()
-            try:
-                entries = sorted(os.scandir(directory), key=lambda e: e.name)
-            except OSError:
+        recognised_dirs: dict[Path, FrameworkCheckpoint | None] = {}
+
+        def recognise(directory: Path, entries: list[os.DirEntry[str]]) -> FrameworkCheckpoint | None:
+            if directory not in recognised_dirs:
+                recognised_dirs[directory] = _recognise_dir(directory, {entry.name for entry in entries})
+            return recognised_dirs[directory]
+
+        # A checkpoint's insides are not searched for more checkpoints.
+        for directory, entries in walk(root, enter=lambda d, e: recognise(d, e) is None):
+            if directory != root and recognise(directory, entries) is not None:
+                found.setdefault(directory, recognised_dirs[directory])  # type: ignore[arg-type]
                 continue
-            budget -= len(entries)
-            names = {entry.name for entry in entries}
-            if directory != root:
-                recognised = _recognise_dir(directory, names)
-                if recognised is not None:
-                    found.setdefault(directory, recognised)
-                    continue  # a checkpoint's insides are not searched for more checkpoints
             for entry in entries:
-                if entry.is_symlink():
-                    continue  # a trial's view links the shared project: not this attempt's
                 path = Path(entry.path)
-                if entry.is_dir():
-                    if depth < _MAX_DEPTH and entry.name not in _SKIPPED_DIRS and not entry.name.startswith("."):
-                        stack.append((path, depth + 1))
-                elif path not in found:
+                if not entry.is_symlink() and entry.is_file() and path not in found:
                     recognised = _recognise_file(path)
                     if recognised is not None:
                         found[path] = recognised

@@ -10,21 +10,18 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from flashruntime.monitor.records import finite_number, json_lines
+from flashruntime.workdir_walk import walk
 
 __all__ = ["SOURCES", "final_figures"]
 
 SOURCES = ("metrics.jsonl", "all_results.json", "trainer_state.json", "metrics.csv", "stdout")
-_MAX_DEPTH = 4
-_MAX_ENTRIES = 20_000
 _MAX_FILE_BYTES = 32 << 20
-_SKIPPED = frozenset({".git", "__pycache__", "node_modules", ".venv", "venv", ".flashruntime-quarantine"})
 _TAG = re.compile(r"^(?:\[[A-Za-z]+[0-9]+\]:[ \t]*)+")
 
 
@@ -33,28 +30,17 @@ def _number(value: Any) -> bool:
 
 
 def _fresh_files(root: Path, name: str, since_ns: int) -> Iterator[Path]:
-    """Files called ``name`` below ``root`` (a few levels, links not followed) written since ``since_ns``."""
-    stack, budget = [(root, 0)], _MAX_ENTRIES
-    while stack and budget > 0:
-        directory, depth = stack.pop()
-        try:
-            entries = sorted(os.scandir(directory), key=lambda e: e.name)
-        except OSError:
-            continue
-        budget -= len(entries)
+    """Files called ``name`` below ``root`` (see ``flashruntime.workdir_walk``) written since ``since_ns``."""
+    for _directory, entries in walk(root):
         for entry in entries:
-            if entry.is_symlink():
+            if entry.name != name or entry.is_symlink() or not entry.is_file():
                 continue
-            if entry.is_dir():
-                if depth < _MAX_DEPTH and entry.name not in _SKIPPED and not entry.name.startswith("."):
-                    stack.append((Path(entry.path), depth + 1))
-            elif entry.name == name:
-                try:
-                    info = entry.stat()
-                except OSError:
-                    continue
-                if info.st_mtime_ns >= since_ns and info.st_size <= _MAX_FILE_BYTES:
-                    yield Path(entry.path)
+            try:
+                info = entry.stat()
+            except OSError:
+                continue
+            if info.st_mtime_ns >= since_ns and info.st_size <= _MAX_FILE_BYTES:
+                yield Path(entry.path)
 
 
 def _newest(root: Path, name: str, since_ns: int) -> Path | None:

@@ -4,7 +4,6 @@ checkpoint carries every rank's random generators and the loader's position."""
 
 from __future__ import annotations
 
-import json
 import sys
 import textwrap
 from pathlib import Path
