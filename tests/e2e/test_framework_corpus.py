@@ -224,7 +224,9 @@ def test_hugging_face_trainer_killed_mid_run_resumes_from_its_newest_checkpoint(
     assert [a["metrics_records"] >= 2 for a in page["attempts"]] == [True, True]
     curve = [json.loads(line) for line in
              (Path(run.attempts[1]["output_dir"]) / "framework-metrics.jsonl").read_text().splitlines()]
-    assert curve[-1]["step"] == 40 and all(isinstance(point["loss"], float) for point in curve)
+    steps = [point["step"] for point in curve]
+    assert steps == sorted(steps) and 30 <= steps[-1] <= 40  # the bar's count when the Trainer printed its loss
+    assert all(isinstance(point["loss"], float) for point in curve)
 
 
 def _flip_a_byte(path: Path) -> None:
