@@ -115,8 +115,8 @@ class FrameworkCheckpoints:
         before = _identities(checkpoint)
         files = fingerprint(checkpoint)
         after = _identities(checkpoint)
-        entry: dict[str, Any] = {"kind": checkpoint.kind, "step": checkpoint.step, "files": files,
-                                 "seen_at": time.time()}
+        entry: dict[str, Any] = {"kind": checkpoint.kind, "step": checkpoint.step, "unit": checkpoint.unit,
+                                 "files": files, "seen_at": time.time()}
         kept = ""
         if _reused_name(checkpoint):
             copy = self.verified_dir / _copy_name(checkpoint.path)
@@ -131,6 +131,18 @@ class FrameworkCheckpoints:
             self._save()
         total = sum(f["size"] for f in files.values())
         return f"{self.describe(checkpoint)} fingerprinted: {len(files)} file(s), {total} bytes{kept}"
+
+    def already_fingerprinted(self, checkpoint: FrameworkCheckpoint) -> bool:
+        """Whether this save of ``checkpoint`` has its fingerprint: a change to it since is damage,
+        never a reason to fingerprint it again. Only a one-file checkpoint every save overwrites
+        is new when its step changed (or cannot be told: then the newest bytes are taken as a new
+        save, and only its format can show damage)."""
+        recorded = self.recorded(checkpoint)
+        if recorded is None:
+            return False
+        if _reused_name(checkpoint):
+            return checkpoint.step is not None and recorded.get("step") == checkpoint.step
+        return True
 
     def problem(self, checkpoint: FrameworkCheckpoint) -> str | None:
         """Why ``checkpoint`` must not be resumed from, or None. One fingerprinted when it was
@@ -162,11 +174,12 @@ class FrameworkCheckpoints:
         copy = Path(recorded["verified_copy"]) if recorded and recorded.get("verified_copy") else None
         if copy is None or not copy.is_file():
             return None
-        restored = FrameworkCheckpoint(checkpoint.kind, copy, recorded.get("step"), checkpoint.order)
+        unit = recorded.get("unit") or "step"
+        restored = FrameworkCheckpoint(checkpoint.kind, copy, recorded.get("step"), checkpoint.order, unit)
         if fingerprint_problem(restored, {copy.name: recorded["files"].get(checkpoint.path.name, {})}):
             return None
         shutil.copy2(copy, checkpoint.path)
-        return FrameworkCheckpoint(checkpoint.kind, checkpoint.path, recorded.get("step"), checkpoint.order)
+        return FrameworkCheckpoint(checkpoint.kind, checkpoint.path, recorded.get("step"), checkpoint.order, unit)
 
     def prepare_resume(self, *, failed_loading: bool = False) -> ResumePoint:
         """Verify the newest checkpoint, quarantining (and, for a reused one-file checkpoint,
@@ -213,9 +226,10 @@ def _copy_name(path: Path) -> str:
 
 
 class CheckpointWatch:
-    """While an attempt runs: fingerprint each checkpoint once it stops changing (its files,
+    """While an attempt runs: fingerprint each new save once it stops changing (its files,
     bytes and newest mtime the same on two looks ``period_s`` apart, and its format sound),
-    reporting each through ``on_event(type, message)``."""
+    reporting each through ``on_event(type, message)``. A save fingerprinted before (by this
+    attempt or an earlier one) is never fingerprinted again: a later change is damage."""
 
     def __init__(self, checkpoints: FrameworkCheckpoints, on_event: Callable[[str, str], None], *,
                  period_s: float = WATCH_PERIOD_S) -> None:
@@ -252,6 +266,9 @@ class CheckpointWatch:
                 except OSError:
                     continue
                 if self._done.get(checkpoint.path) == state:
+                    continue
+                if self._checkpoints.already_fingerprinted(checkpoint):
+                    self._done[checkpoint.path] = state  # changed since? prepare_resume will say so
                     continue
                 previous = self._pending.get(checkpoint.path)
                 self._pending[checkpoint.path] = state

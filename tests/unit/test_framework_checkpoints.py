@@ -149,3 +149,46 @@ def test_the_step_of_a_real_torch_save(tmp_path: Path) -> None:
     torch.save({"model": torch.nn.Linear(2, 2).state_dict(), "global_step": 42}, tmp_path / "last.ckpt")
     assert torch_file_step(tmp_path / "last.ckpt") == (42, "step")
     assert [(c.kind, c.step) for c in find_checkpoints([tmp_path])] == [("lightning", 42)]
+
+
+def test_the_watch_never_fingerprints_a_finished_save_again_so_later_damage_is_seen(tmp_path: Path) -> None:
+    from flashruntime.local.framework_resume import CheckpointWatch
+
+    directory = _hf(tmp_path, 10)
+    checkpoints = FrameworkCheckpoints([tmp_path], [], tmp_path / "job")
+    seen: list[str] = []
+    watch = CheckpointWatch(checkpoints, lambda kind, message: seen.append(message))
+    watch.look()
+    watch.look()  # unchanged across two looks: fingerprinted
+    assert len(seen) == 1
+    model = directory / "model.safetensors"
+    data = bytearray(model.read_bytes())
+    data[-1] ^= 0xFF
+    model.write_bytes(bytes(data))
+    watch.look()
+    watch.look()
+    assert len(seen) == 1  # the damaged bytes were not taken as a new save
+    later = CheckpointWatch(checkpoints, lambda kind, message: seen.append(message))  # the next attempt's
+    later.look()
+    later.look()
+    assert len(seen) == 1
+    assert "changed since it was written" in checkpoints.problem(find_checkpoints([tmp_path])[0])
+
+
+@pytest.mark.torch
+def test_a_reused_one_file_checkpoint_is_fingerprinted_again_when_its_step_moves_on(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from flashruntime.local.framework_resume import CheckpointWatch
+
+    checkpoints = FrameworkCheckpoints([tmp_path], ["snapshot.pt"], tmp_path / "job")
+    seen: list[str] = []
+    watch = CheckpointWatch(checkpoints, lambda kind, message: seen.append(message))
+    for epoch in (2, 4):
+        torch.save({"EPOCHS_RUN": epoch}, tmp_path / "snapshot.pt")
+        watch.look()
+        watch.look()
+    assert ["(epoch 2)" in seen[0], "(epoch 4)" in seen[1]] == [True, True]
+    torch.save({"EPOCHS_RUN": 4, "other": 1}, tmp_path / "snapshot.pt")  # same step, other bytes: damage
+    watch.look()
+    watch.look()
+    assert len(seen) == 2
