@@ -15,8 +15,7 @@ __all__ = ["MAX_DEPTH", "MAX_ENTRIES", "SKIPPED_DIRS", "walk"]
 
 MAX_DEPTH = 4  # below the root: out/checkpoint-10, lightning_logs/version_0/checkpoints/x.ckpt
 MAX_ENTRIES = 20_000
-SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", "venv", "wandb",
-                          ".flashruntime-quarantine"})
+SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", "venv", "wandb"})
 
 
 def walk(root: Path, *, enter: Callable[[Path, list[os.DirEntry[str]]], bool] = lambda directory, entries: True,

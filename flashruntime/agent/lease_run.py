@@ -458,8 +458,10 @@ class LeaseRunner:
                           f"$FLASHML_OUTPUT_DIR; its last line: {last_log_line(dirs.log)}")
             else:
                 reason = f"exit {exit_code}: {last_log_line(dirs.log)}"
-            # With the exit code the coordinator judges the failure from it and the shipped log.
-            return self._fail(lease, reason, Outcome.FAILED, exit_code=exit_code)
+            # With the exit code the coordinator judges the failure from it and the shipped log; a
+            # code outside what a POSIX process can exit with (a Windows crash code) is left to the budget.
+            judged = exit_code if exit_code is not None and -255 <= exit_code <= 255 else None
+            return self._fail(lease, reason, Outcome.FAILED, exit_code=judged)
         prefix = payload_prefix(lease)
         if _is_regular(dirs.out / TASK_LOG_NAME):
             logger.warning("lease %s: the task wrote out/%s, which the task's own log replaces on the coordinator",

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import io
 import json
 import os
 import pickle
+import pickletools
 import re
 import struct
 import zipfile
@@ -43,7 +45,7 @@ KINDS = ("huggingface", "lightning", "accelerate", "dcp", "pattern")
 _HF_DIR = re.compile(r"^checkpoint-([0-9]+)$")
 _ACCELERATE_DIR = re.compile(r"^(checkpoint|step)_([0-9]+)$")
 _LIGHTNING_STEP = re.compile(r"(?:^|[-_])step=([0-9]+)")
-_MAX_PICKLE_BYTES = 64 << 20
+_MAX_PICKLE_BYTES = 1 << 20  # a step sits at the top of a dict: structure only, the tensors are elsewhere
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "optimizer.bin", "model.bin")
 
 
@@ -127,20 +129,26 @@ def _recognise_file(path: Path) -> FrameworkCheckpoint | None:
     return FrameworkCheckpoint("lightning", path, step, (step if step is not None else -1, _mtime_ns(path)), unit)
 
 
-def find_checkpoints(roots: Iterable[Path], patterns: Iterable[str] = ()) -> list[FrameworkCheckpoint]:
+def find_checkpoints(roots: Iterable[Path], patterns: Iterable[str] = (), *,
+                     exclude: Iterable[Path] = ()) -> list[FrameworkCheckpoint]:
     """Every framework checkpoint below ``roots`` (at most a few levels down, links not
     followed, hidden and tool directories skipped), plus files matching the user's ``patterns``
     (globs relative to each root), oldest first. Our own ``manifest.json`` checkpoints are not
-    a framework's and are left to the manifest catalog."""
+    a framework's and are left to the manifest catalog. Nothing at or below ``exclude`` is
+    looked at (the run's own quarantine and kept copies, should they lie below a root)."""
     found: dict[Path, FrameworkCheckpoint] = {}
     patterns = list(patterns)
+    excluded = [Path(path) for path in exclude]
+
+    def outside(path: Path) -> bool:
+        return not any(path == other or path.is_relative_to(other) for other in excluded)
     for root in roots:
         root = Path(root)
         if not root.is_dir():
             continue
         for pattern in patterns:
             for match in sorted(root.glob(pattern)):
-                if match.is_symlink() or match in found:
+                if match.is_symlink() or match in found or not outside(match):
                     continue
                 if match.is_file() or match.is_dir():
                     position = torch_file_step(match) if match.is_file() else None
@@ -155,7 +163,9 @@ def find_checkpoints(roots: Iterable[Path], patterns: Iterable[str] = ()) -> lis
             return recognised_dirs[directory]
 
         # A checkpoint's insides are not searched for more checkpoints.
-        for directory, entries in walk(root, enter=lambda d, e: recognise(d, e) is None):
+        for directory, entries in walk(root, enter=lambda d, e: outside(d) and recognise(d, e) is None):
+            if not outside(directory):
+                continue
             if directory != root and recognise(directory, entries) is not None:
                 found.setdefault(directory, recognised_dirs[directory])  # type: ignore[arg-type]
                 continue
@@ -279,6 +289,8 @@ def file_problem(path: Path) -> str | None:
         return f"{path.name} is not valid JSON (torn or changed)"
     except OSError as exc:
         return f"{path.name} cannot be read ({exc})"
+    except (TypeError, KeyError, IndexError, RecursionError):
+        return f"{path.name}: its header does not describe its contents (torn or changed)"
     return None
 
 
@@ -322,9 +334,38 @@ _POSITION_KEYS = (("global_step", "step"), ("step", "step"), ("steps", "step"), 
                   ("epoch", "epoch"))
 
 
+def _harmless(data: bytes) -> bool:
+    """Whether the pickle can be loaded without asking for much memory: every memo index it
+    names is below its count of opcodes (CPython grows the memo to the largest index asked)."""
+    try:
+        opcodes = list(pickletools.genops(data))
+    except Exception:  # noqa: BLE001 - not a pickle we can read: not one to load
+        return False
+    limit = len(opcodes)
+    return all(not (opcode.name in _MEMO_OPS and isinstance(argument, int) and argument > limit)
+               for opcode, argument, _ in opcodes)
+
+
+_MEMO_OPS = frozenset({"PUT", "BINPUT", "LONG_BINPUT", "GET", "BINGET", "LONG_BINGET"})
+_STEPS: dict[tuple[str, int, int], tuple[int, str] | None] = {}  # (path, size, mtime) -> the answer
+
+
 def torch_file_step(path: Path) -> tuple[int, str] | None:
     """``(n, "step")`` or ``(n, "epoch")``: what a torch-saved dictionary records at its top
     level (``global_step``, ``step``, ``EPOCHS_RUN``, ``epoch``), or None for any other file."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    key = (str(path), info.st_size, info.st_mtime_ns)
+    if key not in _STEPS:
+        if len(_STEPS) > 4096:
+            _STEPS.clear()
+        _STEPS[key] = _read_step(path)
+    return _STEPS[key]
+
+
+def _read_step(path: Path) -> tuple[int, str] | None:
     try:
         if not _looks_like_zip(path):
             return None
@@ -332,7 +373,10 @@ def torch_file_step(path: Path) -> tuple[int, str] | None:
             name = next((n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
             if name is None or archive.getinfo(name).file_size > _MAX_PICKLE_BYTES:
                 return None
-            data = _StepReader(archive.open(name)).load()
+            raw = archive.open(name).read(_MAX_PICKLE_BYTES + 1)
+        if len(raw) > _MAX_PICKLE_BYTES or not _harmless(raw):
+            return None
+        data = _StepReader(io.BytesIO(raw)).load()
     except Exception:  # noqa: BLE001 - whatever is in the file, the answer is "cannot tell"
         return None
     if not isinstance(data, dict):

@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 import math
+import os
 import secrets
 import threading
 from collections.abc import Callable
@@ -430,7 +431,9 @@ class Coordinator:
         if current is None:
             return
         try:
-            data = current.read_bytes()
+            with open(current, "rb") as handle:  # its end: what a worker ships is at most this long anyway
+                handle.seek(max(0, handle.seek(0, os.SEEK_END) - TASK_LOG_MAX_BYTES))
+                data = handle.read(TASK_LOG_MAX_BYTES)
         except OSError:
             return
         try:
@@ -482,13 +485,14 @@ class Coordinator:
             log_tail = read_log(path, TASK_LOG_MAX_BYTES)[0] if path is not None else ""
             verdict = judge_exit(exit_code, log_tail, TASK_MODE, at=self.now())
         event = failure_classified(lease, verdict, source=SERVICE_SOURCE, at=self.now())
-        self.keep_attempt_log(lease)
 
         def fail() -> None:
-            self.record_event(event)
+            # The fail first: a stale lease raises LeaseError here, before anything is recorded.
             self.manager.fail(lease.lease_id, reason, now=self.now(), retry=verdict.retry)
+            self.record_event(event)
 
         self.state.run(fail)
+        self.keep_attempt_log(lease)  # only once the fail was accepted: a stale one keeps nothing
 
     def complete(self, lease: Lease, request: CompleteRequest) -> dict[str, Any]:
         """Commit ``request`` under ``lease`` (the caller may act on it): a repeat of the accepted

@@ -60,7 +60,7 @@ def read_log(path: Path, max_bytes: int) -> tuple[str, bool]:
                 return handle.read().decode("utf-8", "replace"), cut
             handle.seek(size - max_bytes - 1)
             data = whole_lines_tail(handle.read(max_bytes + 1), max_bytes)
-    except FileNotFoundError:
+    except OSError:  # missing, or no file at all (a directory where the log should be)
         return "", False
     note = (f"[flashruntime: earlier output not shown; this answer keeps the last {max_bytes} bytes of each "
             "task's log: ask for one task (?task=) to see up to all of it]\n")

@@ -190,7 +190,8 @@ class ChaosInjector:
         if now - self._framework_looked.get(job_id, 0.0) < FRAMEWORK_POLL_S:
             return self._framework_steps.get(job_id)
         self._framework_looked[job_id] = now
-        newest_one = newest(self._framework(job_id).find())
+        framework = self._framework(job_id)
+        newest_one = newest(c for c in framework.find() if framework.written_by_this_run(c))
         step = None if newest_one is None else newest_one.step
         self._framework_steps[job_id] = step
         return step
@@ -198,7 +199,7 @@ class ChaosInjector:
     def _framework(self, job_id: str) -> FrameworkCheckpoints:
         source = Path(os.path.expanduser(self._run.workload.source.path))
         return FrameworkCheckpoints([source, Path(self._checkpoint_root(job_id))], self._run.checkpoint_patterns,
-                                    self._run.output_dir / job_id)
+                                    self._run.output_dir / job_id, since_ns=int(self._run.started_at * 1e9))
 
     def _loop(self) -> None:
         while self._due and not self._stop.wait(POLL_S):
@@ -260,7 +261,7 @@ class ChaosInjector:
         """No checkpoint of the torch helper: flip a byte in the largest file of the newest
         checkpoint the script saved itself (the one its own resume would load)."""
         framework = self._framework(job_id)
-        chosen = newest(framework.find())
+        chosen = newest(c for c in framework.find() if framework.written_by_this_run(c))
         files = [] if chosen is None else checkpoint_files(chosen)
         if not files:
             return f"no valid checkpoint under {root} and none the script saved itself yet", False

@@ -3,12 +3,14 @@ resume. While an attempt runs, ``CheckpointWatch`` fingerprints every checkpoint
 seconds of the framework finishing it, and keeps a copy of a one-file checkpoint whose name
 every save reuses (``snapshot.pt``, ``last.ckpt``). Before a relaunch, ``prepare_resume``
 verifies the newest one against its fingerprint and its format, moves a bad one aside (into
-``.flashruntime-quarantine/`` beside it, never deleted) so the script's own resume logic
-takes the previous one, and names the checkpoint the relaunch will resume from.
+the job's ``quarantine/``, never deleted) so the script's own resume logic takes the previous
+one, and names the checkpoint the relaunch will resume from. What was there before the run
+is the user's: judged and reported, never moved.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -33,15 +35,14 @@ from flashruntime.files import write_atomic
 
 __all__ = ["QUARANTINE_DIR", "CheckpointWatch", "FrameworkCheckpoints", "ResumePoint"]
 
-QUARANTINE_DIR = ".flashruntime-quarantine"
+QUARANTINE_DIR = "quarantine"  # under the job's directory, never among the script's own files
 RECORD_NAME = "framework-checkpoints.json"
 VERIFIED_DIR = "framework-checkpoints-verified"
 WATCH_PERIOD_S = 0.5
 
 
-def _reused_name(checkpoint: FrameworkCheckpoint) -> bool:
-    """A one-file checkpoint that every save overwrites: the previous save survives only as our copy."""
-    return checkpoint.path.is_file() and (checkpoint.kind == "pattern" or checkpoint.path.name.startswith("last"))
+def _literal(pattern: str) -> bool:
+    return not any(char in pattern for char in "*?[")
 
 
 def _state_of(checkpoint: FrameworkCheckpoint) -> tuple[int, int, int]:
@@ -74,9 +75,11 @@ class FrameworkCheckpoints:
     (``roots``: the working directory and ``FLASHML_CKPT_DIR``; ``patterns``: the user's own
     names), and the fingerprints taken so far (``<job dir>/framework-checkpoints.json``)."""
 
-    def __init__(self, roots: Iterable[Path], patterns: Iterable[str], job_dir: Path) -> None:
+    def __init__(self, roots: Iterable[Path], patterns: Iterable[str], job_dir: Path, *, since_ns: int = 0) -> None:
         self.roots = [Path(root) for root in roots]
         self.patterns = list(patterns)
+        self.job_dir = Path(job_dir)
+        self.since_ns = since_ns  # when the run started, on the filesystem's clock
         self.record_path = job_dir / RECORD_NAME
         self.verified_dir = job_dir / VERIFIED_DIR
         self._lock = threading.Lock()
@@ -84,6 +87,7 @@ class FrameworkCheckpoints:
         # Per checkpoint, each file's identity when this process hashed it: a file unchanged since
         # is not read again (a new process has none of these, and re-reads everything).
         self._hashed: dict[str, dict[str, tuple[int, ...]]] = {}
+        self._quarantined: dict[str, Path] = {}  # checkpoint path -> where it was moved aside
 
     def _load(self) -> dict[str, dict[str, Any]]:
         try:
@@ -96,8 +100,20 @@ class FrameworkCheckpoints:
         self.record_path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.record_path, json.dumps(self._records, indent=1, sort_keys=True).encode())
 
+    def reused_name(self, checkpoint: FrameworkCheckpoint) -> bool:
+        """A one-file checkpoint that every save overwrites (Lightning's ``last.ckpt``, a file the
+        user named outright, ``snapshot.pt``): the previous save survives only as our copy. A
+        pattern with a wildcard names a new file per save, and gets no copies."""
+        if not checkpoint.path.is_file():
+            return False
+        if checkpoint.kind == "lightning":
+            return checkpoint.path.name.startswith("last")
+        root = self.root_of(checkpoint)
+        return (checkpoint.kind == "pattern" and root is not None
+                and str(checkpoint.path.relative_to(root)) in {p for p in self.patterns if _literal(p)})
+
     def find(self) -> list[FrameworkCheckpoint]:
-        return find_checkpoints(self.roots, self.patterns)
+        return find_checkpoints(self.roots, self.patterns, exclude=[self.job_dir / QUARANTINE_DIR, self.verified_dir])
 
     def root_of(self, checkpoint: FrameworkCheckpoint) -> Path | None:
         return next((root for root in self.roots if checkpoint.path.is_relative_to(root)), None)
@@ -118,7 +134,7 @@ class FrameworkCheckpoints:
         entry: dict[str, Any] = {"kind": checkpoint.kind, "step": checkpoint.step, "unit": checkpoint.unit,
                                  "files": files, "seen_at": time.time()}
         kept = ""
-        if _reused_name(checkpoint):
+        if self.reused_name(checkpoint):
             copy = self.verified_dir / _copy_name(checkpoint.path)
             copy.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(checkpoint.path, copy)
@@ -140,7 +156,7 @@ class FrameworkCheckpoints:
         recorded = self.recorded(checkpoint)
         if recorded is None:
             return False
-        if _reused_name(checkpoint):
+        if self.reused_name(checkpoint):
             return checkpoint.step is not None and recorded.get("step") == checkpoint.step
         return True
 
@@ -157,15 +173,25 @@ class FrameworkCheckpoints:
         return fingerprint_problem(checkpoint, recorded.get("files", {}), unchanged=unchanged)
 
     def quarantine(self, checkpoint: FrameworkCheckpoint) -> Path:
-        """Move ``checkpoint`` into ``.flashruntime-quarantine/`` beside it (a free name)."""
-        target_dir = checkpoint.path.parent / QUARANTINE_DIR
-        target_dir.mkdir(exist_ok=True)
-        target, n = target_dir / checkpoint.path.name, 0
+        """Move ``checkpoint`` into the job's ``quarantine/`` (under its path below the search
+        root, at a free name), out of the script's sight: a framework that lists its checkpoint
+        directory finds only its own entries there. Raises ``OSError`` when it cannot be moved."""
+        root = self.root_of(checkpoint)
+        relative = checkpoint.path.relative_to(root) if root is not None else Path(checkpoint.path.name)
+        target = self.job_dir / QUARANTINE_DIR / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        base, n = target, 0
         while os.path.lexists(target):
             n += 1
-            target = target_dir / f"{checkpoint.path.name}.{n}"
-        os.rename(checkpoint.path, target)
+            target = base.with_name(f"{base.name}.{n}")
+        shutil.move(str(checkpoint.path), str(target))  # a rename, or a copy then removal across filesystems
+        self._quarantined[str(checkpoint.path)] = target
         return target
+
+    def written_by_this_run(self, checkpoint: FrameworkCheckpoint) -> bool:
+        """Whether this run wrote (or saw written) ``checkpoint``: fingerprinted by it, or changed
+        since it started. What was there before is the user's, never moved nor damaged by us."""
+        return self.recorded(checkpoint) is not None or checkpoint.order[1] >= self.since_ns
 
     def _restore(self, checkpoint: FrameworkCheckpoint) -> FrameworkCheckpoint | None:
         """Put the kept copy of a reused one-file checkpoint back in its place, if it still
@@ -176,8 +202,14 @@ class FrameworkCheckpoints:
             return None
         unit = recorded.get("unit") or "step"
         restored = FrameworkCheckpoint(checkpoint.kind, copy, recorded.get("step"), checkpoint.order, unit)
-        if fingerprint_problem(restored, {copy.name: recorded["files"].get(checkpoint.path.name, {})}):
+        expected = recorded["files"].get(checkpoint.path.name, {})
+        if fingerprint_problem(restored, {copy.name: expected}):
             return None
+        quarantined = self._quarantined.get(str(checkpoint.path))
+        if quarantined is not None and fingerprint_problem(
+                FrameworkCheckpoint(checkpoint.kind, quarantined, None, checkpoint.order),
+                {quarantined.name: expected}) is None:
+            return None  # the bytes moved aside are the kept ones: putting them back changes nothing
         shutil.copy2(copy, checkpoint.path)
         return FrameworkCheckpoint(checkpoint.kind, checkpoint.path, recorded.get("step"), checkpoint.order, unit)
 
@@ -191,14 +223,26 @@ class FrameworkCheckpoints:
             chosen = newest(self.find())
             if chosen is None:
                 return point
-            problem = "the last attempt failed while loading it" if distrust_newest else self.problem(chosen)
+            problem = self.problem(chosen)
+            if problem is None and distrust_newest and self.recorded(chosen) is None:
+                # Never fingerprinted, and loading it failed: nothing vouches for its bytes.
+                problem = "the last attempt failed while loading it"
             distrust_newest = False
             if problem is None:
                 point.checkpoint = chosen
                 return point
             described = self.describe(chosen)
-            recorded = self.recorded(chosen) if _reused_name(chosen) else None
-            moved = self.quarantine(chosen)
+            if not self.written_by_this_run(chosen):
+                point.events.append(("CHECKPOINT_UNRESUMABLE", f"{described} is not resumable: {problem}; it was "
+                                     "there before this run, so it is left where it is: move it aside yourself"))
+                return point
+            recorded = self.recorded(chosen) if self.reused_name(chosen) else None
+            try:
+                moved = self.quarantine(chosen)
+            except OSError as exc:
+                point.events.append(("CHECKPOINT_UNRESUMABLE", f"{described} is not resumable: {problem}; it could "
+                                     f"not be moved aside ({exc}), so the script may load it"))
+                return point
             point.events.append(("CHECKPOINT_QUARANTINED", f"{described} is not resumable: {problem}; moved to "
                                  f"{moved} (kept, not deleted)"))
             if recorded is not None:
@@ -221,8 +265,9 @@ def _identities(checkpoint: FrameworkCheckpoint) -> dict[str, tuple[int, ...]]:
 
 
 def _copy_name(path: Path) -> str:
-    """A file name for the kept copy of ``path`` that two checkpoints of one job never share."""
-    return "__".join(part for part in path.parts if part not in ("/", "")) or path.name
+    """A file name for the kept copy of ``path`` that two checkpoints of one job never share
+    (a digest of the whole path, then its own name, cut to stay a valid file name)."""
+    return f"{hashlib.sha256(str(path).encode()).hexdigest()[:16]}-{path.name[-100:]}"
 
 
 class CheckpointWatch:
@@ -260,21 +305,25 @@ class CheckpointWatch:
 
     def look(self) -> None:
         try:
-            for checkpoint in self._checkpoints.find():
-                try:
-                    state = _state_of(checkpoint)
-                except OSError:
-                    continue
-                if self._done.get(checkpoint.path) == state:
-                    continue
-                if self._checkpoints.already_fingerprinted(checkpoint):
-                    self._done[checkpoint.path] = state  # changed since? prepare_resume will say so
-                    continue
-                previous = self._pending.get(checkpoint.path)
-                self._pending[checkpoint.path] = state
-                if previous != state or _structural_problem(checkpoint) is not None:
-                    continue  # still being written (or torn: prepare_resume will say so)
-                self._on_event("CHECKPOINT_SEEN", self._checkpoints.record(checkpoint))
-                self._done[checkpoint.path] = state
+            found = self._checkpoints.find()
         except Exception:  # noqa: BLE001 - watching must never fail the attempt
             return
+        for checkpoint in found:
+            try:
+                self._look_at(checkpoint)
+            except Exception:  # noqa: BLE001 - one unreadable checkpoint never stops the others' turn
+                continue
+
+    def _look_at(self, checkpoint: FrameworkCheckpoint) -> None:
+        state = _state_of(checkpoint)
+        if self._done.get(checkpoint.path) == state:
+            return
+        if self._checkpoints.already_fingerprinted(checkpoint):
+            self._done[checkpoint.path] = state  # changed since? prepare_resume will say so
+            return
+        previous = self._pending.get(checkpoint.path)
+        self._pending[checkpoint.path] = state
+        if previous != state or _structural_problem(checkpoint) is not None:
+            return  # still being written (or torn: prepare_resume will say so)
+        self._on_event("CHECKPOINT_SEEN", self._checkpoints.record(checkpoint))
+        self._done[checkpoint.path] = state

@@ -58,10 +58,11 @@ class OutputMetrics:
                 data = log.read(_CHUNK)
             self._offset += len(data)
             complete, _, self._partial = (self._partial + data).rpartition(b"\n")
+            self._partial = self._partial[-_CHUNK:]  # a bar redrawn with carriage returns only: its end
             records = self._progress.feed(complete.decode(errors="replace").splitlines()) if complete else []
             if records:
                 now = time.time()
                 with open(self._dir / FRAMEWORK_METRICS_NAME, "a", encoding="utf-8") as out:
                     out.write("".join(json.dumps({**record, "ts": now}) + "\n" for record in records))
-        except (OSError, ValueError):
+        except Exception:  # noqa: BLE001 - curves never fail an attempt
             return

@@ -494,7 +494,7 @@ def _run_param_set(
     metrics: dict[str, Any] | None = None
     state = LaunchState.FAILED
     framework = FrameworkCheckpoints([view or source_dir, launcher.checkpoint_root(job_id)], run.checkpoint_patterns,
-                                     run.output_dir / job_id)
+                                     run.output_dir / job_id, since_ns=_filesystem_now_ns(run.output_dir))
     failure_class: FailureClass | None = None
 
     def halted() -> bool:
@@ -575,11 +575,11 @@ def _select_resume(run: Run, checkpoint_root: Path, attempt_id: str, framework: 
     if chosen is None:
         run.record_event("RESUME_SELECTED", f"{attempt_id} starts at step 0 (no valid checkpoint)")
     elif chosen.step is None:
-        run.record_event("RESUME_SELECTED", f"{attempt_id} resumes from the {framework.describe(chosen)}, verified: "
-                         "script-managed, step unknown")
+        run.record_event("RESUME_SELECTED", f"{attempt_id} resumes from the {framework.describe(chosen)}, verified "
+                         "(script-managed, step unknown)")
     else:
         run.record_event("RESUME_SELECTED", f"{attempt_id} resumes from {chosen.unit} {chosen.step} "
-                         f"({framework.describe(chosen)}, verified; the script resumes from it itself)")
+                         f"({framework.describe(chosen)}, verified: the newest the script's own resume will find)")
 
 
 _LAST_LINES = 5  # of a failed attempt's log, shown when it names no exception

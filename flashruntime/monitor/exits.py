@@ -118,6 +118,8 @@ def first_exit(sightings: Iterable[ProcessSighting], leader: int) -> ProcessSigh
     if not candidates:
         return None
     first = min(candidates, key=lambda s: (s.gone_at, s.pid))
+    if sum(1 for s in candidates if s.gone_at == first.gone_at) > 1:
+        return None  # several went in the same look: which was first cannot be told
     others = [s for s in rows if s is not first and (s.rank is not None or s.pid == leader)]
     if any(s.last_seen >= (first.gone_at or 0.0) for s in others):
         return first

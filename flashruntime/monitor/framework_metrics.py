@@ -44,7 +44,13 @@ def _fresh_files(root: Path, name: str, since_ns: int) -> Iterator[Path]:
 
 
 def _newest(root: Path, name: str, since_ns: int) -> Path | None:
-    return max(_fresh_files(root, name, since_ns), key=lambda p: (p.stat().st_mtime_ns, str(p)), default=None)
+    def written(path: Path) -> int:
+        try:
+            return path.stat().st_mtime_ns
+        except OSError:
+            return -1
+
+    return max(_fresh_files(root, name, since_ns), key=lambda p: (written(p), str(p)), default=None)
 
 
 def _numbers(record: dict[str, Any]) -> dict[str, Any]:

@@ -77,9 +77,14 @@ _TASK_MODULE_ERROR = re.compile(
     r"(" + "|".join(TASK_INPUT_ERRORS + DETERMINISTIC_EXCEPTIONS) + r"): ",
     re.MULTILINE,
 )
-# argparse's own refusal of the command line: "usage: ..." then "<prog>: error: ...", exit 2.
-_USAGE_ERROR = re.compile(r"^usage: .*(?:\n.*)*?\n(?:\[[A-Za-z]+[0-9]+\]:[ \t]*)*\S+: error: .+$", re.MULTILINE)
+# argparse's own refusal of the command line: a "usage: ..." line, then "<prog>: error: ...", exit 2.
+_USAGE_LINE = re.compile(r"^(?:\[[A-Za-z]+[0-9]+\]:[ \t]*)*usage: ")
+_USAGE_ERROR_LINE = re.compile(r"^(?:\[[A-Za-z]+[0-9]+\]:[ \t]*)*\S+: error: \S")
 ARGPARSE_EXIT_CODE = 2
+# What of a log is judged: its end, in lines no longer than this (a crafted log must never make
+# the judging slow; what decides a failure is in its last lines).
+JUDGED_BYTES = 64 * 1024
+JUDGED_LINE_CHARS = 4096
 
 
 class PeerLossRule(NamedTuple):
@@ -100,11 +105,13 @@ PEER_LOSS: tuple[PeerLossRule, ...] = (
                  r"CalledProcessError: Command .* died with <Signals\.(?P<signal>SIG[A-Z0-9]+): [0-9]+>",
                  "subprocess.CalledProcessError: Command '['python', 't.py']' died with <Signals.SIGKILL: 9>."),
     PeerLossRule("a peer closed its gloo connection",
-                 r"(?:RuntimeError|DistBackendError|DistNetworkError).*gloo.*Connection (?:closed|reset) by peer",
+                 r"^(?:[A-Za-z_.]*\.)?(?:RuntimeError|DistBackendError|DistNetworkError): "
+                 r"\[[^\]\n]{0,300}gloo[^\]\n]{0,300}\] Connection (?:closed|reset) by peer",
                  "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:31916"),
     PeerLossRule("a peer went away mid-collective",
-                 r"(?:RuntimeError|DistBackendError|DistNetworkError): .*(?:Connection reset by peer|Broken pipe"
-                 r"|NCCL communicator was aborted|remote process exited|ncclRemoteError)",
+                 r"^(?:[A-Za-z_.]*\.)?(?:RuntimeError|DistBackendError|DistNetworkError): [^\n]{0,500}?"
+                 r"(?:Connection reset by peer|Broken pipe|NCCL communicator was aborted|remote process exited"
+                 r"|ncclRemoteError)",
                  "torch.distributed.DistBackendError: NCCL error: remote process exited or there was a network error"),
 )
 _PEER_LOSS = tuple((rule.words, re.compile(rule.pattern)) for rule in PEER_LOSS)
@@ -112,9 +119,9 @@ _PEER_LOSS = tuple((rule.words, re.compile(rule.pattern)) for rule in PEER_LOSS)
 # An exception line saying a checkpoint file could not be read back: the file is bad, and
 # every relaunch that loads it would fail the same way.
 CHECKPOINT_LOAD_ERRORS = (
-    r"PytorchStreamReader failed", r"failed finding central directory", r"SafetensorError",
-    r"Error while deserializing header", r"UnpicklingError", r"EOFError: Ran out of input",
-    r"invalid load key", r"BadZipFile", r"HeaderTooLarge", r"MetadataIncompleteBuffer",
+    r"PytorchStreamReader failed reading", r"failed finding central directory", r"SafetensorError",
+    r"Error while deserializing header", r"HeaderTooLarge", r"MetadataIncompleteBuffer",
+    r"BadZipFile: File is not a zip file",
 )
 _CHECKPOINT_LOAD = re.compile("|".join(CHECKPOINT_LOAD_ERRORS))
 
@@ -149,13 +156,27 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def judged_text(log_tail: str | None) -> str:
+    """The part of a log the rules read: its last ``JUDGED_BYTES``, each line cut at
+    ``JUDGED_LINE_CHARS``, with plain line breaks."""
+    tail = (log_tail or "")[-JUDGED_BYTES:]
+    return "\n".join(line[:JUDGED_LINE_CHARS] for line in tail.splitlines())
+
+
+def _usage_error(text: str) -> bool:
+    """argparse's refusal: a ``usage:`` line with a ``<prog>: error: ...`` line after it."""
+    lines = text.splitlines()
+    usage = next((index for index, line in enumerate(lines) if _USAGE_LINE.match(line)), None)
+    return usage is not None and any(_USAGE_ERROR_LINE.match(line) for line in lines[usage + 1:])
+
+
 def _verdict(exit_code: int | None, log_tail: str | None) -> tuple[bool, str]:
     """(deterministic, a few words naming the evidence)."""
     if exit_code is None:
         return False, "no exit code"
     if exit_code == 0:
         return False, "exit 0"
-    text = "\n".join((log_tail or "").splitlines())
+    text = judged_text(log_tail)
     match = _DETERMINISTIC_LINE.search(text)
     if match:
         return True, f"{match.group(1)} at line start"
@@ -167,7 +188,7 @@ def _verdict(exit_code: int | None, log_tail: str | None) -> tuple[bool, str]:
     task_error = _TASK_MODULE_ERROR.search(text)
     if task_error:
         return True, f"{task_error.group(1)} refused its task: {task_error.group(2)}"
-    if exit_code == ARGPARSE_EXIT_CODE and _USAGE_ERROR.search(text):
+    if exit_code == ARGPARSE_EXIT_CODE and _usage_error(text):
         return True, "the command line was refused (usage error, exit 2)"
     wrapped = TORCHRUN_WRAPPER in text
     if TRACEBACK_HEADER in text and not wrapped:
@@ -185,20 +206,27 @@ def _verdict(exit_code: int | None, log_tail: str | None) -> tuple[bool, str]:
 
 
 # torchrun's failure report: the "Root Cause (first observed failure):" block names the rank,
-# its exit code and pid first ("rank      : 1 (local_rank: 1)", "exitcode  : -9 (pid: 6042)").
-_ROOT_CAUSE = re.compile(
-    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(?P<rank>[0-9]+).*?"
-    r"exitcode\s*:\s*(?P<code>-?[0-9]+)\s*\(pid:\s*(?P<pid>[0-9]+)\)", re.DOTALL)
+# its exit code and pid in the lines after it ("rank      : 1 (local_rank: 1)", "exitcode  : -9 (pid: 6042)").
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>[0-9]+)")
+_ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?[0-9]+)\s*\(pid:\s*(?P<pid>[0-9]+)\)")
+_ROOT_CAUSE_LINES = 8
 
 
 def _torchrun_root_cause(text: str) -> str:
     """``": root cause rank 1 (pid 6042) killed by SIGKILL"`` from torchrun's report, or ""."""
-    match = _ROOT_CAUSE.search(text)
-    if match is None:
+    lines = text.splitlines()
+    start = next((index for index in range(len(lines) - 1, -1, -1) if _ROOT_CAUSE in lines[index]), None)
+    if start is None:
         return ""
-    code = int(match.group("code"))
+    block = lines[start + 1:start + 1 + _ROOT_CAUSE_LINES]
+    rank = next((m.group("rank") for line in block if (m := _ROOT_RANK.match(line))), None)
+    exit_match = next((m for line in block if (m := _ROOT_EXIT.match(line))), None)
+    if rank is None or exit_match is None:
+        return ""
+    code = int(exit_match.group("code"))
     how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit {code}"
-    return f": root cause rank {match.group('rank')} (pid {match.group('pid')}) {how}"
+    return f": root cause rank {rank} (pid {exit_match.group('pid')}) {how}"
 
 
 def _exception_lines(text: str) -> list[str]:
@@ -241,7 +269,7 @@ def _peer_loss(text: str) -> str | None:
 def checkpoint_load_failure(log_tail: str | None) -> str | None:
     """The exception line of a traceback that failed reading a checkpoint back (a torn zip,
     a bad safetensors header, a truncated pickle), or None."""
-    return next((line for line in _exception_lines(log_tail or "") if _CHECKPOINT_LOAD.search(line)), None)
+    return next((line for line in _exception_lines(judged_text(log_tail)) if _CHECKPOINT_LOAD.search(line)), None)
 
 
 def from_local_launch(exit_code: int | None, log_tail: str | None) -> FailureSignals:
@@ -310,7 +338,7 @@ def failure_excerpt(log_tail: str | None) -> LogExcerpt:
     one. Without a traceback, the line naming a deterministic exception or a launch
     error is the exception line. Pure; a log without any of these gives an empty excerpt.
     """
-    by_tag = _lines_by_rank(log_tail or "")
+    by_tag = _lines_by_rank(judged_text(log_tail))
     candidates: list[tuple[str | None, LogExcerpt]] = []
     for tag, bodies in by_tag.items():
         excerpt = _traceback_excerpt(bodies, tag)

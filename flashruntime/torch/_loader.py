@@ -19,11 +19,21 @@ SEED = 0
 
 
 def is_loader(value: Any) -> bool:
+    """A ``DataLoader`` this module can stand in for without changing what it yields: a
+    map-style dataset, batches of ``batch_size`` drawn by a plain sequential, random or
+    distributed sampler, no sampler generator of its own. Any other loader is left as it is."""
     try:
-        from torch.utils.data import DataLoader
+        from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+        from torch.utils.data.distributed import DistributedSampler
     except ImportError:  # pragma: no cover - prepare needs torch anyway
         return False
-    return isinstance(value, DataLoader)
+    if not isinstance(value, DataLoader) or isinstance(value.dataset, IterableDataset) or value.batch_size is None:
+        return False
+    sampler = value.sampler
+    if type(sampler) not in (SequentialSampler, RandomSampler, DistributedSampler):
+        return False
+    return not (isinstance(sampler, RandomSampler) and (sampler.generator is not None or sampler.replacement
+                                                         or sampler._num_samples is not None))
 
 
 class _Skipping:
@@ -61,11 +71,13 @@ class ResumableLoader:
         self.sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
                                           seed=seed)
         self._skipping = _Skipping(self.sampler)
+        workers = {"prefetch_factor": loader.prefetch_factor} if loader.num_workers > 0 else {}
         self._loader = DataLoader(
             loader.dataset, batch_size=loader.batch_size, sampler=self._skipping, collate_fn=loader.collate_fn,
             num_workers=loader.num_workers, drop_last=loader.drop_last, pin_memory=loader.pin_memory,
             worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers,
-            generator=torch.Generator().manual_seed(seed),
+            timeout=loader.timeout, multiprocessing_context=loader.multiprocessing_context,
+            generator=torch.Generator().manual_seed(seed), **workers,
         )
         self.epoch = 0
         self.position = 0  # batches of this epoch handed out

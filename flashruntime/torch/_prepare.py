@@ -100,8 +100,8 @@ def _restore(model: Any, optimizer: Any, device: str, multi_node: bool) -> int:
         optimizer.load_state_dict(torch.load(optimizer_part, map_location=device))
     resume_part = step_dir / "resume.pt"
     if "resume.pt" in {Path(part.key).name for part in manifest.parts} and resume_part.is_file():
-        # Written by this helper and verified against the manifest: generator states are not tensors.
-        _state.STATE.resume = torch.load(resume_part, map_location="cpu", weights_only=False)
+        # Tensors, lists and numbers only (see _rng.capture): nothing else is unpickled.
+        _state.STATE.resume = torch.load(resume_part, map_location="cpu", weights_only=True)
     return int(manifest.step)
 
 

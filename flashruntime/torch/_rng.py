@@ -14,12 +14,16 @@ __all__ = ["capture", "restore"]
 
 
 def capture() -> dict[str, Any]:
+    """The states as tensors, lists and numbers only, so that ``torch.load(weights_only=True)``
+    reads them back: no pickled object of any other kind is ever loaded from a checkpoint."""
     import torch
 
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
     numpy = sys.modules.get("numpy")
     if numpy is not None:
-        state["numpy"] = numpy.random.get_state()
+        kind, keys, position, has_gauss, cached = numpy.random.get_state()
+        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), int(position), int(has_gauss), float(cached)]
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -29,13 +33,15 @@ def restore(state: dict[str, Any]) -> None:
     import torch
 
     if "python" in state:
-        random.setstate(state["python"])
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
     if "torch" in state:
         torch.set_rng_state(state["torch"])
     if "numpy" in state:
         import numpy
 
-        numpy.random.set_state(state["numpy"])
+        kind, keys, position, has_gauss, cached = state["numpy"]
+        numpy.random.set_state((kind, keys.numpy().astype(numpy.uint32), position, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
         states = state["cuda"]
         if len(states) == torch.cuda.device_count():

@@ -271,7 +271,9 @@ def test_a_flipped_byte_in_the_newest_hf_checkpoint_is_quarantined_and_the_one_b
     assert [flipped_words in message for message in quarantined].count(True) == 1
     # Besides it, only a save the stop caught half-written can have been moved aside.
     assert all("trainer_state.json is missing" in message for message in quarantined if flipped_words not in message)
-    assert (source / "clm-out" / ".flashruntime-quarantine" / f"checkpoint-{flipped}" / "model.safetensors").is_file()
+    quarantine = tmp_path / "run" / "local" / "quarantine"
+    assert (quarantine / "clm-out" / f"checkpoint-{flipped}" / "model.safetensors").is_file()
+    assert not (source / "clm-out" / f"checkpoint-{flipped}").exists()
     assert _resumed_step(run) == flipped - 10
     assert f"resuming training at clm-out/checkpoint-{flipped - 10}" in _attempt_log(run, 1)
     assert len(run.attempts) == 2  # one restart spent
@@ -406,7 +408,7 @@ def test_a_truncated_snapshot_is_quarantined_and_the_kept_copy_restored(tmp_path
     assert re.search(r"is not resumable: snapshot\.pt is [0-9]+ bytes, [0-9]+ when it was written", quarantined[0])
     kept_epoch = interruption.note  # the last version fingerprinted: its copy is what comes back
     assert [f"snapshot.pt (epoch {kept_epoch})" in m for m in _events(run, "CHECKPOINT_RESTORED")] == [True]
-    assert (source / ".flashruntime-quarantine" / "snapshot.pt").is_file()
+    assert (tmp_path / "run" / "local" / "quarantine" / "snapshot.pt").is_file()
     assert _resumed_step(run) == kept_epoch
     assert f"Resuming training from snapshot at Epoch {kept_epoch}" in _attempt_log(run, 1)
     assert len(run.attempts) == 2

@@ -31,7 +31,7 @@ def test_kill_and_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     for step_dir in (tmp_path / "ckpt-whole").iterdir():
         manifest = CheckpointManifest.model_validate_json((step_dir / MANIFEST_NAME).read_text())
         assert verify_manifest(manifest, step_dir)
-        assert sorted(p.key for p in manifest.parts) == ["model.pt", "optimizer.pt"]
+        assert sorted(p.key for p in manifest.parts) == ["model.pt", "optimizer.pt", "resume.pt"]
         assert (manifest.world_size, manifest.framework) == (2, "pytorch-" + torch.__version__.split("+")[0])
     assert _steps(tmp_path / "whole") == list(range(1, 13))
     for rank in (0, 1):

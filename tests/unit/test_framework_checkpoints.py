@@ -117,7 +117,7 @@ def test_prepare_resume_quarantines_the_bad_newest_and_names_the_one_before(tmp_
     assert point.checkpoint is not None and point.checkpoint.step == 10
     assert [kind for kind, _ in point.events] == ["CHECKPOINT_QUARANTINED"]
     assert "trainer_state.json is missing" in point.events[0][1]
-    assert (tmp_path / "out" / ".flashruntime-quarantine" / "checkpoint-20").is_dir()
+    assert (tmp_path / "job" / "quarantine" / "out" / "checkpoint-20").is_dir()
     assert not torn.exists()
     again = FrameworkCheckpoints([tmp_path], [], tmp_path / "job").prepare_resume(failed_loading=True)
     assert again.checkpoint is None and "the last attempt failed while loading it" in again.events[0][1]
@@ -192,3 +192,10 @@ def test_a_reused_one_file_checkpoint_is_fingerprinted_again_when_its_step_moves
     watch.look()
     watch.look()
     assert len(seen) == 2
+
+
+def test_a_pickle_asking_for_a_huge_memo_is_never_loaded(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.ckpt"
+    with zipfile.ZipFile(path, "w") as archive:  # N, then "put into memo slot 2**31": 32 GiB of memo
+        archive.writestr("archive/data.pkl", b"N" + b"r" + struct.pack("<I", 2**31) + b".")
+    assert torch_file_step(path) is None

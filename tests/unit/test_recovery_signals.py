@@ -108,3 +108,20 @@ def test_the_excerpt_of_a_chained_exception_is_the_last_one_and_a_quiet_log_give
     assert failure_excerpt(chained).exception == "ValueError: bad"
     assert failure_excerpt("step 1\nstep 2\n") == LogExcerpt(None, (), None)
     assert failure_excerpt(None) == LogExcerpt(None, (), None)
+
+
+@pytest.mark.parametrize("text", [
+    "ChildFailedError\n" + "Root Cause (first observed failure):\nrank: 1\n" * 20000,
+    "Traceback (most recent call last):\n  File x\nRuntimeError: " + "RuntimeError gloo " * 60000,
+    "usage: x\n" * 100000,
+    ("Traceback (most recent call last):\n" + "  File x\n" * 5) * 20000,
+], ids=["torchrun report", "gloo words", "usage lines", "tracebacks"])
+def test_a_crafted_log_is_judged_without_delay(text: str) -> None:
+    import time
+
+    started = time.monotonic()
+    for code in (1, 2):
+        describe_launch(code, text)
+        from_local_launch(code, text)
+        failure_excerpt(text)
+    assert time.monotonic() - started < 30  # a hang guard: backtracking once took hours on such text
