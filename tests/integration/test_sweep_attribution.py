@@ -87,27 +87,37 @@ time.sleep(0.8 if lr < 0.05 else 0.1)
 """
 
 
-def test_a_file_written_into_a_shared_source_directory_by_trials_running_at_once_is_never_credited(
-        tmp_path: Path) -> None:
+def test_a_file_written_into_an_existing_directory_of_the_source_is_each_trials_own(tmp_path: Path) -> None:
     source = tmp_path / "project"
-    (source / "outputs").mkdir(parents=True)  # an existing directory: linked, so shared by every trial
+    (source / "outputs").mkdir(parents=True)  # already there: the view makes it a directory of its own
     (source / "t.py").write_text(SHARED_DIR)
     workload = CommandWorkload(command=[PY, "t.py", "{lr}"], source=Source(path=str(source)),
                                task_params=[{"lr": 0.01}, {"lr": 0.1}],
                                outputs=OutputSpec(collect=["out*/metrics.json"], primary_metric="score"))
     run = flash.submit(workload, output_dir=tmp_path / "out", watch=False, quiet=True, max_concurrent_trials=2)
-    assert run.trials == []
-    assert run.best_trial() is None
+    copies = [tmp_path / "out" / f"local-00{n}" / f"task-00{n}" / "outputs" / "metrics.json" for n in (0, 1)]
+    assert [json.loads(copy.read_text())["score"] for copy in copies] == [0.01, 0.1]
+    assert not (source / "outputs" / "metrics.json").exists()
+    assert not [e for e in run.events if e["type"] == "OUTPUT_UNATTRIBUTABLE"]
+
+
+def test_a_file_written_into_a_linked_directory_by_trials_running_at_once_is_never_credited(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flashruntime.local import trial_workdir
+
+    monkeypatch.setattr(trial_workdir, "MAX_ENTRIES", 0)  # a project too large to mirror: directories linked whole
+    source = tmp_path / "project"
+    (source / "outputs").mkdir(parents=True)
+    (source / "t.py").write_text(SHARED_DIR)
+    workload = CommandWorkload(command=[PY, "t.py", "{lr}"], source=Source(path=str(source)),
+                               task_params=[{"lr": 0.01}, {"lr": 0.1}],
+                               outputs=OutputSpec(collect=["out*/metrics.json"], primary_metric="score"))
+    run = flash.submit(workload, output_dir=tmp_path / "out", watch=False, quiet=True, max_concurrent_trials=2)
     refused = [e["message"] for e in run.events if e["type"] == "OUTPUT_UNATTRIBUTABLE"]
     assert len(refused) == 2
     assert "outputs/metrics.json lies in a directory of the source that every trial running at once writes to" \
         in refused[0]
     assert "$FLASHML_OUTPUT_DIR" in refused[0]
-    # One at a time, the same file is each trial's own.
-    run = flash.submit(workload, output_dir=tmp_path / "out2", watch=False, quiet=True)
-    copies = [tmp_path / "out2" / f"local-00{n}" / f"task-00{n}" / "outputs" / "metrics.json" for n in (0, 1)]
-    assert [json.loads(copy.read_text())["score"] for copy in copies] == [0.01, 0.1]
-    assert not [e for e in run.events if e["type"] == "OUTPUT_UNATTRIBUTABLE"]
 
 
 SCORE = "import json, sys; json.dump({'loss': float(sys.argv[1]), 'accuracy': float(sys.argv[2])}, open('metrics.json', 'w'))"
