@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +102,7 @@ def handle(args: argparse.Namespace) -> int:
 
     from flashruntime.errors import LaunchError
     from flashruntime.local.chaos import compare_results, render_report
+    from flashruntime.local.trial_workdir import link_source_view
     from flashruntime.local.submit import submit
     from flashruntime.workloads.command import CommandWorkload, Source
 
@@ -111,17 +115,27 @@ def handle(args: argparse.Namespace) -> int:
     workload = CommandWorkload(command=args.cmd, source=Source(path=args.source))
     base = None if args.output_dir is None else Path(args.output_dir)
     stream = sys.stderr if args.json else sys.stdout
+    pristine: Path | None = None
     try:
+        if not args.no_compare:
+            # The fault-free run must not find what the chaos run leaves (a script that resumes
+            # itself would resume from it): it runs in a view of the project as it is now.
+            pristine = Path(tempfile.mkdtemp(prefix="flashruntime-chaos-reference-"))
+            link_source_view(Path(os.path.expanduser(args.source)), pristine / "project", workload.outputs.collect)
         run = submit(workload, output_dir=None if base is None else base / "chaos", max_restarts=args.max_restarts,
                      watch=False, chaos=plan, quiet=args.quiet, stream=stream)
         reference = None
-        if not args.no_compare:
+        if pristine is not None:
             print("flashruntime: the same command without faults, to compare results ...", file=sys.stderr)
-            reference = submit(workload, output_dir=None if base is None else base / "reference", watch=False,
+            untouched = workload.model_copy(update={"source": Source(path=str(pristine / "project"))})
+            reference = submit(untouched, output_dir=None if base is None else base / "reference", watch=False,
                                quiet=True, max_restarts=args.max_restarts)
     except (LaunchError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    finally:
+        if pristine is not None:
+            shutil.rmtree(pristine, ignore_errors=True)  # links and what the reference run made: never followed
     document = json.loads(run.run_json_path.read_text())
     chaos = document.get("chaos") or {}
     injected = chaos.get("injected") or []
