@@ -487,9 +487,10 @@ class Coordinator:
         event = failure_classified(lease, verdict, source=SERVICE_SOURCE, at=self.now())
 
         def fail() -> None:
-            # The fail first: a stale lease raises LeaseError here, before anything is recorded.
-            self.manager.fail(lease.lease_id, reason, now=self.now(), retry=verdict.retry)
+            # One transaction: a stale lease's LeaseError rolls the event back with it. The event
+            # first, so a job this failure ends records it as the reason.
             self.record_event(event)
+            self.manager.fail(lease.lease_id, reason, now=self.now(), retry=verdict.retry)
 
         self.state.run(fail)
         self.keep_attempt_log(lease)  # only once the fail was accepted: a stale one keeps nothing

@@ -123,8 +123,12 @@ def test_a_fail_without_an_exit_code_spends_the_budget_as_before(tmp_path: Path)
         assert api.post(f"/v1alpha1/attempts/{lease['lease_id']}/fail",
                         json={"reason": "agent error preparing the task"}).status_code == 200
         assert api.post(f"/v1alpha1/attempts/{lease['lease_id']}/fail",
-                        json={"reason": "x", "exit_code": 999}).status_code in (410, 422)
+                        json={"reason": "x", "exit_code": 999}).status_code == 422  # no such exit code
+        stale = api.post(f"/v1alpha1/attempts/{lease['lease_id']}/fail", json={"reason": "again", "exit_code": 1})
+        assert stale.status_code == 410  # the lease ended with the first fail: nothing is judged or kept
         assert not [e for e in api.get(f"/v1alpha1/jobs/{job_id}/events").json() if e["type"] == "FAILURE_CLASSIFIED"]
+        keys = [a["key"] for a in api.get(f"/v1alpha1/jobs/{job_id}/artifacts").json()]
+        assert not [key for key in keys if "/attempts/" in key]
         assert api.get(f"/v1alpha1/jobs/{job_id}/tasks").json()[0]["state"] == "PENDING"
 
 
