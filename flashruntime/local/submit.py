@@ -531,14 +531,16 @@ def _run_param_set(
         saves = CheckpointWatch(framework, run.record_event).start()
         curves = OutputMetrics(handle.output_dir).start()
         try:
-            state = handle.wait()
-        finally:  # on an interrupt the attempt stays active: _drive stops and settles it
-            if sampler is not None:
-                _stop_sampler(sampler)
-            sightings = exits.stop() if exits is not None else []
+            try:
+                state = handle.wait()
+            finally:  # on an interrupt the attempt stays active: _drive stops and settles it
+                if sampler is not None:
+                    _stop_sampler(sampler)
+                sightings = exits.stop() if exits is not None else []
+            finish_attempt(run, handle, attempt_id, state)  # first: a cancel arriving now finds it settled
+        finally:
             saves.stop()
             curves.stop()
-        finish_attempt(run, handle, attempt_id, state)
         _collect_outputs(run, source_dir, handle.output_dir, started_ns, attempt_id=attempt_id, view=view,
                          shared_writers=shared_writers)
         candidate = _read_metrics(handle.output_dir / "metrics.json", started_ns)

@@ -273,7 +273,6 @@ def test_a_flipped_byte_in_the_newest_hf_checkpoint_is_quarantined_and_the_one_b
     assert all("trainer_state.json is missing" in message for message in quarantined if flipped_words not in message)
     quarantine = tmp_path / "run" / "local" / "quarantine"
     assert (quarantine / "clm-out" / f"checkpoint-{flipped}" / "model.safetensors").is_file()
-    assert not (source / "clm-out" / f"checkpoint-{flipped}").exists()
     assert _resumed_step(run) == flipped - 10
     assert f"resuming training at clm-out/checkpoint-{flipped - 10}" in _attempt_log(run, 1)
     assert len(run.attempts) == 2  # one restart spent

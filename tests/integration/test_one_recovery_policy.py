@@ -147,7 +147,7 @@ def test_a_task_modules_bad_parameter_runs_once_on_a_worker_agent(tmp_path: Path
                     "retryPolicy": {"maxTaskAttempts": 3}}}
     with serve_in_thread(settings_for(tmp_path / "data")) as url:
         job_id = httpx.post(f"{url}/v1alpha1/jobs", json=job, timeout=10).json()["job_id"]
-        agent = WorkerAgent(url, node_id="node-real", work_dir=tmp_path / "work", max_tasks=3, poll_seconds=0.05,
+        agent = WorkerAgent(url, node_id="node-real", work_dir=tmp_path / "work", max_tasks=1, poll_seconds=0.05,
                             timing=FAST)
         run_agent(agent, timeout=30)
         events = httpx.get(f"{url}/v1alpha1/jobs/{job_id}/events", timeout=10).json()
