@@ -32,6 +32,7 @@ from flashruntime.checkpoint.frameworks import (
     newest,
 )
 from flashruntime.files import write_atomic
+from flashruntime.periodic import Periodic
 
 __all__ = ["QUARANTINE_DIR", "CheckpointWatch", "FrameworkCheckpoints", "ResumePoint"]
 
@@ -280,28 +281,18 @@ class CheckpointWatch:
                  period_s: float = WATCH_PERIOD_S) -> None:
         self._checkpoints = checkpoints
         self._on_event = on_event
-        self._period_s = period_s
         self._pending: dict[Path, tuple[int, int, int]] = {}
         self._done: dict[Path, tuple[int, int, int]] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic = Periodic(self.look, period_s, "flashruntime-checkpoint-watch")
 
     def start(self) -> CheckpointWatch:
-        self._thread = threading.Thread(target=self._loop, name="flashruntime-checkpoint-watch", daemon=True)
-        self._thread.start()
+        self._periodic.start()
         return self
 
     def stop(self) -> None:
         """Stop, after one last look: a checkpoint unchanged since the previous look counts; one
         still changing when the attempt ended is left to ``prepare_resume`` to judge."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.look()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._period_s):
-            self.look()
+        self._periodic.stop()
 
     def look(self) -> None:
         try:

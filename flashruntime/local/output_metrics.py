@@ -7,12 +7,12 @@ A script that writes ``metrics.jsonl`` (the torch helper's) is left alone.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
 from flashruntime.launchers.local import LOG_NAME
 from flashruntime.monitor.progress import FRAMEWORK_METRICS_NAME, OutputProgress
+from flashruntime.periodic import Periodic
 
 __all__ = ["OutputMetrics"]
 
@@ -25,27 +25,18 @@ class OutputMetrics:
 
     def __init__(self, attempt_dir: Path, *, period_s: float = PERIOD_S) -> None:
         self._dir = Path(attempt_dir)
-        self._period_s = period_s
         self._offset = 0
         self._partial = b""
         self._progress = OutputProgress()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic = Periodic(self.read, period_s, "flashruntime-output-metrics")
 
     def start(self) -> OutputMetrics:
-        self._thread = threading.Thread(target=self._loop, name="flashruntime-output-metrics", daemon=True)
-        self._thread.start()
+        self._periodic.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.read()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._period_s):
-            self.read()
+        """Stop, after reading what the attempt printed last."""
+        self._periodic.stop()
 
     def read(self) -> None:
         """Fold the log's new complete lines into the curves file (nothing when the script keeps

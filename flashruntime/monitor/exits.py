@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from flashruntime.periodic import Periodic
+
 __all__ = ["ExitWatch", "ProcessSighting", "first_exit", "rank_of"]
 
 PERIOD_S = 0.2
@@ -59,31 +61,20 @@ class ExitWatch:
     def __init__(self, find: Callable[[], Iterable[int]], *, period_s: float = PERIOD_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._find = find
-        self._period_s = period_s
         self._clock = clock
         self._seen: dict[int, ProcessSighting] = {}
-        self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._periodic = Periodic(self.look, period_s, "flashruntime-exit-watch", at_once=True)
 
     def start(self) -> ExitWatch:
-        self._thread = threading.Thread(target=self._loop, name="flashruntime-exit-watch", daemon=True)
-        self._thread.start()
+        self._periodic.start()
         return self
 
     def stop(self) -> list[ProcessSighting]:
         """Stop watching (one last look first); the sightings, in the order they were first seen."""
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-        self.look()
+        self._periodic.stop()
         with self._lock:
             return sorted(self._seen.values(), key=lambda s: (s.first_seen, s.pid))
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.look()
-            self._stop.wait(self._period_s)
 
     def look(self) -> None:
         """One look: new processes are noted with their rank, the ones gone are marked."""
