@@ -449,8 +449,9 @@ def _run_trial(
     run.record_event("TRIAL_STARTED", f"{label} started ({_describe_params(params)})")
     source = Path(os.path.expanduser(run.workload.source.path))
     try:
-        view = link_source_view(source, run.output_dir / trial / WORKDIR_NAME, run.workload.outputs.collect,
-                                skip=[run.output_dir])
+        # What the trial writes (collected outputs, its own checkpoints) is its own, never a link.
+        view = link_source_view(source, run.output_dir / trial / WORKDIR_NAME,
+                                [*run.workload.outputs.collect, *run.checkpoint_patterns], skip=[run.output_dir])
     except OSError as exc:
         raise LaunchError(f"could not make trial {trial}'s working directory from {str(source)!r}: {exc}; "
                           "check that the source directory is readable and the output directory writable") from exc

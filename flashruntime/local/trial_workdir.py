@@ -24,14 +24,14 @@ MAX_ENTRIES = 20_000
 
 
 def _written(collect: Iterable[str]) -> list[str]:
-    """Collect patterns name what the trial writes: a match in the source is not linked (it
-    would be written through to the original), and a literal first directory is made empty."""
+    """The patterns of what the trial writes (collected outputs, its own checkpoints): a match in
+    the source is not linked, since writing it would write through to the original."""
     return [str(PurePath(pattern)) for pattern in collect if PurePath(pattern).parts]
 
 
 def link_source_view(source: Path, view: Path, collect: Iterable[str], *, skip: Iterable[Path] = ()) -> Path:
     """Make (or bring up to date) ``view`` as a view of ``source`` (see the module's text):
-    files matching a collect pattern, and entries holding any of ``skip`` (the run's own
+    files matching one of the ``collect`` patterns, and entries holding any of ``skip`` (the run's own
     directory, when it lies inside the source), are left out. Entries the trial already made
     in ``view`` are kept. Returns ``view``."""
     source = source.resolve()
