@@ -11,7 +11,6 @@ inside a torch file is read by an unpickler that builds nothing but inert stand-
 from __future__ import annotations
 
 import collections
-import hashlib
 import io
 import json
 import os
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flashruntime.checkpoint._hashing import hash_fd, open_regular
 from flashruntime.workdir_walk import walk
 
 __all__ = [
@@ -35,7 +35,6 @@ __all__ = [
     "find_checkpoints",
     "fingerprint",
     "fingerprint_problem",
-    "identity",
     "newest",
     "torch_file_step",
 ]
@@ -190,33 +189,28 @@ def checkpoint_files(checkpoint: FrameworkCheckpoint) -> list[Path]:
     return list(_walk_files(checkpoint.path))
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def _sha256(path: Path, *, use_cache: bool = True) -> str:
+    """The file's sha256 through the checkpoint package's verification cache: a digest this
+    process computed is reused while the file's (device, inode, size, mtime) are unchanged;
+    a new process reads every byte again."""
+    fd, st = open_regular(path)
+    try:
+        return hash_fd(fd, st, use_cache=use_cache)
+    finally:
+        os.close(fd)
 
 
 def fingerprint(checkpoint: FrameworkCheckpoint) -> dict[str, dict[str, Any]]:
     """``{relative file name: {"size", "sha256"}}`` of every file of the checkpoint, as now."""
     base = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
-    return {str(path.relative_to(base)): {"size": path.stat().st_size, "sha256": _sha256(path)}
+    return {str(path.relative_to(base)): {"size": path.stat().st_size, "sha256": _sha256(path, use_cache=False)}
             for path in checkpoint_files(checkpoint)}
 
 
-def identity(info: os.stat_result) -> tuple[int, int, int, int, int]:
-    """What the filesystem says of a file's contents: device, inode, size, and the times of
-    its last write and last change. Any write through the filesystem changes one of them."""
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-
-
-def fingerprint_problem(checkpoint: FrameworkCheckpoint, recorded: Mapping[str, Mapping[str, Any]], *,
-                        unchanged: Mapping[str, tuple[int, ...]] | None = None) -> str | None:
+def fingerprint_problem(checkpoint: FrameworkCheckpoint, recorded: Mapping[str, Mapping[str, Any]]) -> str | None:
     """How the checkpoint differs from the fingerprint taken when the framework finished it,
-    or None when every recorded file is there with its size and sha256. A file whose
-    ``identity`` is still the one in ``unchanged`` (taken when this process hashed it) is not
-    read again: nothing has written to it since."""
+    or None when every recorded file is there with its size and sha256 (see ``_sha256``: a file
+    this process hashed and nothing wrote to since is not read again)."""
     base = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
     for name, expected in sorted(recorded.items()):
         path = base / name
@@ -226,8 +220,6 @@ def fingerprint_problem(checkpoint: FrameworkCheckpoint, recorded: Mapping[str, 
             return f"{name} is missing"
         if info.st_size != expected.get("size"):
             return f"{name} is {info.st_size} bytes, {expected.get('size')} when it was written"
-        if unchanged is not None and unchanged.get(name) == identity(info):
-            continue
         if _sha256(path) != expected.get("sha256"):
             return f"{name} changed since it was written (sha256 differs)"
     return None

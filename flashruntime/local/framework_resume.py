@@ -28,7 +28,6 @@ from flashruntime.checkpoint.frameworks import (
     find_checkpoints,
     fingerprint,
     fingerprint_problem,
-    identity,
     newest,
 )
 from flashruntime.files import write_atomic
@@ -85,9 +84,6 @@ class FrameworkCheckpoints:
         self.verified_dir = job_dir / VERIFIED_DIR
         self._lock = threading.Lock()
         self._records: dict[str, dict[str, Any]] = self._load()
-        # Per checkpoint, each file's identity when this process hashed it: a file unchanged since
-        # is not read again (a new process has none of these, and re-reads everything).
-        self._hashed: dict[str, dict[str, tuple[int, ...]]] = {}
         self._quarantined: dict[str, Path] = {}  # checkpoint path -> where it was moved aside
 
     def _load(self) -> dict[str, dict[str, Any]]:
@@ -129,9 +125,7 @@ class FrameworkCheckpoints:
     def record(self, checkpoint: FrameworkCheckpoint) -> str:
         """Fingerprint ``checkpoint`` as it is now (and keep a copy of a reused one-file
         checkpoint); returns the event message."""
-        before = _identities(checkpoint)
         files = fingerprint(checkpoint)
-        after = _identities(checkpoint)
         entry: dict[str, Any] = {"kind": checkpoint.kind, "step": checkpoint.step, "unit": checkpoint.unit,
                                  "files": files, "seen_at": time.time()}
         kept = ""
@@ -143,8 +137,6 @@ class FrameworkCheckpoints:
             kept = "; a copy is kept in case a later save of it tears"
         with self._lock:
             self._records[str(checkpoint.path)] = entry
-            # Only what did not change while it was read is known to hold what was hashed.
-            self._hashed[str(checkpoint.path)] = {name: key for name, key in after.items() if before.get(name) == key}
             self._save()
         total = sum(f["size"] for f in files.values())
         return f"{self.describe(checkpoint)} fingerprinted: {len(files)} file(s), {total} bytes{kept}"
@@ -169,9 +161,7 @@ class FrameworkCheckpoints:
         recorded = self.recorded(checkpoint)
         if recorded is None:
             return _structural_problem(checkpoint)
-        with self._lock:
-            unchanged = dict(self._hashed.get(str(checkpoint.path), {}))
-        return fingerprint_problem(checkpoint, recorded.get("files", {}), unchanged=unchanged)
+        return fingerprint_problem(checkpoint, recorded.get("files", {}))
 
     def quarantine(self, checkpoint: FrameworkCheckpoint) -> Path:
         """Move ``checkpoint`` into the job's ``quarantine/`` (under its path below the search
@@ -252,17 +242,6 @@ class FrameworkCheckpoints:
                     point.events.append(("CHECKPOINT_RESTORED", f"{self.describe(restored)}: the copy kept when it "
                                          "was last verified is back in its place"))
         return point
-
-
-def _identities(checkpoint: FrameworkCheckpoint) -> dict[str, tuple[int, ...]]:
-    base = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
-    found = {}
-    for path in checkpoint_files(checkpoint):
-        try:
-            found[str(path.relative_to(base))] = identity(path.stat())
-        except OSError:
-            continue
-    return found
 
 
 def _copy_name(path: Path) -> str:

@@ -98,7 +98,7 @@ def test_a_fingerprint_catches_a_changed_byte_and_trusts_an_untouched_file(tmp_p
     checkpoint = find_checkpoints([tmp_path])[0]
     assert "fingerprinted: 2 file(s)" in checkpoints.record(checkpoint)
     assert checkpoints.problem(checkpoint) is None
-    again = FrameworkCheckpoints([tmp_path], [], tmp_path / "job")  # a new driver reads the fingerprints back
+    again = FrameworkCheckpoints([tmp_path], [], tmp_path / "job")  # another driver reads the fingerprints back
     assert again.recorded(checkpoint)["files"] == fingerprint(checkpoint)
     model = directory / "model.safetensors"
     data = bytearray(model.read_bytes())
