@@ -380,7 +380,7 @@ def test_a_cancel_after_the_last_attempt_ended_names_no_stopped_attempt(
     attempt stopped by itself, so RUN_CANCELLED is the plain "run cancelled"."""
     import threading
 
-    from flashruntime.local import submit as sdk
+    from flashruntime.local import attempts as sdk  # where an attempt's outputs are collected
 
     collecting, cancelled = threading.Event(), threading.Event()
     collect = sdk._collect_outputs
