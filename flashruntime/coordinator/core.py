@@ -15,7 +15,6 @@ import functools
 import json
 import logging
 import math
-import os
 import secrets
 import threading
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from flashruntime.coordinator.access import LiveLease, artifact_read_allowed, ow
 from flashruntime.coordinator.artifacts import ArtifactStore, sha256_of
 from flashruntime.coordinator.auth import ARGV_SUBMITTERS_ENV, Identity, Role, authenticator_from_env
 from flashruntime.coordinator.expansion import expand_tasks
-from flashruntime.coordinator.failures import TASK_MODE, failure_classified
+from flashruntime.coordinator.failures import TASK_MODE, failure_classified, failure_reason
 from flashruntime.coordinator.lease_jobs import TERMINAL_JOB_STATES, refreshed
 from flashruntime.coordinator.metrics import Metrics
 from flashruntime.coordinator.nodes import NodeRegistry
@@ -37,7 +36,7 @@ from flashruntime.coordinator.settings import RuntimeSettings
 from flashruntime.coordinator.state import InTransaction, open_state
 from flashruntime.coordinator.task_logs import (
     TaskLog,
-    attempt_log_key_of,
+    keep_attempt_log,
     log_share,
     read_log,
     task_log_path,
@@ -53,6 +52,7 @@ from flashruntime.errors import (
     NoBackend,
 )
 from flashruntime.leases import LeaseManager
+from flashruntime.protocol.task_logs import TASK_LOG_MAX_BYTES
 from flashruntime.protocol.v1alpha1 import (
     CompleteRequest,
     Event,
@@ -64,7 +64,6 @@ from flashruntime.protocol.v1alpha1 import (
     SubmittedBy,
     TaskState,
 )
-from flashruntime.protocol.task_logs import TASK_LOG_MAX_BYTES
 from flashruntime.ray_backend.resources import ray_options, unplaceable_reason
 from flashruntime.recovery.verdict import judge_exit, judge_no_result
 from flashruntime.scheduler import IsolationAwarePlacement
@@ -321,27 +320,12 @@ class Coordinator:
         a transaction."""
         updated, event = refreshed(current, self.manager.job_state(current.job_id), self.now())
         if updated is not current and updated.state is JobState.FAILED and updated.error is None:
-            updated = updated.model_copy(update={"error": self._failure_reason(current.job_id)})
+            updated = updated.model_copy(update={"error": failure_reason(self.ledger.events_for(current.job_id))})
         if updated is not current:
             self.ledger.upsert_job(updated, events=() if event is None else (event,))
             if event is not None:
                 self.state.after_commit(functools.partial(self._observe, event))
         return updated
-
-    def _failure_reason(self, job_id: str) -> str | None:
-        """Why a job failed, for its record: how many tasks failed, and the last one's last
-        failed attempt (its class and decision where it was judged, else its reason)."""
-        events = self.ledger.events_for(job_id)
-        exhausted = [e for e in events if e.type is EventType.TASK_EXHAUSTED]
-        if not exhausted:
-            return None
-        task_id = exhausted[-1].data.get("task_id")
-        about = [e for e in events if e.data.get("task_id") == task_id
-                 and e.type in (EventType.FAILURE_CLASSIFIED, EventType.TASK_ATTEMPT_FAILED)]
-        judged = [e for e in about if e.type is EventType.FAILURE_CLASSIFIED]
-        last = (judged or about or exhausted)[-1].message
-        failed = len({e.data.get("task_id") for e in exhausted})
-        return f"{failed} task(s) failed; {task_id}: {last}"[:2000]
 
     def job(self, job_id: str) -> JobRecord | None:
         record = self.ledger.get_job(job_id)
@@ -425,20 +409,9 @@ class Coordinator:
         return logs
 
     def keep_attempt_log(self, lease: Lease) -> None:
-        """Keep the log of ``lease``'s failed attempt beside the task's, so the next attempt's log
-        (which replaces ``task.log``) does not erase it. Nothing is kept when it cannot be read."""
-        current = task_log_path(self.artifacts, lease.job_id, lease.task_id, lease.payload)
-        if current is None:
-            return
+        """Keep the log of ``lease``'s failed attempt (see ``task_logs.keep_attempt_log``)."""
         try:
-            with open(current, "rb") as handle:  # its end: what a worker ships is at most this long anyway
-                handle.seek(max(0, handle.seek(0, os.SEEK_END) - TASK_LOG_MAX_BYTES))
-                data = handle.read(TASK_LOG_MAX_BYTES)
-        except OSError:
-            return
-        try:
-            self.artifacts.write_bytes(attempt_log_key_of(lease.job_id, lease.task_id, lease.payload,
-                                                          lease.attempt_number), data)
+            keep_attempt_log(self.artifacts, lease.job_id, lease.task_id, lease.payload, lease.attempt_number)
         except (FlashRuntimeError, OSError) as exc:
             log.warning("the log of attempt %s of task %s was not kept: %s", lease.attempt_number, lease.task_id,
                         exc)

@@ -36,6 +36,7 @@ from typing import Any
 
 from flashruntime.agent import ray_task
 from flashruntime.agent.lease_run import heartbeat_interval, last_line, payload_prefix
+from flashruntime.coordinator.failures import TASK_MODE, failure_classified
 from flashruntime.errors import ArtifactNotFound, FlashRuntimeError, LeaseError
 from flashruntime.protocol.task_logs import task_log_key
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Event, EventType, Lease, TaskSpec
@@ -51,7 +52,6 @@ from flashruntime.ray_backend.cluster import (
 )
 from flashruntime.ray_backend.failures import classify_ray_error, is_cancellation
 from flashruntime.ray_backend.resources import ray_options
-from flashruntime.coordinator.failures import TASK_MODE, failure_classified
 from flashruntime.recovery import AttemptVerdict, decide, judge_exit
 from flashruntime.recovery.verdict import judge_no_result
 from flashruntime.scheduler.policy import NodeView, PlacementPolicy

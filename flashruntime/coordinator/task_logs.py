@@ -26,7 +26,8 @@ from flashruntime.protocol.task_logs import (
     whole_lines_tail,
 )
 
-__all__ = ["TaskLog", "attempt_log_key_of", "job_logs_text", "log_share", "read_log", "task_log_path", "with_tail"]
+__all__ = ["TaskLog", "attempt_log_key_of", "job_logs_text", "keep_attempt_log", "log_share", "read_log",
+           "task_log_path", "with_tail"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,24 @@ def _own_prefix(job_id: str, task_id: str, payload: dict[str, Any]) -> str:
 def attempt_log_key_of(job_id: str, task_id: str, payload: dict[str, Any], attempt: int) -> str:
     """The artifact key under which the log of the task's earlier ``attempt`` is kept."""
     return attempt_log_key(_own_prefix(job_id, task_id, payload), attempt)
+
+
+def keep_attempt_log(artifacts: ArtifactStore, job_id: str, task_id: str, payload: dict[str, Any],
+                     attempt: int) -> None:
+    """Keep the log of the task's failed ``attempt`` (the end of ``task.log``, at most
+    ``TASK_LOG_MAX_BYTES``) under ``attempts/<n>/``, so the next attempt's log, which replaces
+    ``task.log``, does not erase it. Nothing is kept when there is no log to read; a store
+    that cannot write raises (``OSError`` or the store's own error)."""
+    current = task_log_path(artifacts, job_id, task_id, payload)
+    if current is None:
+        return
+    try:
+        with open(current, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - TASK_LOG_MAX_BYTES))
+            data = handle.read(TASK_LOG_MAX_BYTES)
+    except OSError:
+        return
+    artifacts.write_bytes(attempt_log_key_of(job_id, task_id, payload, attempt), data)
 
 
 def task_log_path(artifacts: ArtifactStore, job_id: str, task_id: str, payload: dict[str, Any],
