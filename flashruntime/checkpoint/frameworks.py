@@ -94,12 +94,34 @@ def _walk_files(directory: Path) -> Iterator[Path]:
 
 
 def _hf_step(directory: Path, from_name: int) -> int:
+    step = _by_content(directory / "trainer_state.json", _global_step)
+    return step if step is not None else from_name
+
+
+def _global_step(path: Path) -> int | None:
     try:
-        state = json.loads((directory / "trainer_state.json").read_text())
-        step = state.get("global_step")
-        return step if isinstance(step, int) and not isinstance(step, bool) else from_name
+        step = json.loads(path.read_text()).get("global_step")
     except (OSError, ValueError, AttributeError):
-        return from_name
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+_READ: dict[tuple[str, int, int], Any] = {}  # (path, size, mtime) -> what was read from it
+
+
+def _by_content(path: Path, read: Any) -> Any:
+    """``read(path)``, read again only when the file's size or mtime changed: the watch looks
+    at every checkpoint twice a second, and a step does not change while its file does not."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    key = (str(path), info.st_size, info.st_mtime_ns)
+    if key not in _READ:
+        if len(_READ) > 4096:
+            _READ.clear()
+        _READ[key] = read(path)
+    return _READ[key]
 
 
 def _recognise_dir(directory: Path, names: set[str]) -> FrameworkCheckpoint | None:
@@ -339,22 +361,10 @@ def _harmless(data: bytes) -> bool:
 
 
 _MEMO_OPS = frozenset({"PUT", "BINPUT", "LONG_BINPUT", "GET", "BINGET", "LONG_BINGET"})
-_STEPS: dict[tuple[str, int, int], tuple[int, str] | None] = {}  # (path, size, mtime) -> the answer
-
-
 def torch_file_step(path: Path) -> tuple[int, str] | None:
     """``(n, "step")`` or ``(n, "epoch")``: what a torch-saved dictionary records at its top
     level (``global_step``, ``step``, ``EPOCHS_RUN``, ``epoch``), or None for any other file."""
-    try:
-        info = path.stat()
-    except OSError:
-        return None
-    key = (str(path), info.st_size, info.st_mtime_ns)
-    if key not in _STEPS:
-        if len(_STEPS) > 4096:
-            _STEPS.clear()
-        _STEPS[key] = _read_step(path)
-    return _STEPS[key]
+    return _by_content(path, _read_step)
 
 
 def _read_step(path: Path) -> tuple[int, str] | None:
