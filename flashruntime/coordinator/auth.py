@@ -112,6 +112,9 @@ class OpenAuthenticator:
     def credential(self, token: object) -> Credential | None:
         return None
 
+    def node_ids(self) -> frozenset[str]:
+        return frozenset()
+
 
 def _digest(token: object) -> bytes | None:
     """sha256 of a non-empty ASCII token, else None. Comparing fixed-length digests
@@ -186,6 +189,10 @@ class StaticTokenAuthenticator:
     @property
     def enforcing(self) -> bool:
         return True
+
+    def node_ids(self) -> frozenset[str]:
+        """The node ids that hold a node token (what node grants may name)."""
+        return frozenset(c.name for _, c in self._candidates if c.role is Role.NODE)
 
     def authenticate(self, token: object) -> str | None:
         found = self.credential(token)

@@ -30,6 +30,7 @@ from flashruntime.coordinator.expansion import expand_tasks
 from flashruntime.coordinator.failures import TASK_MODE, failure_classified, failure_reason
 from flashruntime.coordinator.lease_jobs import TERMINAL_JOB_STATES, refreshed
 from flashruntime.coordinator.metrics import Metrics
+from flashruntime.coordinator.node_grants import node_grants_for
 from flashruntime.coordinator.nodes import NodeRegistry
 from flashruntime.coordinator.ray_dispatch import BACKEND_KEY, BackendPlacement, RayDispatcher
 from flashruntime.coordinator.settings import RuntimeSettings
@@ -97,6 +98,7 @@ class Coordinator:
         self.now = clock
         Path(settings.artifacts_dir).mkdir(parents=True, exist_ok=True)
         self.authenticator = authenticator_from_env()  # before the database: a bad token setting opens nothing
+        self.node_grants = node_grants_for(self.authenticator, join_code_set=settings.join_code is not None)
         self.state = state = open_state(settings)
         self.ledger = state.ledger
         self.metrics = Metrics()

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from flashruntime.coordinator.node_grants import Granted, NodeGrant, grant_statement
 from flashruntime.coordinator.node_store import InMemoryNodeStore, NodeStore
 from flashruntime.protocol.v1alpha1 import NodeHeartbeat, NodeRegistration
 
@@ -62,22 +63,33 @@ class NodeRegistry:
     def store(self) -> NodeStore:
         return self._store
 
-    def register(self, registration: NodeRegistration) -> None:
-        """Store (or replace) a registration; a re-registration keeps the accepted count."""
+    def register(self, registration: NodeRegistration, grant: NodeGrant | None = None) -> Granted:
+        """Store (or replace) a registration, its pools and unsandboxed runner cut to ``grant``
+        (None: kept as stated); a re-registration keeps the accepted count. What was cut is
+        in the answer."""
+        granted = grant_statement(registration.capabilities.pools, registration.unsandboxed_argv_capable, grant)
+        if granted.withheld:
+            registration = registration.model_copy(update={
+                "capabilities": registration.capabilities.model_copy(update={"pools": granted.pools}),
+                "unsandboxed_argv_capable": granted.unsandboxed_argv,
+            })
         now = self._clock()
         self._store.register(registration, now)
         with self._lock:
             self._heard[registration.node_id] = now
+        return granted
 
-    def heartbeat(self, node_id: str, heartbeat: NodeHeartbeat) -> bool:
-        """Mark the node seen; ``pools`` (when not None) replaces its capabilities' pools.
-        False when the node is not registered."""
+    def heartbeat(self, node_id: str, heartbeat: NodeHeartbeat, grant: NodeGrant | None = None) -> bool:
+        """Mark the node seen; ``pools`` (when not None) replaces its capabilities' pools, cut
+        to ``grant`` as at registration. False when the node is not registered."""
         stored = self._store.get(node_id)
         if stored is None:
             return False
         now = self._clock()
-        if heartbeat.pools is not None and list(heartbeat.pools) != stored.registration.capabilities.pools:
-            self._store.set_pools(node_id, list(heartbeat.pools))
+        if heartbeat.pools is not None:
+            pools = grant_statement(heartbeat.pools, False, grant).pools
+            if pools != stored.registration.capabilities.pools:
+                self._store.set_pools(node_id, pools)
         if now - stored.last_seen >= SEEN_WRITE_INTERVAL_S:
             self._store.seen(node_id, now)
         with self._lock:
@@ -91,19 +103,24 @@ class NodeRegistry:
     def count_accepted(self, node_id: str) -> None:
         self._store.count_accepted(node_id)
 
-    def claim_view(self, node_id: str) -> dict[str, Any] | None:
-        """What the placement gates see of a node (the "claim node view")."""
+    def claim_view(self, node_id: str, grant: NodeGrant | None = None) -> dict[str, Any] | None:
+        """What the placement gates see of a node (the "claim node view"): its stored
+        registration, never what a claim says, cut to ``grant`` once more so a grant the
+        operator withdrew since the node registered is withdrawn from its next claim."""
         registration = self.get(node_id)
         if registration is None:
             return None
+        granted = grant_statement(registration.capabilities.pools, registration.unsandboxed_argv_capable, grant)
+        capabilities = registration.capabilities.model_dump(mode="json")
+        capabilities["pools"] = granted.pools
         return {
             "node_id": node_id,
             "sandbox_capable": registration.sandbox_capable,
             "argv_capable": registration.argv_capable,
-            "unsandboxed_argv_capable": registration.unsandboxed_argv_capable,
+            "unsandboxed_argv_capable": granted.unsandboxed_argv,
             "module_capable": registration.module_capable,
             "local_datasets": list(registration.local_datasets),
-            "capabilities": registration.capabilities.model_dump(mode="json"),
+            "capabilities": capabilities,
         }
 
     def _ages(self, nodes: list[Any]) -> dict[str, tuple[float, bool]]:

@@ -4,6 +4,7 @@ refusals are ``AuthFailure``s, which ``app.py`` turns into their status codes.""
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -19,6 +20,7 @@ from flashruntime.coordinator.auth import (
 )
 from flashruntime.coordinator.core import Coordinator
 from flashruntime.coordinator.guard import Guard, StrictJSONRoute
+from flashruntime.coordinator.node_grants import grant_statement
 from flashruntime.coordinator.nodes import node_id_problem
 from flashruntime.coordinator.openapi import ERRORS
 from flashruntime.errors import LeaseError
@@ -47,6 +49,7 @@ from flashruntime.protocol.v1alpha1 import (
 __all__ = ["JOIN_CODE_HEADER", "fleet_router"]
 
 JOIN_CODE_HEADER = "X-FlashML-Join-Code"
+logger = logging.getLogger("flashruntime.service")
 
 
 def _lease_json(lease: Lease) -> JSONResponse:
@@ -71,8 +74,8 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
             raise HTTPException(404, f"unknown lease id {lease_id!r}")
         return lease
 
-    @router.post("/v1alpha1/nodes/register", response_model=RegisterResult)
-    def register(registration: NodeRegistration, request: Request, identity: Identity = caller) -> dict[str, str]:
+    @router.post("/v1alpha1/nodes/register", response_model=RegisterResult, response_model_exclude_none=True)
+    def register(registration: NodeRegistration, request: Request, identity: Identity = caller) -> dict[str, Any]:
         if not join_code_valid(coordinator.settings.join_code, request.headers.get(JOIN_CODE_HEADER)):
             raise HTTPException(403, f"missing or wrong join code: send the coordinator's code in {JOIN_CODE_HEADER}")
         if enforcing:
@@ -80,14 +83,25 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
         problem = node_id_problem(registration.node_id)
         if problem is not None:
             raise HTTPException(422, f"node_id {registration.node_id[:64]!r}: {problem}")
-        coordinator.nodes.register(registration)
-        return {"node_id": registration.node_id, "status": "registered"}
+        granted = coordinator.nodes.register(registration, coordinator.node_grants.for_node(registration.node_id))
+        answer: dict[str, Any] = {"node_id": registration.node_id, "status": "registered"}
+        if granted.withheld:
+            detail = coordinator.node_grants.describe_withheld(registration.node_id, granted)
+            logger.warning("registration: %s", detail)
+            answer.update(withheld_pools=granted.withheld_pools,
+                          withheld_unsandboxed_argv=granted.withheld_unsandboxed_argv, detail=detail)
+        return answer
 
     @router.post("/v1alpha1/nodes/{node_id}/heartbeat", response_model=StatusResult)
     def node_heartbeat(node_id: str, heartbeat: NodeHeartbeat, identity: Identity = caller) -> dict[str, str]:
         if enforcing:
             require_node(identity, node_id)
-        if not coordinator.nodes.heartbeat(node_id, heartbeat):
+        grant = coordinator.node_grants.for_node(node_id)
+        if heartbeat.pools is not None:
+            granted = grant_statement(heartbeat.pools, False, grant)
+            if granted.withheld:
+                logger.warning("heartbeat: %s", coordinator.node_grants.describe_withheld(node_id, granted))
+        if not coordinator.nodes.heartbeat(node_id, heartbeat, grant):
             raise HTTPException(404, f"node {node_id!r} is not registered; register it again")
         return {"status": "ok"}
 
@@ -130,7 +144,7 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
         node_id = body.node_id
         if enforcing:
             node_id = require_acting_node(identity)
-        view = coordinator.nodes.claim_view(node_id)
+        view = coordinator.nodes.claim_view(node_id, coordinator.node_grants.for_node(node_id))
         if view is None:
             raise HTTPException(403, f"node {node_id!r} is not registered; register before claiming")
         lease = coordinator.manager.claim(

@@ -117,6 +117,11 @@ class NodeRow(WireModel):
 class RegisterResult(WireModel):
     node_id: str
     status: Literal["registered"] = "registered"
+    # Only when the node stated what its credential was not granted (FLASHML_NODE_POOLS etc.),
+    # which is stored without it: the pools, whether the unsandboxed runner, and why.
+    withheld_pools: list[str] | None = None
+    withheld_unsandboxed_argv: bool | None = None
+    detail: str | None = None
 
 
 class StatusResult(WireModel):

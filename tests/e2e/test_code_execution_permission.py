@@ -29,6 +29,8 @@ TOKENS = {
     "FLASHML_SUBMITTER_TOKENS": "alice:tok-alice,bob:tok-bob",
     "FLASHML_OPERATOR_TOKENS": "root:tok-root",
     "FLASHML_ARGV_SUBMITTERS": "alice",
+    "FLASHML_NODE_POOLS": "box-1:team-7",
+    "FLASHML_UNSANDBOXED_NODES": "box-1",
 }
 ALICE, BOB, ROOT = ({"Authorization": f"Bearer {token}"} for token in ("tok-alice", "tok-bob", "tok-root"))
 # Leaves a marker beside its metrics, so a test can tell whether it ever ran anywhere.
