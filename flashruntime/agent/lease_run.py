@@ -39,7 +39,14 @@ from flashruntime.agent.inputs import (
 from flashruntime.agent.state import AttemptEntry, AttemptJournal
 from flashruntime.client import CoordinatorClient, is_transient
 from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable
-from flashruntime.launchers.local import LocalLaunchHandle, proc_available, read_log_tail
+from flashruntime.launchers.containment import AttemptContainer
+from flashruntime.launchers.local import (
+    LocalLaunchHandle,
+    open_container,
+    proc_available,
+    read_log_tail,
+    spawn_contained,
+)
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
 from flashruntime.protocol.lease_rules import DEFAULT_LEASE_SECONDS  # for a Lease that states no length (0)
 from flashruntime.protocol.task_logs import TASK_LOG_MAX_BYTES, TASK_LOG_NAME, bounded_log, task_log_key
@@ -258,20 +265,24 @@ def child_env(payload_env: Mapping[str, str], dirs: LeaseDirs, lease: Lease) -> 
     }
 
 
-def start_child(argv: list[str], env: dict[str, str], dirs: LeaseDirs, term_grace_s: float) -> LocalLaunchHandle:
-    """Spawn as the local launcher does: no shell, own process group, stdout+stderr to ``launcher.log``."""
-    posix = os.name == "posix"
+def start_child(argv: list[str], env: dict[str, str], dirs: LeaseDirs, term_grace_s: float, *,
+                container: AttemptContainer | None = None) -> LocalLaunchHandle:
+    """Spawn as the local launcher does: no shell, own process group, stdout+stderr to ``launcher.log``,
+    inside ``container`` (a new one when None; see ``launchers.containment``), which the handle
+    empties and releases when the attempt settles. Whatever ``argv`` starts with (a sandbox's
+    own launcher included) is the process placed in the container, so all it starts is in it too."""
+    if container is None:
+        container = open_container(dirs.out, dirs.out.parent.name)
     with open(dirs.log, "ab") as log:
         try:
-            process = subprocess.Popen(
-                argv, cwd=dirs.root, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=posix,
-                creationflags=0 if posix else subprocess.CREATE_NEW_PROCESS_GROUP,  # type: ignore[attr-defined]
-            )
+            process = spawn_contained(argv, container, cwd=dirs.root, env=env, stdout=log)
         except OSError as exc:
             raise TaskRefused(f"could not start {argv[0]!r}: {exc}") from None
+        except subprocess.SubprocessError as exc:
+            raise TaskRefused(f"could not start {argv[0]!r} inside its process container "
+                              f"({container.describe()}): {exc}") from None
     # The handle's environment marker is FLASHML_OUTPUT_DIR=<out dir>, exactly as set above.
-    return LocalLaunchHandle(process, dirs.out, term_grace_s)
+    return LocalLaunchHandle(process, dirs.out, term_grace_s, container=container)
 
 
 def last_log_line(log: Path) -> str:
@@ -363,10 +374,12 @@ class LeaseRunner:
         except _LeaseLost:
             return Outcome.ABANDONED
 
-    def _record(self, lease: Lease, dirs: LeaseDirs, pid: int | None = None) -> None:
+    def _record(self, lease: Lease, dirs: LeaseDirs, pid: int | None = None, *,
+                container: AttemptContainer | None = None) -> None:
         if self._journal is not None:
+            cgroup = None if container is None or container.path is None else os.fsdecode(container.path)
             self._journal.add(AttemptEntry(lease.lease_id, lease.job_id, lease.task_id, lease.node_id,
-                                           os.fsdecode(dirs.out), pid))
+                                           os.fsdecode(dirs.out), pid, cgroup))
 
     def _forget(self, lease: Lease) -> None:
         """Out of the journal once the outcome is reported and every process has been stopped."""
@@ -395,9 +408,15 @@ class LeaseRunner:
             if self._interrupted(heartbeat):
                 raise TaskInterrupted("stopped before the child started")
             # Journaled before the child exists: a kill -9 from here on leaves a record of
-            # what to sweep, found by the marker even before the child's pid is known.
-            self._record(lease, dirs)
-            handle = start_child(argv, child_env(payload_env, dirs, lease), dirs, self._timing.term_grace_s)
+            # what to sweep (its cgroup, its marker), even before the child's pid is known.
+            container = open_container(dirs.out, lease.lease_id)
+            try:
+                self._record(lease, dirs, container=container)
+            except OSError:
+                container.close()
+                raise
+            handle = start_child(argv, child_env(payload_env, dirs, lease), dirs, self._timing.term_grace_s,
+                                 container=container)
         except TaskRefused as exc:
             return self._fail(lease, str(exc), Outcome.FAILED)
         except TaskInterrupted:
@@ -407,7 +426,7 @@ class LeaseRunner:
         logger.info("lease %s (%s/%s) started pid %s", lease.lease_id, lease.job_id, lease.task_id,
                     handle.execution_id)
         try:
-            self._record(lease, dirs, int(handle.execution_id))
+            self._record(lease, dirs, int(handle.execution_id), container=handle.container)
         except OSError as exc:  # the marker is journaled already, which is what a restart sweeps by
             logger.warning("lease %s: cannot journal pid %s: %s", lease.lease_id, handle.execution_id, exc)
         started = self._timing.clock()

@@ -7,7 +7,9 @@ says who holds it (pid, node id, whether SIGUSR1 drains it). The kernel drops th
 the process dies, ``kill -9`` included, so a killed worker never blocks its restart.
 ``attempts.json`` lists the attempts running now, each rewritten atomically as it starts and
 ends: a lease id and the attempt's output directory, which every process of the attempt
-carries in its environment (``FLASHML_OUTPUT_DIR``), with the pid of its first process.
+carries in its environment (``FLASHML_OUTPUT_DIR``), with the pid of its first process and,
+where attempts run in cgroups, the attempt's cgroup directory, which holds every process of
+it whatever its session or environment.
 """
 
 from __future__ import annotations
@@ -147,18 +149,20 @@ class AttemptEntry:
     node_id: str
     output_dir: str  # FLASHML_OUTPUT_DIR (os.fsdecode of its bytes): the marker of its processes
     pid: int | None = None  # its first process, which leads its own process group
+    cgroup: str | None = None  # its cgroup v2 directory, where attempts run in cgroups
 
     @classmethod
     def from_json(cls, value: Any) -> AttemptEntry | None:
         if not isinstance(value, dict):
             return None
         texts = [value.get(name) for name in ("lease_id", "job_id", "task_id", "node_id", "output_dir")]
-        pid = value.get("pid")
+        pid, cgroup = value.get("pid"), value.get("cgroup")
         if not all(isinstance(text, str) and text for text in texts):
             return None
         if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0):
             pid = None
-        return cls(*texts, pid=pid)  # type: ignore[arg-type]
+        return cls(*texts, pid=pid,  # type: ignore[arg-type]
+                   cgroup=cgroup if isinstance(cgroup, str) and cgroup.startswith("/") else None)
 
 
 class AttemptJournal:

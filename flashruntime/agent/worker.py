@@ -31,7 +31,8 @@ from flashruntime.agent.inputs import TaskRefused, safe_segment
 from flashruntime.agent.lease_run import DRAIN_REASON, RUNNERS, SHUTDOWN_REASON, LeaseRunner, WorkerTiming
 from flashruntime.agent.state import AttemptEntry, AttemptJournal, WorkDirLock
 from flashruntime.client import CoordinatorClient, RetryPolicy
-from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable, WorkDirInUse
+from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable, LaunchError, WorkDirInUse
+from flashruntime.launchers.containment import containment_in_force
 from flashruntime.launchers.local import proc_available, stop_leftover_attempt
 from flashruntime.monitor.gpus import query_gpus
 from flashruntime.protocol.v1alpha1 import GpuInfo, Lease, NodeCapabilities, NodeHeartbeat, NodeRegistration
@@ -245,6 +246,11 @@ class WorkerAgent:
             lock.release()
 
     def _run_locked(self, work_root: Path) -> int:
+        try:
+            contained = containment_in_force()  # probed once, before any attempt starts
+        except LaunchError as exc:
+            logger.error("%s", exc)
+            return EXIT_UNREACHABLE
         journal = AttemptJournal(work_root)
         leftovers = journal.entries()
         self._sweep_leftovers(leftovers)
@@ -267,8 +273,8 @@ class WorkerAgent:
                 return EXIT_OK
             logger.error("coordinator unreachable: %s", exc)
             return EXIT_UNREACHABLE
-        logger.info("node %s registered with %s (runner %s, work dir %s)", self.node_id, self.client.base_url,
-                    self.runner, work_root)
+        logger.info("node %s registered with %s (runner %s, work dir %s, containment %s)", self.node_id,
+                    self.client.base_url, self.runner, work_root, contained)
         beat = threading.Thread(target=self._node_heartbeats, name="flashruntime-node-heartbeat", daemon=True)
         beat.start()
         # A worker with a token believes its fleet is protected: it runs a command only for a
@@ -297,7 +303,7 @@ class WorkerAgent:
             return
         for entry in leftovers:
             pids = stop_leftover_attempt(Path(entry.output_dir), self.timing.term_grace_s,
-                                         pgids=[entry.pid] if entry.pid else [])
+                                         pgids=[entry.pid] if entry.pid else [], cgroup=entry.cgroup)
             if pids:
                 logger.warning("stopped what an earlier worker in this work directory left running of lease %s "
                                "(%s/%s): pid(s) %s", entry.lease_id, entry.job_id, entry.task_id,

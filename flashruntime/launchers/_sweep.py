@@ -29,7 +29,7 @@ def proc_available() -> bool:
 def _load_psutil() -> Any:
     try:
         import psutil
-    except Exception:  # optional (the `monitor` extra); a broken install must not break cleanup
+    except Exception:  # noqa: BLE001 - optional (the `monitor` extra); a broken install must not break cleanup
         return None
     return psutil
 
@@ -56,6 +56,16 @@ def _stat_fields(pid: int) -> tuple[str, int] | None:
         return rest[0], int(rest[2])
     except (IndexError, ValueError):
         return None
+
+
+def live_groups(pids: Iterable[int]) -> dict[int, int | None]:
+    """pid -> pgid of those ``pids`` that are alive and not zombies."""
+    found: dict[int, int | None] = {}
+    for pid in pids:
+        fields = _stat_fields(pid)
+        if fields is not None and fields[0] not in ("Z", "X"):
+            found[pid] = fields[1]
+    return found
 
 
 def _has_marker(pid: int, marker: bytes) -> bool:
@@ -111,7 +121,7 @@ def attempt_processes(
             fields = _stat_fields(pid)
             if fields is None or fields[0] in ("Z", "X"):
                 continue
-            state, pgid = fields
+            _state, pgid = fields
             if pgid in groups and pgid != my_group:
                 found[pid] = pgid
                 continue

@@ -1,5 +1,7 @@
-"""Launch on this machine: one process group per attempt, the environment contract,
-and a sweep that leaves no rank alive after its attempt ends or is cancelled.
+"""Launch on this machine: one process group and one process container per attempt, the
+environment contract, and a sweep that leaves no rank alive after its attempt ends or is
+cancelled (the container, see ``containment``, also holds children that left both the group
+and the environment).
 """
 
 from __future__ import annotations
@@ -7,16 +9,31 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
+from typing import IO
 
 from flashruntime.launchers import Launcher, LaunchError, LaunchHandle, LaunchState
-from flashruntime.launchers._sweep import attempt_processes, proc_available, sweep
+from flashruntime.launchers._sweep import attempt_processes, live_groups, proc_available, sweep
+from flashruntime.launchers.containment import (
+    CONTAINMENT_ENV,
+    AttemptContainer,
+    containment,
+    end_leftover_cgroup,
+)
 from flashruntime.strategies import LaunchSpec
 from flashruntime.strategies.command import torchrun_options
 
-__all__ = ["LocalLaunchHandle", "LocalProcessLauncher", "proc_available", "stop_leftover_attempt"]
+__all__ = [
+    "LocalLaunchHandle",
+    "LocalProcessLauncher",
+    "open_container",
+    "proc_available",
+    "spawn_contained",
+    "stop_leftover_attempt",
+]
 
 LOG_NAME = "launcher.log"
 
@@ -48,17 +65,26 @@ def _output_marker(attempt_dir: Path) -> bytes:
     return b"FLASHML_OUTPUT_DIR=" + os.fsencode(attempt_dir)
 
 
-def stop_leftover_attempt(output_dir: Path, grace_s: float, *, pgids: Iterable[int] = ()) -> set[int]:
+def stop_leftover_attempt(output_dir: Path, grace_s: float, *, pgids: Iterable[int] = (),
+                          cgroup: str | None = None) -> set[int]:
     """Stop what is left of an attempt whose driver died (its worker killed with ``kill -9``):
     every process whose environment carries the attempt's marker (``FLASHML_OUTPUT_DIR=
     <output_dir>``), and the other members of those ``pgids`` (the groups recorded for the
     attempt) that such a process belongs to. A recorded group no marked process is in is
     left alone: once the attempt's processes had gone, its id may name someone else's group.
-    SIGTERM, then SIGKILL after ``grace_s``; returns the pids signalled. Needs /proc (Linux):
-    elsewhere nothing can be told to be the attempt's, and nothing is stopped."""
+    Then everything in the attempt's recorded ``cgroup`` (see ``end_leftover_cgroup``),
+    which is removed. SIGTERM, then SIGKILL after ``grace_s``; returns the pids signalled.
+    Needs /proc (Linux): elsewhere nothing can be told to be the attempt's, and nothing is stopped."""
     if not proc_available():
         return set()
-    marker = _output_marker(Path(output_dir))
+    swept = _stop_marked(Path(output_dir), grace_s, pgids)
+    if cgroup is not None:
+        swept |= end_leftover_cgroup(cgroup, _grace_seconds(grace_s))
+    return swept
+
+
+def _stop_marked(output_dir: Path, grace_s: float, pgids: Iterable[int]) -> set[int]:
+    marker = _output_marker(output_dir)
     recorded = set(pgids)
     trusted: set[int] = set()
 
@@ -72,14 +98,39 @@ def stop_leftover_attempt(output_dir: Path, grace_s: float, *, pgids: Iterable[i
     return sweep(find, _grace_seconds(grace_s))
 
 
+# This process's attempts not yet settled: a subreaper scope must leave their processes alone.
+_live_handles: weakref.WeakSet[LocalLaunchHandle] = weakref.WeakSet()
+_live_lock = threading.Lock()
+
+
+def _known_to_others(output_dir: Path) -> set[int]:
+    """The leaders and marked processes of this process's other live attempts."""
+    with _live_lock:
+        others = [handle for handle in _live_handles if handle.output_dir != output_dir]
+    known: set[int] = set()
+    for handle in others:
+        known |= handle._known()
+    return known
+
+
+def open_container(output_dir: Path, name: str) -> AttemptContainer:
+    """A new process container for the attempt that will run in ``output_dir``."""
+    return containment().open(name, known_elsewhere=lambda: _known_to_others(output_dir))
+
+
 class LocalLaunchHandle(LaunchHandle):
-    """A running attempt. ``exit_code`` is the raw return code (negative = signal)."""
+    """A running attempt. ``exit_code`` is the raw return code (negative = signal).
+    ``container`` holds the attempt's processes (see ``containment``); it is emptied and
+    released when the attempt settles."""
 
     def __init__(
         self, process: subprocess.Popen[bytes], output_dir: Path, term_grace_s: float, *,
         previous_dir: Path | None = None, marker: bytes | None = None,
+        container: AttemptContainer | None = None,
     ) -> None:
         self._process = process
+        self.container = container if container is not None else AttemptContainer()
+        self.launched_as = f"pid {process.pid}, containment {self.container.describe()}"
         self.output_dir = output_dir
         # Where an earlier run's directory for this attempt id was moved before launch, if one was.
         self.previous_dir = previous_dir
@@ -93,16 +144,26 @@ class LocalLaunchHandle(LaunchHandle):
         self.exit_code: int | None = None
         # Fallback where /proc is missing: pids seen by the resource sampler.
         self.extra_pids: Callable[[], set[int]] = set
+        with _live_lock:
+            _live_handles.add(self)
+        weakref.finalize(self, self.container.release_if_empty)
 
     @property
     def execution_id(self) -> str:
         return str(self._process.pid)
+
+    def _known(self) -> set[int]:
+        """The leader and the processes carrying the marker (not the container's members)."""
+        known = set(attempt_processes(self._marker, [self._process.pid])) if proc_available() else set()
+        return known | {self._process.pid}
 
     def _find(self) -> dict[int, int | None]:
         leader = self._process.pid
         # The leader is judged by Popen, never by the sampler's view: unreaped, it is a
         # zombie that kill(pid, 0) reports alive, and that would stall the sweep.
         found = attempt_processes(self._marker, [leader], set(self.extra_pids()) - {leader})
+        members = self.container.members() - {leader} - set(found)
+        found.update(live_groups(members))
         if not proc_available() and self._process.poll() is None:
             # Without /proc the leader's group cannot be listed, so name the leader
             # itself; its group id is its pid (own session / CREATE_NEW_PROCESS_GROUP).
@@ -110,7 +171,8 @@ class LocalLaunchHandle(LaunchHandle):
         return found
 
     def processes(self) -> set[int]:
-        """The attempt's live processes now: the leader and every process carrying its marker."""
+        """The attempt's live processes now: the leader, every process carrying its marker and
+        every member of its container."""
         return set(self._find())
 
     def _settle(self, returncode: int, grace_s: float | None = None) -> LaunchState:
@@ -119,6 +181,9 @@ class LocalLaunchHandle(LaunchHandle):
             if self._state is not None:
                 return self._state
             sweep(self._find, self._term_grace_s if grace_s is None else grace_s)
+            self.container.close()
+            with _live_lock:
+                _live_handles.discard(self)
             self.exit_code = returncode
             if self._cancel_requested:
                 self._state = LaunchState.CANCELLED
@@ -291,23 +356,41 @@ class LocalProcessLauncher(Launcher):
             "FLASHML_JOB_ID": job_id,
             "FLASHML_ATTEMPT_ID": attempt_id,
         }
-        posix = os.name == "posix"
-        log = open(attempt_dir / LOG_NAME, "wb")
         try:
-            process = subprocess.Popen(
-                spec.argv,
-                cwd=workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=posix,
-                creationflags=0 if posix else subprocess.CREATE_NEW_PROCESS_GROUP,  # type: ignore[attr-defined]
-            )
+            container = open_container(attempt_dir, f"{job_id}-{attempt_id}")
         except OSError as exc:
-            raise LaunchError(f"could not start {spec.argv[0]!r}: {exc}") from exc
-        finally:
-            log.close()
-        return LocalLaunchHandle(process, attempt_dir, self.term_grace_s, previous_dir=previous_dir, marker=marker)
+            raise LaunchError(f"could not make a process container for {attempt_id!r}: {exc}") from exc
+        with open(attempt_dir / LOG_NAME, "wb") as log:
+            try:
+                process = spawn_contained(spec.argv, container, cwd=workdir, env=env, stdout=log)
+            except OSError as exc:
+                raise LaunchError(f"could not start {spec.argv[0]!r}: {exc}") from exc
+            except subprocess.SubprocessError as exc:
+                raise LaunchError(f"could not start {spec.argv[0]!r} inside its process container "
+                                  f"({container.describe()}): {exc}; set {CONTAINMENT_ENV}=subreaper to "
+                                  "contain attempts without cgroups") from exc
+        return LocalLaunchHandle(process, attempt_dir, self.term_grace_s, previous_dir=previous_dir, marker=marker,
+                                 container=container)
+
+
+def spawn_contained(argv: list[str], container: AttemptContainer, *, cwd: Path, env: dict[str, str],
+                    stdout: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start ``argv`` as an attempt's first process: no shell, its own process group (its own
+    session on POSIX), stdout and stderr to ``stdout``, inside ``container`` before it runs
+    any of its own code. A child that cannot enter the container is never left running:
+    the spawn fails (``subprocess.SubprocessError``, or ``OSError``) and the container is closed."""
+    posix = os.name == "posix"
+    try:
+        process = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT,
+            # The container's preexec makes raw system calls only (open, write, close).
+            start_new_session=posix, preexec_fn=container.preexec,  # noqa: PLW1509
+            creationflags=0 if posix else subprocess.CREATE_NEW_PROCESS_GROUP,  # type: ignore[attr-defined]
+        )
+    except BaseException:
+        container.close()
+        raise
+    container.started(process.pid)
+    return process
 
 
