@@ -18,6 +18,9 @@ that built-in as a second base::
     ├── CoordinatorHTTPError(RuntimeError)    the coordinator answered an HTTP error status
     │   └── ArtifactNotFound(LookupError)     artifact GET returned 404
     ├── ExpansionError(ValueError)       job cannot be expanded into tasks
+    │   ├── TooManyTasks                 a job of more tasks than the coordinator admits (422)
+    │   └── JobTooLarge                  a job's tasks together over the coordinator's byte bound (413)
+    ├── SubmitterOverQuota               a submitter over its jobs-in-flight or pending-tasks quota (429)
     ├── AuthConfigError(ValueError)      invalid token configuration
     ├── CodeExecutionNotPermitted(PermissionError)  a job would run commands its submitter may not run
     ├── StoreError(RuntimeError)         a store's database failed (locked, full, damaged, unreachable)
@@ -71,6 +74,7 @@ __all__ = [
     "FlashRuntimeError",
     "InvalidProfileRequest",
     "InvalidSubmission",
+    "JobTooLarge",
     "LaunchError",
     "LeaseError",
     "ModuleUnavailable",
@@ -81,8 +85,10 @@ __all__ = [
     "RateLimited",
     "SchemaVersionError",
     "StoreError",
+    "SubmitterOverQuota",
     "TaskInterrupted",
     "TaskRefused",
+    "TooManyTasks",
     "UnplannableRequest",
     "WeightShapeMismatch",
     "WorkDirInUse",
@@ -159,6 +165,24 @@ class ArtifactNotFound(CoordinatorHTTPError, LookupError):
 
 class ExpansionError(FlashRuntimeError, ValueError):
     """A job cannot be expanded into tasks (the service answers 422)."""
+
+
+class TooManyTasks(ExpansionError):
+    """A job would expand into more tasks than the coordinator admits (the service answers 422)."""
+
+
+class JobTooLarge(ExpansionError):
+    """A job's tasks together are more bytes than the coordinator admits (the service answers 413)."""
+
+
+class SubmitterOverQuota(FlashRuntimeError):
+    """A submitter has as many jobs in flight, or tasks pending, as the coordinator admits:
+    429 with ``Retry-After``; the job is admitted once enough of its earlier work has ended."""
+
+    def __init__(self, detail: str, retry_after_s: int) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.retry_after_s = retry_after_s
 
 
 class AuthConfigError(FlashRuntimeError, ValueError):

@@ -2,7 +2,10 @@
 sharded K-means iteration, one federated-averaging round.
 
 Each maps a job's ``workload.parameters`` to module tasks for allowlisted task
-modules, refusing bad parameters with an ``ExpansionError`` that says what to fix.
+modules, refusing bad parameters with an ``ExpansionError`` that says what to fix. The
+parameters are checked at once; the tasks are built lazily, one at a time as the caller
+iterates, so the expansion's bounds stop an oversized job before all of it exists.
+``BUILTIN_TASK_COUNTS`` reads each type's task count from its parameters alone.
 Public names are re-exported by ``flashruntime.coordinator.expansion``.
 """
 
@@ -11,7 +14,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from flashruntime.errors import ExpansionError
@@ -32,6 +35,7 @@ from flashruntime.recipes.base import lease_task, output_prefix
 __all__ = [
     "ALLOWED_TASK_MODULES",
     "BUILTIN_EXPANSIONS",
+    "BUILTIN_TASK_COUNTS",
     "FEDAVG_DRIVER_SUPPLIED_KEYS",
     "FEDAVG_WORKER_PARAM_KEYS",
 ]
@@ -39,8 +43,6 @@ __all__ = [
 _PACKAGE = "flashml_workloads"
 
 _MAX_SHARDS = 999
-# A grid is a product: a few innocent-looking lists can ask for billions of tasks.
-_MAX_GRID_TRIALS = 10_000
 _ARTIFACT_SCHEME = "artifact://"
 
 
@@ -98,7 +100,7 @@ def _checked_inputs(raw: object, kind: str) -> dict[str, str]:
     return dict(raw)
 
 
-def _trials(params: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _trials(params: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     trials, grid = params.get("trials"), params.get("grid")
     if (trials is None) == (grid is None):
         raise ExpansionError(
@@ -116,7 +118,7 @@ def _trials(params: Mapping[str, Any]) -> list[dict[str, Any]]:
             raise ExpansionError(
                 f"hyperparameter_search: parameters.trials entries {bad} are not dicts; each trial is a dict"
             )
-        return [copy.deepcopy(trial) for trial in trials]
+        return (copy.deepcopy(trial) for trial in trials)
     if not isinstance(grid, dict) or not grid:
         raise ExpansionError(
             f"hyperparameter_search: parameters.grid is {grid!r}; give a non-empty dict of parameter name to list of "
@@ -129,14 +131,8 @@ def _trials(params: Mapping[str, Any]) -> list[dict[str, Any]]:
     empty = [key for key in keys if not isinstance(grid[key], list) or not grid[key]]
     if empty:
         raise ExpansionError(f"hyperparameter_search: parameters.grid values for {empty} must be non-empty lists")
-    count = math.prod(len(grid[key]) for key in keys)
-    if count > _MAX_GRID_TRIALS:
-        raise ExpansionError(
-            f"hyperparameter_search: parameters.grid expands to {count} trials, more than the {_MAX_GRID_TRIALS} "
-            "a job may hold; shrink the grid or split it over several jobs"
-        )
     combos = itertools.product(*(grid[key] for key in keys))
-    return [dict(zip(keys, copy.deepcopy(combo), strict=True)) for combo in combos]
+    return (dict(zip(keys, copy.deepcopy(combo), strict=True)) for combo in combos)
 
 
 def _module_task(
@@ -161,20 +157,20 @@ def _module_task(
     return lease_task(job_id, task_id, spec, payload, lease_seconds)
 
 
-def expand_hyperparameter_search(job_id: str, spec: JobSpec) -> list[TaskSpec]:
+def expand_hyperparameter_search(job_id: str, spec: JobSpec) -> Iterator[TaskSpec]:
     params = spec.spec.workload.parameters
     trials = _trials(params)
     module = _qualified_module("sklearn_trial" if params.get("module") is None else params["module"])
     inputs = _checked_inputs(params.get("inputs"), "hyperparameter_search")
     lease_seconds = _lease_seconds(params, DEFAULT_LEASE_SECONDS, "hyperparameter_search")
     extra = {"checkpoint": params["checkpoint"]} if params.get("checkpoint") is not None else None
-    return [
+    return (
         _module_task(job_id, spec, f"trial-{i:03d}", module, trial, inputs, lease_seconds, extra)
         for i, trial in enumerate(trials)
-    ]
+    )
 
 
-def expand_sharded_kmeans(job_id: str, spec: JobSpec) -> list[TaskSpec]:
+def expand_sharded_kmeans(job_id: str, spec: JobSpec) -> Iterator[TaskSpec]:
     params = spec.spec.workload.parameters
     shards = params.get("shards")
     if not isinstance(shards, list) or not shards:
@@ -192,16 +188,16 @@ def expand_sharded_kmeans(job_id: str, spec: JobSpec) -> list[TaskSpec]:
         )
     iteration = _non_negative_int(params, "iteration", "sharded_kmeans")
     lease_seconds = _lease_seconds(params, DEFAULT_LEASE_SECONDS, "sharded_kmeans")
-    return [
+    return (
         _module_task(
             job_id, spec, f"it{iteration:02d}-shard-{i:03d}", f"{_PACKAGE}.kmeans_shard",
             {"centroids": copy.deepcopy(centroids)}, {"shard": uri}, lease_seconds,
         )
         for i, uri in enumerate(shards)
-    ]
+    )
 
 
-def expand_federated_averaging(job_id: str, spec: JobSpec) -> list[TaskSpec]:
+def expand_federated_averaging(job_id: str, spec: JobSpec) -> Iterator[TaskSpec]:
     params = spec.spec.workload.parameters
     num_shards = params.get("num_shards")
     if isinstance(num_shards, bool) or not isinstance(num_shards, int) or not 1 <= num_shards <= _MAX_SHARDS:
@@ -225,16 +221,43 @@ def expand_federated_averaging(job_id: str, spec: JobSpec) -> list[TaskSpec]:
     lease_seconds = _lease_seconds(params, FEDAVG_LEASE_SECONDS, "federated_averaging")
     inputs = {"weights": weights} if weights is not None else {}
     worker = {key: params[key] for key in FEDAVG_WORKER_PARAM_KEYS}
-    return [
+    return (
         _module_task(
             job_id, spec, f"shard-{i:03d}", f"{_PACKAGE}.fedavg_worker",
             {**copy.deepcopy(worker), "round": fl_round, "shard": i, "num_shards": num_shards}, inputs, lease_seconds,
         )
         for i in range(num_shards)
-    ]
+    )
 
 
-BUILTIN_EXPANSIONS: dict[str, Callable[[str, JobSpec], list[TaskSpec]]] = {
+def _hyperparameter_search_count(params: Mapping[str, Any]) -> int | None:
+    """``len(trials)``, or the product of the grid's list lengths (a few short lists can ask
+    for billions of tasks); None for a shape the expansion refuses anyway."""
+    trials, grid = params.get("trials"), params.get("grid")
+    if isinstance(trials, list) and grid is None:
+        return len(trials)
+    if trials is None and isinstance(grid, dict) and grid and all(isinstance(v, list) for v in grid.values()):
+        return math.prod(len(values) for values in grid.values())
+    return None
+
+
+def _sharded_kmeans_count(params: Mapping[str, Any]) -> int | None:
+    shards = params.get("shards")
+    return len(shards) if isinstance(shards, list) else None
+
+
+def _federated_averaging_count(params: Mapping[str, Any]) -> int | None:
+    num_shards = params.get("num_shards")
+    return num_shards if isinstance(num_shards, int) and not isinstance(num_shards, bool) else None
+
+
+BUILTIN_TASK_COUNTS: dict[str, Callable[[Mapping[str, Any]], int | None]] = {
+    "federated_averaging": _federated_averaging_count,
+    "hyperparameter_search": _hyperparameter_search_count,
+    "sharded_kmeans": _sharded_kmeans_count,
+}
+
+BUILTIN_EXPANSIONS: dict[str, Callable[[str, JobSpec], Iterator[TaskSpec]]] = {
     "federated_averaging": expand_federated_averaging,
     "hyperparameter_search": expand_hyperparameter_search,
     "sharded_kmeans": expand_sharded_kmeans,

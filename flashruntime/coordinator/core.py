@@ -24,9 +24,10 @@ from typing import Any, cast
 
 from flashruntime.checkpoint import CheckpointCatalog
 from flashruntime.coordinator.access import LiveLease, artifact_read_allowed, owns_job
+from flashruntime.coordinator.admission import JobBounds, SubmitterQuota, over_quota
 from flashruntime.coordinator.artifacts import ArtifactStore, sha256_of
 from flashruntime.coordinator.auth import ARGV_SUBMITTERS_ENV, Identity, Role, authenticator_from_env
-from flashruntime.coordinator.expansion import expand_tasks
+from flashruntime.coordinator.expansion import expand_tasks, require_task_bound
 from flashruntime.coordinator.failures import TASK_MODE, failure_classified, failure_reason
 from flashruntime.coordinator.lease_jobs import TERMINAL_JOB_STATES, refreshed
 from flashruntime.coordinator.metrics import Metrics
@@ -84,6 +85,7 @@ BACKENDS = ("leases", "ray")
 # How long /readyz waits for the database: less than a prober's usual timeout.
 READINESS_TIMEOUT_S = 2.0
 DEFAULT_BACKEND = "leases"
+_UNFINISHED_JOB_STATES = tuple(state for state in JobState if state not in TERMINAL_JOB_STATES)
 
 
 def _utc_now() -> datetime:
@@ -185,7 +187,15 @@ class Coordinator:
         check the grant itself. A job whose tasks would run commands (``argv``) from a
         submitter without the code-execution permission raises ``CodeExecutionNotPermitted``;
         one whose inputs name an artifact its submitter may not read raises ``AuthFailure``
-        (403): a node reads its tasks' inputs, so a job must not fetch what its submitter cannot."""
+        (403): a node reads its tasks' inputs, so a job must not fetch what its submitter cannot.
+
+        Bounds before storage: a job over the coordinator's ``JobBounds`` raises ``TooManyTasks``
+        (counted from the spec, before any task is built) or ``JobTooLarge`` (its payload bytes,
+        added up while it expands); a submitter over its ``SubmitterQuota`` raises
+        ``SubmitterOverQuota``, checked before the expansion and again inside the transaction
+        that queues the job, so two submits at once cannot both pass it. The expansion runs
+        before that transaction, so the database is held only for the inserts of a job the
+        bounds have already sized, and the lease routes never wait behind an unbounded one."""
         identity = identity or Identity(None, False)
         if spec.spec.workload.type == "command":
             self._require_code_permission(identity)  # before expansion: its errors describe the command
@@ -197,6 +207,8 @@ class Coordinator:
                 "--ray-address) to a Ray cluster's address to run jobs on Ray, or submit with "
                 f"spec.execution.backend = 'leases' (the default here) to run them on the agent fleet"
             )
+        bounds = JobBounds.from_settings(self.settings)
+        require_task_bound(spec, bounds)  # before anything walks the parameters: a count is cheap to refuse
         where = _non_finite(spec.spec.workload.parameters, "spec.workload.parameters")
         if where is not None:
             raise ExpansionError(
@@ -204,12 +216,13 @@ class Coordinator:
                 "Infinity, and the job record would keep it as null); give a finite number, or a string such as "
                 "'nan' if your task reads one"
             )
+        submitted_by, stamp = _submitter_of(identity)
+        self._require_quota(submitted_by, 0)  # a submitter already at its quota is refused before any expansion
         job_id = secrets.token_hex(6)
-        tasks = expand_tasks(job_id, spec)
+        tasks = expand_tasks(job_id, spec, bounds)
         if any("argv" in task.payload for task in tasks):
             self._require_code_permission(identity)
         self._require_readable_inputs(identity, tasks)
-        submitted_by, stamp = _submitter_of(identity)
         for task in tasks:
             task.payload[SUBMITTED_BY_KEY] = dict(stamp)
         if backend == "ray":
@@ -230,6 +243,7 @@ class Coordinator:
         ]
 
         def queue_and_record() -> list[Event]:
+            self._require_quota(submitted_by, len(tasks))
             created: list[Event] = []
             # The same store, but TASK_CREATED events collected here: they follow the job's own
             # into the ledger in one write, once every task is queued.
@@ -251,6 +265,20 @@ class Coordinator:
         if backend == "ray" and self.ray is not None:
             self.ray.wake()
         return record
+
+    def _require_quota(self, submitted_by: SubmittedBy | None, new_tasks: int) -> None:
+        """``SubmitterOverQuota`` when one more job of ``new_tasks`` tasks would put its
+        submitter over the quota. Open mode has no identities, so its callers share one quota:
+        a client address names no one (one machine, many users; one user, many addresses)."""
+        quota = SubmitterQuota.from_settings(self.settings)
+        mine = [record for record in self.ledger.jobs_in(_UNFINISHED_JOB_STATES)
+                if record.submitted_by == submitted_by and record.backend in BACKENDS]
+        pending = sum(self.manager.store.counts(record.job_id).get(TaskState.PENDING.value, 0) for record in mine)
+        who = (f"submitter {submitted_by.name!r}" if submitted_by is not None
+               else "the open coordinator's callers (together)")
+        refusal = over_quota(who, len(mine), pending, new_tasks, quota)
+        if refusal is not None:
+            raise refusal
 
     def _require_ray_placement(self, tasks: list[Any]) -> None:
         """``ExpansionError`` (422) for the first task Ray cannot honour: a gate with no Ray

@@ -18,6 +18,7 @@ from typing import Any
 
 from fastapi import Depends, HTTPException, Request, Response
 from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
 
 from flashruntime.coordinator.access import ROUTE_ACCESS, RouteAccess
 from flashruntime.coordinator.auth import ON_BEHALF_OF_HEADER, AuthFailure, Identity, require_role, resolve_identity
@@ -94,7 +95,9 @@ class _StrictJSONRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             try:
-                self._json = parse_strict_json(await self.body())
+                # On a worker thread: walking a large body is CPU work the event loop must not wait
+                # on, or every other request (the nodes' heartbeats among them) waits with it.
+                self._json = await run_in_threadpool(parse_strict_json, await self.body())
             except BodyProblem as problem:  # an HTTPException is the one kind FastAPI passes on as it is
                 raise HTTPException(422, [problem.as_issue()]) from None
         return self._json

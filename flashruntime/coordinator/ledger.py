@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from flashruntime.coordinator.ledger_tables import (
     SqliteLedgerTables,
 )
 from flashruntime.postgres_database import PostgresDatabase
-from flashruntime.protocol.v1alpha1 import Event, ExecutionEvidence, JobRecord, utcnow
+from flashruntime.protocol.v1alpha1 import Event, ExecutionEvidence, JobRecord, JobState, utcnow
 from flashruntime.sqlite_database import SqliteDatabase
 from flashruntime.sqlite_errors import translate_sqlite_errors
 
@@ -140,6 +140,10 @@ class Ledger:
     def list_jobs(self) -> list[JobRecord]:
         """Every job, newest ``created_at`` first; equal times newest-inserted first."""
         return [JobRecord.model_validate_json(text) for text in self._tables.jobs()]
+
+    def jobs_in(self, states: Iterable[JobState]) -> list[JobRecord]:
+        """The jobs whose stored state is one of ``states``, in no particular order."""
+        return [JobRecord.model_validate_json(text) for text in self._tables.jobs_in([str(s) for s in states])]
 
     # --- events ---------------------------------------------------------------
 

@@ -47,6 +47,8 @@ class LedgerTables(Protocol):
 
     def jobs(self) -> list[str]: ...
 
+    def jobs_in(self, states: Sequence[str]) -> list[str]: ...
+
     def append_event(self, event: EventRow) -> int: ...
 
     def events(self, job_id: str) -> list[str]: ...
@@ -146,6 +148,12 @@ class SqliteLedgerTables:
     def jobs(self) -> list[str]:
         with self._read() as conn:
             rows = conn.execute("SELECT record FROM jobs ORDER BY created_at DESC, rowid DESC").fetchall()
+        return [str(row[0]) for row in rows]
+
+    def jobs_in(self, states: Sequence[str]) -> list[str]:
+        marks = ", ".join("?" for _ in states)
+        with self._read() as conn:
+            rows = conn.execute(f"SELECT record FROM jobs WHERE state IN ({marks})", tuple(states)).fetchall()
         return [str(row[0]) for row in rows]
 
     def append_event(self, event: EventRow) -> int:
@@ -292,6 +300,10 @@ class PostgresLedgerTables:
 
     def jobs(self) -> list[str]:
         return [str(row[0]) for row in self._db.fetchall("SELECT record FROM jobs ORDER BY created_at DESC, seq DESC")]
+
+    def jobs_in(self, states: Sequence[str]) -> list[str]:
+        return [str(row[0]) for row in self._db.fetchall("SELECT record FROM jobs WHERE state = ANY(%s)",
+                                                           (list(states),))]
 
     def append_event(self, event: EventRow) -> int:
         _require_storable(f"event of job {event[0]!r}", event[0])

@@ -22,7 +22,13 @@ from flashruntime.coordinator.core import Coordinator, NoBackend
 from flashruntime.coordinator.guard import Guard, StrictJSONRoute
 from flashruntime.coordinator.openapi import BYTES_RESPONSE, ERRORS
 from flashruntime.coordinator.task_logs import job_logs_text
-from flashruntime.errors import CheckpointError, CodeExecutionNotPermitted, ExpansionError
+from flashruntime.errors import (
+    CheckpointError,
+    CodeExecutionNotPermitted,
+    ExpansionError,
+    JobTooLarge,
+    SubmitterOverQuota,
+)
 from flashruntime.protocol.api_v1alpha1 import ArtifactListing, ErrorBody, JobLogs, LostWork, PartRegistered, TaskRow
 from flashruntime.protocol.task_logs import JOB_LOGS_MAX_BYTES, MAX_TAIL_LINES, TASK_LOG_MAX_BYTES, TASK_LOG_NAME
 from flashruntime.protocol.v1alpha1 import (
@@ -83,12 +89,22 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
             raise AuthFailure(403, f"reading the checkpoints of {job_id}/{task_id} needs a live lease on that task")
 
     @router.post("/v1alpha1/jobs", status_code=201, response_model=JobRecord,
-                 responses={503: {"model": ErrorBody, "description": "the job's backend is not configured"}})
+                 responses={413: {"model": ErrorBody, "description": "the job's tasks together are over "
+                                                                    "FLASHML_MAX_JOB_MB"},
+                            422: {"description": "the job cannot be expanded, or makes more tasks than "
+                                                 "FLASHML_MAX_TASKS_PER_JOB"},
+                            429: {"model": ErrorBody, "description": "the submitter is over FLASHML_MAX_JOBS_IN_FLIGHT "
+                                                                     "or FLASHML_MAX_PENDING_TASKS (see Retry-After)"},
+                            503: {"model": ErrorBody, "description": "the job's backend is not configured"}})
     def submit(spec: JobSpec, identity: Identity = caller) -> JSONResponse:
         try:
             record = coordinator.submit(spec, identity)
         except CodeExecutionNotPermitted as exc:
             raise HTTPException(403, str(exc)) from None
+        except SubmitterOverQuota as exc:
+            raise HTTPException(429, exc.detail, headers={"Retry-After": str(exc.retry_after_s)}) from None
+        except JobTooLarge as exc:
+            raise HTTPException(413, str(exc)) from None
         except ExpansionError as exc:
             raise HTTPException(422, str(exc)) from None
         except NoBackend as exc:

@@ -67,6 +67,22 @@ class RuntimeSettings(BaseSettings):
         gt=0, allow_inf_nan=False)
     max_json_kb: int = _setting(1024, "FLASHML_MAX_JSON_KB", "a whole number of KiB > 0",
                                 "the largest JSON request body, in KiB (413 above, before it is read)", gt=0)
+    max_tasks_per_job: int = _setting(
+        10_000, "FLASHML_MAX_TASKS_PER_JOB", "a whole number > 0",
+        "the most tasks one job may expand into (trials, task_params, a grid's product, shards): 422 above, counted "
+        "from the spec before any task is built", gt=0)
+    max_job_mb: int = _setting(
+        64, "FLASHML_MAX_JOB_MB", "a whole number of MiB > 0",
+        "the most bytes one job's task payloads may come to together, in MiB: 413 above, refused while the job is "
+        "expanded, before anything is stored", gt=0)
+    max_jobs_in_flight: int = _setting(
+        100, "FLASHML_MAX_JOBS_IN_FLIGHT", "a whole number > 0",
+        "the most unfinished jobs one submitter may have (open mode: all callers together): 429 with Retry-After "
+        "above", gt=0)
+    max_pending_tasks: int = _setting(
+        100_000, "FLASHML_MAX_PENDING_TASKS", "a whole number > 0",
+        "the most queued (not yet claimed) tasks one submitter's jobs may have, this job's included (open mode: all "
+        "callers together): 429 with Retry-After above", gt=0)
     rate_limit_per_s: float | None = _setting(
         None, "FLASHML_RATE_LIMIT", "a number of requests per second, finite and >= 0 (0: off)",
         f"requests per second each credential may make, in bursts of twice that (429 beyond); unset: "

@@ -9,7 +9,7 @@ built-in expansions.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 from flashruntime.protocol.v1alpha1 import JobSpec, TaskSpec
@@ -38,6 +38,16 @@ class WorkloadRecipe(ABC):
     @abstractmethod
     def expand(self, job_id: str, spec: JobSpec) -> list[TaskSpec]:
         """The job's tasks, in queue order. Raises ``ValueError`` to refuse the job."""
+
+    def task_count(self, params: Mapping[str, Any]) -> int | None:
+        """How many tasks ``expand`` would build from ``params``, read without building them
+        (the coordinator refuses a job over its task bound from this); None: unknown until built."""
+        return None
+
+    def iter_tasks(self, job_id: str, spec: JobSpec) -> Iterator[TaskSpec]:
+        """The job's tasks one at a time, for a caller that may stop early (the coordinator's
+        byte bound); a recipe that can build them lazily overrides this. Default: ``expand``'s."""
+        return iter(self.expand(job_id, spec))
 
     @abstractmethod
     def validate_output(self, metrics: Mapping[str, Any]) -> None:

@@ -12,7 +12,7 @@ import copy
 import os
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from flashruntime.protocol.lease_rules import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS, bounded_lease_seconds
@@ -185,7 +185,19 @@ class CommandRecipe(WorkloadRecipe):
             problems.extend(_unpack_problems(params["unpack_inputs"], inputs))
         return problems
 
+    def task_count(self, params: Mapping[str, Any]) -> int | None:
+        """One task per ``task_params`` entry, or one task without them."""
+        task_params = params.get("task_params") if isinstance(params, Mapping) else None
+        if task_params is None:
+            return 1
+        return len(task_params) if isinstance(task_params, list) else None
+
     def expand(self, job_id: str, spec: JobSpec) -> list[TaskSpec]:
+        return list(self.iter_tasks(job_id, spec))
+
+    def iter_tasks(self, job_id: str, spec: JobSpec) -> Iterator[TaskSpec]:
+        """The tasks one at a time, each built only when asked for; the refusals of the
+        parameters come with the first."""
         inner = spec.spec
         isolation, pool = inner.isolation, inner.placement.pool
         # 1. The waiver is acceptable only inside a team pool, to which gate 7 confines the task.
@@ -216,7 +228,6 @@ class CommandRecipe(WorkloadRecipe):
         command: list[str] = params["command"]
         env: dict[str, str] = _given(params, "env", {})
         common = _common_payload(params, spec)
-        tasks = []
         job_bytes = 0
         for i, values in enumerate(params.get("task_params") or [None]):
             task_id = f"task-{i:03d}"
@@ -244,8 +255,7 @@ class CommandRecipe(WorkloadRecipe):
                 "task_id": task_id,
                 **copy.deepcopy(common),
             }
-            tasks.append(lease_task(job_id, task_id, spec, payload, lease_seconds))
-        return tasks
+            yield lease_task(job_id, task_id, spec, payload, lease_seconds)
 
     def validate_output(self, metrics: Mapping[str, Any]) -> None:
         if not isinstance(metrics, Mapping):

@@ -19,6 +19,9 @@ EXPECTED_BASES = {
     "CoordinatorHTTPError": (RuntimeError,),
     "ArtifactNotFound": (LookupError,),
     "ExpansionError": (ValueError,),
+    "TooManyTasks": (),
+    "JobTooLarge": (),
+    "SubmitterOverQuota": (),
     "AuthConfigError": (ValueError,),
     "CodeExecutionNotPermitted": (PermissionError,),
     "StoreError": (RuntimeError,),
@@ -49,7 +52,8 @@ def test_root() -> None:
 
 
 PARENTS = {"ArtifactNotFound": "CoordinatorHTTPError", "RateLimited": "AuthFailure",
-           "InvalidProfileRequest": "ProfileError"}  # else FlashRuntimeError
+           "InvalidProfileRequest": "ProfileError", "TooManyTasks": "ExpansionError",
+           "JobTooLarge": "ExpansionError"}  # else FlashRuntimeError
 
 
 def _raise(cls: type[Exception], message: str) -> None:
@@ -61,6 +65,8 @@ def _raise(cls: type[Exception], message: str) -> None:
         raise cls(403, message)
     if cls is errors.CommandError:
         raise cls(message, 1)
+    if cls is errors.SubmitterOverQuota:
+        raise cls(message, 30)
     if cls is errors.RateLimited:
         error = cls(2.5)
         assert error.status_code == 429 and error.headers == {"Retry-After": "3"}
