@@ -233,10 +233,18 @@ class CoordinatorClient:
         return self.retry.run(once, retry=idempotent)
 
     # jobs ----------------------------------------------------------------------
-    def submit_job(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+    def submit_job(self, spec: Mapping[str, Any], *, sign_key: Any = None) -> dict[str, Any]:
         """``POST /v1alpha1/jobs`` → the ``JobRecord`` as JSON. Tried once (a repeat could
-        submit twice), except after a 429: the coordinator refused that one unread."""
-        return self.retry.run(lambda: self.request_json("POST", "/v1alpha1/jobs", dict(spec), idempotent=False),
+        submit twice), except after a 429: the coordinator refused that one unread.
+        ``sign_key``: a ``flashruntime.signing.SigningKey`` or the path of one; the command job
+        is signed with it (``sign_job_spec``), so workers that trust its public key run it."""
+        if sign_key is not None:
+            from flashruntime.signing import SigningKey, load_signing_key, sign_job_spec
+
+            key = sign_key if isinstance(sign_key, SigningKey) else load_signing_key(sign_key)
+            spec = sign_job_spec(spec, key)
+        body = dict(spec)
+        return self.retry.run(lambda: self.request_json("POST", "/v1alpha1/jobs", body, idempotent=False),
                               retry_on=_rate_limited)
 
     def job(self, job_id: str) -> dict[str, Any]:

@@ -26,6 +26,7 @@ that built-in as a second base::
     ├── StoreError(RuntimeError)         a store's database failed (locked, full, damaged, unreachable)
     ├── BadDatabaseURL(ValueError)       a database URL of a form the coordinator does not open
     ├── BadRayAddress(ValueError)        a Ray cluster address of a form Ray does not take
+    ├── SigningError(ValueError)         a signing key, trusted key or signed job that cannot be used
     ├── SchemaVersionError(RuntimeError) a database a newer (or unknown) flashruntime wrote
     ├── UnplannableRequest(ValueError)   a plan request lacks a figure the planner needs
     ├── ModuleUnavailable(ImportError)   an import path whose code this release does not have yet
@@ -84,6 +85,7 @@ __all__ = [
     "QuorumNotMet",
     "RateLimited",
     "SchemaVersionError",
+    "SigningError",
     "StoreError",
     "SubmitterOverQuota",
     "TaskInterrupted",
@@ -208,6 +210,11 @@ class BadRayAddress(FlashRuntimeError, ValueError):
     """A Ray cluster address (``FLASHML_RAY_ADDRESS``, ``--ray-address``, ``ray_address=``) of
     none of the forms ``local``, ``auto``, ``ray://host:port``, ``host:port``; the message
     names the setting and the forms."""
+
+
+class SigningError(FlashRuntimeError, ValueError):
+    """A signing key or trusted public key that cannot be read or used, a job that cannot be
+    signed, or signing without the ``signing`` extra (``cryptography``)."""
 
 
 class SchemaVersionError(FlashRuntimeError, RuntimeError):

@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flashruntime.cli.serve",
     "flashruntime.cli.db",
     "flashruntime.cli.worker",
+    "flashruntime.cli.keys",
 )
 
 

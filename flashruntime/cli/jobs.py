@@ -70,6 +70,9 @@ def register(subparsers: Any) -> None:
                     "the coordinator validates it (422 when invalid).",
     )
     parser.add_argument("spec_file", help="JobSpec as JSON (.json), or YAML (any other suffix)")
+    parser.add_argument("--sign-key", default=None, metavar="PATH",
+                        help="sign the command job with this private key ('flashruntime keys generate'), so workers "
+                             "that trust its public key run it (needs the signing extra)")
     add_token_option(parser)
     parser.set_defaults(handler=handle_submit_spec)
     for name, method, suffix, help_text in _JOB_COMMANDS:
@@ -177,14 +180,15 @@ def _phrase(status: int) -> str:
         return ""
 
 
-def _run(command: str, args: argparse.Namespace, method: str, path: str, body_from: Path | None = None) -> int:
+def _run(command: str, args: argparse.Namespace, method: str, path: str, body_from: Path | None = None,
+         sign_key: str | None = None) -> int:
     try:
         api = resolve_api(getattr(args, "api", None))
     except ValueError as exc:
         print(f"flashruntime {command}: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     try:
-        body = None if body_from is None else _spec_body(command, body_from)
+        body = None if body_from is None else _spec_body(command, body_from, sign_key)
         answer = request(api, method, path, body, token=resolve_token(getattr(args, "token", None)))
     except CommandError as exc:
         print(f"flashruntime {command}: {exc}", file=sys.stderr)
@@ -193,18 +197,28 @@ def _run(command: str, args: argparse.Namespace, method: str, path: str, body_fr
     return EXIT_OK
 
 
-def _spec_body(command: str, path: Path) -> bytes:
-    """The spec file as the request body, after a warning for each key JobSpec would ignore."""
+def _spec_body(command: str, path: Path, sign_key: str | None = None) -> bytes:
+    """The spec file as the request body, after a warning for each key JobSpec would ignore;
+    signed with the private key at ``sign_key`` when given."""
     from flashruntime.cli._unknown_keys import print_warnings
     from flashruntime.protocol.v1alpha1 import JobSpec
 
     data = load_spec(path)
     print_warnings(command, JobSpec, data)
+    if sign_key is not None:
+        from flashruntime.errors import SigningError
+        from flashruntime.signing import load_signing_key, sign_job_spec
+
+        try:
+            data = sign_job_spec(data, load_signing_key(sign_key))
+        except SigningError as exc:
+            raise CommandError(f"--sign-key: {exc}", EXIT_BAD_SPEC) from None
     return encode_spec(path, data)
 
 
 def handle_submit_spec(args: argparse.Namespace) -> int:
-    return _run("submit-spec", args, "POST", JOBS_PATH, body_from=Path(args.spec_file))
+    return _run("submit-spec", args, "POST", JOBS_PATH, body_from=Path(args.spec_file),
+                sign_key=getattr(args, "sign_key", None))
 
 
 def _handle_job_route(command: str, method: str, suffix: str, args: argparse.Namespace) -> int:

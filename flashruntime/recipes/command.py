@@ -149,6 +149,51 @@ def _argv_env_bytes(argv: list[str], env: Mapping[str, str]) -> int:
     )
 
 
+def command_task_id(index: int) -> str:
+    """The id of a command job's task for ``task_params[index]``."""
+    return f"task-{index:03d}"
+
+
+def fill_task(command: list[str], env: Mapping[str, str], values: Mapping[str, Any] | None,
+              index: int) -> tuple[list[str], dict[str, str]]:
+    """Task ``index``'s argv and env: the templates filled from its parameter set ``values``
+    (None: no ``task_params``, taken verbatim). A worker checking signed work fills them the
+    same way. ``ValueError`` when a placeholder cannot or may not be filled."""
+    argv = [_format(token, values, index, "argv token") for token in command]
+    task_env = {name: _format(value, values, index, f"env {name}") for name, value in env.items()}
+    return argv, task_env
+
+
+def _signature_problems(signature: object, task_count: int | None) -> list[str]:
+    """A ``parameters.signature`` must be a ``WorkSignature`` with one signature per task."""
+    from pydantic import ValidationError
+
+    from flashruntime.protocol.signed_work import WorkSignature
+
+    try:
+        parsed = WorkSignature.model_validate(signature)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(the object)"
+        return [(f"parameters.signature.{where}: {first['msg']}; sign the job with 'flashruntime submit-spec "
+                 "--sign-key' (or flashruntime.signing.sign_job_spec) instead of writing the signature by hand")]
+    if task_count is not None and len(parsed.task_signatures) != task_count:
+        return [(f"parameters.signature holds {len(parsed.task_signatures)} task signatures for {task_count} "
+                 "tasks; sign the job again after changing task_params")]
+    return []
+
+
+def _signed_task(signature: Mapping[str, Any], index: int, count: int, command: list[str],
+                 env: Mapping[str, str], values: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``payload.signed_work`` of task ``index``: the stored signature's fields, unchanged,
+    with what the task's signature covers besides its payload."""
+    return {
+        **{key: signature[key] for key in ("format", "key_id", "submitter", "job_name", "nonce")},
+        "task_index": index, "task_count": count, "command": list(command), "env": dict(env),
+        "params": copy.deepcopy(values), "signature": signature["task_signatures"][index],
+    }
+
+
 class CommandRecipe(WorkloadRecipe):
     """``workload.type == "command"``: one argv task per ``task_params`` entry (or one task)."""
 
@@ -183,6 +228,9 @@ class CommandRecipe(WorkloadRecipe):
                 )
         if params.get("unpack_inputs") is not None:
             problems.extend(_unpack_problems(params["unpack_inputs"], inputs))
+        if params.get("signature") is not None:
+            count = len(task_params) if isinstance(task_params, list) else None if task_params is not None else 1
+            problems.extend(_signature_problems(params["signature"], count))
         return problems
 
     def task_count(self, params: Mapping[str, Any]) -> int | None:
@@ -229,10 +277,11 @@ class CommandRecipe(WorkloadRecipe):
         env: dict[str, str] = _given(params, "env", {})
         common = _common_payload(params, spec)
         job_bytes = 0
-        for i, values in enumerate(params.get("task_params") or [None]):
-            task_id = f"task-{i:03d}"
-            argv = [_format(token, values, i, "argv token") for token in command]
-            task_env = {name: _format(value, values, i, f"env {name}") for name, value in env.items()}
+        signature = params.get("signature")
+        parameter_sets = params.get("task_params") or [None]
+        for i, values in enumerate(parameter_sets):
+            task_id = command_task_id(i)
+            argv, task_env = fill_task(command, env, values, i)
             task_bytes = _argv_env_bytes(argv, task_env)
             if task_bytes > MAX_TASK_ARGV_ENV_BYTES:
                 raise ValueError(
@@ -255,6 +304,8 @@ class CommandRecipe(WorkloadRecipe):
                 "task_id": task_id,
                 **copy.deepcopy(common),
             }
+            if signature is not None:
+                payload["signed_work"] = _signed_task(signature, i, len(parameter_sets), command, env, values)
             yield lease_task(job_id, task_id, spec, payload, lease_seconds)
 
     def validate_output(self, metrics: Mapping[str, Any]) -> None:

@@ -27,6 +27,7 @@ EXPECTED_BASES = {
     "StoreError": (RuntimeError,),
     "BadDatabaseURL": (ValueError,),
     "BadRayAddress": (ValueError,),
+    "SigningError": (ValueError,),
     "SchemaVersionError": (RuntimeError,),
     "UnplannableRequest": (ValueError,),
     "ModuleUnavailable": (ImportError,),
