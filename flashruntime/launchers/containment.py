@@ -135,10 +135,12 @@ def detect_containment(
     cgroup_root: Path | None = None,
     requested: str | None = None,
     platform: str = sys.platform,
+    become_subreaper: Callable[[], bool] | None = None,
 ) -> Containment:
     """Probe what can contain attempts here. ``cgroup_root`` stands for this process's own
     cgroup directory (found from ``mountinfo`` and ``proc_cgroup`` when None); ``requested``
-    is ``FLASHML_CONTAINMENT``'s value when None. The cgroup probe creates
+    is ``FLASHML_CONTAINMENT``'s value when None; ``become_subreaper`` makes this process a
+    child subreaper (``prctl``) and says whether it did. The cgroup probe creates
     ``<own cgroup>/flashruntime/``, then places a short-lived child in a cgroup below it."""
     from flashruntime.errors import LaunchError
 
@@ -159,7 +161,7 @@ def detect_containment(
         if wanted == ContainmentKind.CGROUP.value:
             raise LaunchError(f"{CONTAINMENT_ENV}=cgroup but no cgroup can be made here: {reason}; "
                               "run as root or in a delegated cgroup v2 subtree, or set it to auto")
-    if _set_child_subreaper():
+    if (become_subreaper or _set_child_subreaper)():
         return Containment(ContainmentKind.SUBREAPER, reason=reason)
     return Containment(ContainmentKind.PROCESS_GROUP, reason=f"{reason}; prctl(PR_SET_CHILD_SUBREAPER) failed")
 

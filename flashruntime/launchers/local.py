@@ -374,7 +374,7 @@ class LocalProcessLauncher(Launcher):
 
 
 def spawn_contained(argv: list[str], container: AttemptContainer, *, cwd: Path, env: dict[str, str],
-                    stdout: IO[bytes]) -> subprocess.Popen[bytes]:
+                    stdout: IO[bytes] | int) -> subprocess.Popen[bytes]:
     """Start ``argv`` as an attempt's first process: no shell, its own process group (its own
     session on POSIX), stdout and stderr to ``stdout``, inside ``container`` before it runs
     any of its own code. A child that cannot enter the container is never left running:
