@@ -17,6 +17,7 @@ __all__ = [
     "FLEET_SWEEP_OVER_LOCAL",
     "FEDAVG_FAST_OVER_NUMPY",
     "FORBIDDEN_MODULES",
+    "HEARTBEAT_P99_DURING_ADMISSION_S",
     "HTTP_OVER_IN_PROCESS",
     "IMPORT_OVER_PYDANTIC",
     "LAUNCH_OVER_TORCHRUN",
@@ -27,6 +28,7 @@ __all__ = [
     "PLAN_RENDER_MS",
     "PROFILED_STEP_ERROR",
     "RAY_SWEEP_OVER_LOCAL",
+    "REFUSAL_S",
     "REPLICAS_OVER_ONE",
     "SWEEP_PARALLEL_OVER_SERIAL",
     "faults_routed",
@@ -53,6 +55,12 @@ VERIFY_OVER_FRAMEWORK_SAVE = Target(
     "<=", 0.5, "x", "checking a framework's checkpoint before a relaunch, in the driver that fingerprinted it, costs "
                     "at most half of what the framework spent writing it: a file nothing wrote to since is not read "
                     "again")
+HEARTBEAT_P99_DURING_ADMISSION_S = Target(
+    "<=", 1.0, "s", "a node's heartbeats and lease renewals are answered within a second at the 99th percentile while "
+                    "a 10,000-task job is admitted: admission never costs a node its lease")
+REFUSAL_S = Target(
+    "<=", 1.0, "s", "a job over the coordinator's bounds is refused within a second, before anything is built or "
+                    "stored")
 DEMO_WALL_S = Target("<=", 30, "s", "a new user sees the crash, the decision and the resume while they watch")
 FEDAVG_FAST_OVER_NUMPY = Target(
     "<=", 1.5, "x", "median-anchored clipping and its checks cost at most half again a plain numpy weighted mean")
