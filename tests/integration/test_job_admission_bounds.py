@@ -193,3 +193,14 @@ def test_queued_tasks_past_the_quota_get_429_until_they_are_claimed(tmp_path: Pa
         for _ in range(3):
             assert api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).status_code == 200
         assert api.post("/v1alpha1/jobs", json=job_spec(trials=3)).status_code == 201  # none queued now
+
+
+def test_the_jobs_in_flight_quota_holds_on_postgresql_too(tmp_path: Path, postgres_url: str) -> None:
+    with serve_in_thread(settings_for(tmp_path / "data", database_url=postgres_url, max_jobs_in_flight=1)) as url, \
+            httpx.Client(base_url=url, timeout=60) as api:
+        first = api.post("/v1alpha1/jobs", json=job_spec(trials=2))
+        assert first.status_code == 201
+        refused = api.post("/v1alpha1/jobs", json=job_spec(trials=2))
+        assert refused.status_code == 429 and refused.headers["Retry-After"] == "30"
+        assert "FLASHML_MAX_JOBS_IN_FLIGHT=1" in refused.json()["detail"]
+        assert [job["job_id"] for job in api.get("/v1alpha1/jobs").json()] == [first.json()["job_id"]]
