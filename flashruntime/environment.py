@@ -53,6 +53,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("FLASHML_TOKEN", "the CLI's job commands, flash.run", "",
              "a submitter's or operator's bearer token (--token wins)"),
     Variable("FLASHML_NODE_TOKEN", "the worker", "", "this machine's node token (--token wins)"),
+    Variable("FLASHML_TRUSTED_SUBMITTER_KEYS", "the worker", "",
+             "a .pub file or a directory of them: run only commands these submitter keys signed "
+             "(--trusted-submitter-keys wins)"),
     Variable("FLASHML_JOIN_CODE", "the worker; the coordinator (RuntimeSettings)", "",
              "the registration code: the worker sends it, the coordinator requires it when set"),
     # The coordinator: credentials (read by flashruntime.coordinator.auth).
@@ -61,6 +64,14 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("FLASHML_OPERATOR_TOKENS", "the coordinator", "", "name:token,... who may do everything"),
     Variable("FLASHML_ARGV_SUBMITTERS", "the coordinator", "",
              "name,... submitters and operators whose jobs may run commands on the fleet"),
+    Variable("FLASHML_NODE_POOLS", "the coordinator", "",
+             "node_id:pool|pool,... the team pools each node token may serve (none when unlisted)"),
+    Variable("FLASHML_UNSANDBOXED_NODES", "the coordinator", "",
+             "node_id,... node tokens that may run commands unsandboxed (--runner trusted)"),
+    Variable("FLASHML_JOIN_CODE_POOLS", "the coordinator", "",
+             "pool|pool: the team pools a node registering with the join code alone may serve"),
+    Variable("FLASHML_JOIN_CODE_UNSANDBOXED", "the coordinator", "0",
+             "1: a node registering with the join code alone may run commands unsandboxed"),
     # The coordinator: settings (RuntimeSettings).
     Variable("FLASHML_PROFILE", _COORDINATOR, "local", "a label for this deployment, shown by /healthz"),
     Variable("FLASHML_DATABASE_URL", _COORDINATOR, "unset: the SQLite file at FLASHML_LEDGER_PATH",
