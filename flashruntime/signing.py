@@ -175,6 +175,7 @@ def load_trusted_keys(path: str | os.PathLike[str]) -> dict[str, PublicKey]:
     """Trusted submitter keys by key id, from a file of key lines (blank lines and ``#``
     comments skipped) or a directory of such ``*.pub`` files. No key at all, a malformed
     line, or one key id under two names is a ``SigningError``."""
+    _ed25519()  # a worker that cannot verify must not start believing it can
     root = Path(os.path.expanduser(os.fspath(path)))
     if root.is_dir():
         files = sorted(root.glob("*.pub"))
@@ -223,15 +224,16 @@ def task_document(signed: SignedTask, payload_fields: Mapping[str, Any]) -> dict
 
 def verify_task(signed: SignedTask, payload_fields: Mapping[str, Any], key: PublicKey) -> bool:
     """Whether ``signed.signature`` is ``key``'s signature of ``task_document(signed, payload_fields)``."""
+    ed25519 = _ed25519()
     from cryptography.exceptions import InvalidSignature
 
     try:
         signature = base64.b64decode(signed.signature, validate=True)
-    except (binascii.Error, ValueError):
+        data = canonical_bytes(task_document(signed, payload_fields))
+    except (binascii.Error, SigningError, ValueError):  # not base64, or a document no signer could have signed
         return False
     try:
-        _ed25519().Ed25519PublicKey.from_public_bytes(key.raw).verify(
-            signature, canonical_bytes(task_document(signed, payload_fields)))
+        ed25519.Ed25519PublicKey.from_public_bytes(key.raw).verify(signature, data)
     except InvalidSignature:
         return False
     return True

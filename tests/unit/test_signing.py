@@ -192,3 +192,10 @@ def test_only_a_command_job_is_signed_and_only_once(alice) -> None:
         sign_job_spec(spec, key)
     with pytest.raises(SigningError, match="the job is signed already"):
         sign_job_spec(sign_job_spec(command_spec(), key), key)
+
+
+def test_a_payload_no_signer_could_have_signed_is_refused_not_raised(alice) -> None:
+    key, trusted = alice
+    payload = copy.deepcopy(payloads(sign_job_spec(command_spec(), key))[0])
+    payload["inputs"] = {"x": float("nan")}
+    assert "does not verify" in signature_problem(payload, trusted)
