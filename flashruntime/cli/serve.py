@@ -240,8 +240,11 @@ def handle(args: argparse.Namespace) -> int:
     url = url_for(args.host, args.port, tls=tls)
     try:
         from flashruntime.coordinator.auth import authenticator_from_env
+        from flashruntime.coordinator.node_grants import node_grants_for
 
-        enforcing = authenticator_from_env(env).enforcing
+        authenticator = authenticator_from_env(env)
+        node_grants_for(authenticator, join_code_set=settings.join_code is not None, env=env)
+        enforcing = authenticator.enforcing
     except AuthConfigError as exc:
         return _fail(f"invalid settings: {exc}")
     if not enforcing:

@@ -194,7 +194,7 @@ def node_grants_from_env(
         if not join_code_set:
             raise AuthConfigError(
                 f"{given} grants registrations by join code, but no join code is configured; set "
-                f"FLASHML_JOIN_CODE (or serve --join-code), or unset {given}")
+                f"FLASHML_JOIN_CODE, or unset {given}")
     by_node = {node_id: NodeGrant(by_node_pools.get(node_id, frozenset()), node_id in unsandboxed)
                for node_id in set(by_node_pools) | set(unsandboxed)}
     join_grant = NodeGrant(join_pools, join_unsandboxed) if join_code_set else None

@@ -24,7 +24,8 @@ from flashruntime.errors import AuthConfigError, StoreError
 ENV_NAMES = ("FLASHML_LEDGER_PATH", "FLASHML_LOCAL_ARTIFACTS_DIR", "FLASHML_MAX_ARTIFACT_MB", "FLASHML_SWEEP_INTERVAL_S",
              "FLASHML_PROFILE", "FLASHML_METRICS_PUBLIC", "FLASHML_RATE_LIMIT", "FLASHML_REQUIRE_NODE_AUTH",
              "FLASHML_NODE_TOKENS", "FLASHML_OPERATOR_TOKENS", "FLASHML_SUBMITTER_TOKENS", "FLASHML_ARGV_SUBMITTERS",
-             "FLASHML_DATABASE_URL", "FLASHML_RAY_ADDRESS")
+             "FLASHML_DATABASE_URL", "FLASHML_RAY_ADDRESS", "FLASHML_NODE_POOLS", "FLASHML_UNSANDBOXED_NODES",
+             "FLASHML_JOIN_CODE_POOLS", "FLASHML_JOIN_CODE_UNSANDBOXED")
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -185,6 +186,16 @@ def test_a_bad_token_configuration_exits_2_before_anything_starts(
     monkeypatch.setenv("FLASHML_ARGV_SUBMITTERS", "alice")  # a grant, but no tokens at all
     assert serve.handle(_args("--data-dir", str(tmp_path / "d"))) == 2
     assert "FLASHML_ARGV_SUBMITTERS grants code execution but no tokens are configured" in capsys.readouterr().err
+    assert fake.runs == []
+
+
+def test_a_bad_node_grant_exits_2_before_anything_starts(
+    fake: FakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FLASHML_NODE_TOKENS", "box-1:tok-box")
+    monkeypatch.setenv("FLASHML_NODE_POOLS", "box-2:ml")  # a node without a token
+    assert serve.handle(_args("--data-dir", str(tmp_path / "d"))) == 2
+    assert "FLASHML_NODE_POOLS entry 1 (node 'box-2') names a node with no token" in capsys.readouterr().err
     assert fake.runs == []
 
 
