@@ -32,7 +32,7 @@ from flashruntime.agent.lease_run import DRAIN_REASON, RUNNERS, SHUTDOWN_REASON,
 from flashruntime.agent.state import AttemptEntry, AttemptJournal, WorkDirLock
 from flashruntime.client import CoordinatorClient, RetryPolicy
 from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable, LaunchError, WorkDirInUse
-from flashruntime.launchers.containment import containment_in_force
+from flashruntime.launchers.containment import ContainmentKind, containment, containment_in_force
 from flashruntime.launchers.local import proc_available, stop_leftover_attempt
 from flashruntime.monitor.gpus import query_gpus
 from flashruntime.protocol.v1alpha1 import GpuInfo, Lease, NodeCapabilities, NodeHeartbeat, NodeRegistration
@@ -251,6 +251,8 @@ class WorkerAgent:
         except LaunchError as exc:
             logger.error("%s", exc)
             return EXIT_UNREACHABLE
+        if containment().kind is not ContainmentKind.CGROUP:
+            logger.warning("attempts run without a cgroup each (%s): %s", contained, containment().reason)
         journal = AttemptJournal(work_root)
         leftovers = journal.entries()
         self._sweep_leftovers(leftovers)

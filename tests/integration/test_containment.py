@@ -7,6 +7,7 @@ makes them. Real cgroups, where this machine lets the tests make them."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from flashruntime.agent.state import AttemptEntry, AttemptJournal
 from flashruntime.errors import LaunchError
 from flashruntime.launchers.containment import (
     CGROUP_PARENT,
@@ -245,3 +247,16 @@ def test_empty_cgroups_of_processes_that_are_gone_are_removed_by_the_next_probe(
         mine.close()
         with contextlib.suppress(OSError):
             abandoned.rmdir()
+
+
+def test_the_journal_keeps_the_cgroup_and_an_old_journal_without_it_still_loads(tmp_path: Path) -> None:
+    journal = AttemptJournal(tmp_path)
+    journal.add(AttemptEntry("ls-1", "j", "t", "n", "/w/j/t/ls-1/out", 41, "/sys/fs/cgroup/flashruntime/ls-1-7-0"))
+    assert journal.entries()[0].cgroup == "/sys/fs/cgroup/flashruntime/ls-1-7-0"
+    # Written before attempts had cgroups, and one whose cgroup is no absolute path.
+    journal.path.write_text(json.dumps({"attempts": [
+        {"lease_id": "ls-2", "job_id": "j", "task_id": "t", "node_id": "n", "output_dir": "/w/out", "pid": 7},
+        {"lease_id": "ls-3", "job_id": "j", "task_id": "t", "node_id": "n", "output_dir": "/w/out3", "cgroup": "x/y"},
+    ]}))
+    assert journal.entries() == [AttemptEntry("ls-2", "j", "t", "n", "/w/out", 7, None),
+                                 AttemptEntry("ls-3", "j", "t", "n", "/w/out3", None, None)]
