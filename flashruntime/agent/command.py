@@ -40,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pools", default="", metavar="a,b", help="team pools this node serves, comma-separated")
     parser.add_argument("--dataset", action="append", default=[], metavar="NAME=PATH",
                         help="a local dataset offered to tasks as local_inputs (repeatable)")
+    parser.add_argument("--trusted-submitter-keys", default=None, metavar="FILE_OR_DIR",
+                        help="run only commands signed by one of these submitter keys (a .pub file of "
+                             "'flashruntime keys generate', or a directory of them; else env "
+                             "FLASHML_TRUSTED_SUBMITTER_KEYS), so a coordinator cannot run code of its own here")
     parser.add_argument("--drain", action="store_true",
                         help="start no worker: ask the one running with this --work-dir to finish its current task "
                              "and exit (it is sent SIGUSR1); exit 1 when none runs there")
@@ -197,6 +201,8 @@ def _run_worker(args: argparse.Namespace, early: _EarlySignals) -> int:
             poll_seconds=args.poll_seconds,
             pools=[pool for pool in args.pools.split(",") if pool.strip()],
             datasets=parse_datasets(args.dataset),
+            trusted_submitter_keys=(getattr(args, "trusted_submitter_keys", None)
+                                    or os.environ.get("FLASHML_TRUSTED_SUBMITTER_KEYS") or None),
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -36,6 +36,7 @@ from flashruntime.agent.inputs import (
     prepare_inputs,
     write_spec,
 )
+from flashruntime.agent.signed_work import signature_problem
 from flashruntime.agent.state import AttemptEntry, AttemptJournal
 from flashruntime.client import CoordinatorClient, is_transient
 from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable
@@ -52,6 +53,7 @@ from flashruntime.protocol.lease_rules import DEFAULT_LEASE_SECONDS  # for a Lea
 from flashruntime.protocol.task_logs import TASK_LOG_MAX_BYTES, TASK_LOG_NAME, bounded_log, task_log_key
 from flashruntime.protocol.task_modules import ALLOWED_TASK_MODULES
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Lease
+from flashruntime.signing import PublicKey
 
 logger = logging.getLogger("flashruntime.worker")
 
@@ -221,10 +223,13 @@ def code_grant_problem(payload: Mapping[str, Any]) -> str | None:
 
 
 def build_command(payload: Mapping[str, Any], runner: str, dirs: LeaseDirs, *,
-                  require_code_grant: bool = False) -> tuple[list[str], dict[str, str]]:
+                  require_code_grant: bool = False,
+                  trusted_submitter_keys: Mapping[str, PublicKey] | None = None) -> tuple[list[str], dict[str, str]]:
     """(argv, payload env) for the lease; ``TaskRefused`` when this agent must not run it.
     ``require_code_grant``: an ``argv`` payload must carry a code-execution grant
-    (``code_grant_problem``); a worker that authenticates with a token sets it."""
+    (``code_grant_problem``); a worker that authenticates with a token sets it.
+    ``trusted_submitter_keys``: an ``argv`` payload must be signed by one of them, exactly as
+    it is (``signature_problem``)."""
     if "module" in payload and "argv" in payload:
         raise TaskRefused("payload carries both 'module' and 'argv'; exactly one is expected")
     if "module" in payload:
@@ -239,6 +244,10 @@ def build_command(payload: Mapping[str, Any], runner: str, dirs: LeaseDirs, *,
                               f"(this agent: --runner {runner})")
         if require_code_grant:
             problem = code_grant_problem(payload)
+            if problem is not None:
+                raise TaskRefused(f"refused to run the command: {problem}")
+        if trusted_submitter_keys is not None:
+            problem = signature_problem(payload, trusted_submitter_keys)
             if problem is not None:
                 raise TaskRefused(f"refused to run the command: {problem}")
         argv = payload["argv"]
@@ -341,8 +350,10 @@ class LeaseRunner:
         stopping: threading.Event,
         require_code_grant: bool = False,
         journal: AttemptJournal | None = None,
+        trusted_submitter_keys: Mapping[str, PublicKey] | None = None,
     ) -> None:
         self._client = client
+        self._trusted_submitter_keys = trusted_submitter_keys
         self._journal = journal
         self._require_code_grant = require_code_grant
         self._work_root = work_root
@@ -398,7 +409,8 @@ class LeaseRunner:
         try:
             dirs = lease_dirs(self._work_root, lease.job_id, lease.task_id, lease.lease_id)
             argv, payload_env = build_command(payload, self._runner, dirs,
-                                              require_code_grant=self._require_code_grant)
+                                              require_code_grant=self._require_code_grant,
+                                              trusted_submitter_keys=self._trusted_submitter_keys)
             params = payload.get("params", {})
             if not isinstance(params, dict):
                 raise TaskRefused(f"payload params must be an object, got {params!r}")

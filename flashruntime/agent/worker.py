@@ -36,6 +36,7 @@ from flashruntime.launchers.containment import ContainmentKind, containment, con
 from flashruntime.launchers.local import proc_available, stop_leftover_attempt
 from flashruntime.monitor.gpus import query_gpus
 from flashruntime.protocol.v1alpha1 import GpuInfo, Lease, NodeCapabilities, NodeHeartbeat, NodeRegistration
+from flashruntime.signing import PublicKey, load_trusted_keys
 
 __all__ = ["WorkerAgent"]
 
@@ -98,9 +99,15 @@ class WorkerAgent:
         pools: Iterable[str] = (),
         datasets: Mapping[str, str | os.PathLike[str]] = _NO_DATASETS,
         timing: WorkerTiming | None = None,
+        trusted_submitter_keys: str | os.PathLike[str] | Mapping[str, PublicKey] | None = None,
     ) -> None:
         if runner not in RUNNERS:
             raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
+        # A file or directory of .pub keys (SigningError, a ValueError, when unusable), or keys by id.
+        self.trusted_submitter_keys: dict[str, PublicKey] | None = (
+            None if trusted_submitter_keys is None
+            else dict(trusted_submitter_keys) if isinstance(trusted_submitter_keys, Mapping)
+            else load_trusted_keys(trusted_submitter_keys))
         if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or max_tasks < 0:
             raise ValueError(f"max_tasks must be an integer >= 0 (0 = unlimited), got {max_tasks!r}")
         if isinstance(poll_seconds, bool) or not isinstance(poll_seconds, (int, float)) \
@@ -283,7 +290,8 @@ class WorkerAgent:
         # submitter the coordinator says holds the code-execution permission.
         runner = LeaseRunner(self.client, work_root=work_root, runner=self.runner, datasets=self.datasets,
                              timing=self.timing, stopping=self._stopping,
-                             require_code_grant=self.client.authenticates, journal=journal)
+                             require_code_grant=self.client.authenticates, journal=journal,
+                             trusted_submitter_keys=self.trusted_submitter_keys)
         try:
             self._report_abandoned(journal, leftovers)
             self._claim_loop(runner)
