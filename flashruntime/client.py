@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 
 import flashruntime
 from flashruntime.errors import ArtifactNotFound, CoordinatorHTTPError, CoordinatorUnavailable
+from flashruntime.expect_continue import send_expecting_continue
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -195,12 +196,9 @@ class CoordinatorClient:
                 raw = exc.read()
             except (OSError, http.client.HTTPException):
                 raw = b""
-            retry_after = _retry_after(exc.headers)
             exc.close()
-            detail = _detail(raw) if raw else (exc.reason if isinstance(exc.reason, str) else "")
-            error_type = ArtifactNotFound if exc.code == 404 and path.startswith("/v1alpha1/artifacts/") \
-                else CoordinatorHTTPError
-            raise error_type(method, path, exc.code, detail, retry_after_s=retry_after) from None
+            raise _http_error(method, path, exc.code, raw, exc.headers,
+                              exc.reason if isinstance(exc.reason, str) else "") from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", None) or exc
             raise CoordinatorUnavailable(f"{method} {self.base_url}{path}: {reason}") from None
@@ -359,7 +357,19 @@ class CoordinatorClient:
 
         def send(body: bytes | BinaryIO, size: int) -> bytes:
             headers = {"Content-Type": content_type, "Content-Length": str(size)}
-            return self._read("PUT", path, self._open("PUT", path, body, headers))[1]
+            if _through_a_proxy(self.base_url):
+                return self._read("PUT", path, self._open("PUT", path, body, headers))[1]
+            # The body goes once the coordinator has seen the headers and not refused them, so
+            # a refusal (too large, a full disk) is read as an answer, not as a broken connection.
+            try:
+                status, answer_headers, raw = send_expecting_continue(
+                    "PUT", self.base_url + path, body, size, self._request_headers(headers), timeout_s=self.timeout_s)
+            except (OSError, http.client.HTTPException) as exc:
+                raise CoordinatorUnavailable(f"PUT {self.base_url}{path}: {exc}") from None
+            if status >= 400:
+                raise _http_error("PUT", path, status, raw, {name.title(): value for name, value in answer_headers.items()},
+                                  http.client.responses.get(status, ""))
+            return raw
 
         def once() -> Any:
             if isinstance(data, (bytes, bytearray)):
@@ -378,6 +388,19 @@ class CoordinatorClient:
     def put_json_artifact(self, key: str, value: Any) -> dict[str, Any]:
         """``put_artifact`` of ``value`` as JSON."""
         return self.put_artifact(key, json.dumps(value, allow_nan=False).encode("utf-8"), "application/json")
+
+
+def _http_error(method: str, path: str, status: int, raw: bytes, headers: Any, reason: str) -> CoordinatorHTTPError:
+    """The error for an HTTP error answer: its ``detail`` (else the reason phrase) and ``Retry-After``."""
+    detail = _detail(raw) if raw else reason
+    error_type = ArtifactNotFound if status == 404 and path.startswith("/v1alpha1/artifacts/") else CoordinatorHTTPError
+    return error_type(method, path, status, detail, retry_after_s=_retry_after(headers))
+
+
+def _through_a_proxy(base_url: str) -> bool:
+    """Whether urllib would send requests to ``base_url`` through a proxy (``HTTP(S)_PROXY``)."""
+    parts = urllib.parse.urlsplit(base_url)
+    return parts.scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(parts.hostname or "")
 
 
 def _rate_limited(exc: BaseException) -> bool:

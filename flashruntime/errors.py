@@ -24,6 +24,7 @@ that built-in as a second base::
     ├── AuthConfigError(ValueError)      invalid token configuration
     ├── CodeExecutionNotPermitted(PermissionError)  a job would run commands its submitter may not run
     ├── StoreError(RuntimeError)         a store's database failed (locked, full, damaged, unreachable)
+    ├── StorageFull(OSError)             the coordinator's disk is full or below its free-space floor (503)
     ├── BadDatabaseURL(ValueError)       a database URL of a form the coordinator does not open
     ├── BadRayAddress(ValueError)        a Ray cluster address of a form Ray does not take
     ├── SigningError(ValueError)         a signing key, trusted key or signed job that cannot be used
@@ -35,6 +36,7 @@ that built-in as a second base::
     ├── BadArtifactKey(ValueError)       an artifact key that is not a safe relative path
     ├── ArtifactTooLarge(ValueError)     an artifact over the coordinator's limit
     ├── ArtifactConflict(ValueError)     an artifact key that clashes with stored ones
+    ├── EmptyArtifact(ValueError)        an artifact upload without a byte of content (400)
     ├── NoBackend(RuntimeError)          a job for a backend the coordinator does not run
     ├── BodyProblem(ValueError)          a JSON request body the coordinator will not store
     ├── AuthFailure                      a request the coordinator's access rules refuse
@@ -72,6 +74,7 @@ __all__ = [
     "CoordinatorHTTPError",
     "CoordinatorUnavailable",
     "ExpansionError",
+    "EmptyArtifact",
     "FlashRuntimeError",
     "InvalidProfileRequest",
     "InvalidSubmission",
@@ -87,6 +90,7 @@ __all__ = [
     "SchemaVersionError",
     "SigningError",
     "StoreError",
+    "StorageFull",
     "SubmitterOverQuota",
     "TaskInterrupted",
     "TaskRefused",
@@ -203,6 +207,11 @@ class StoreError(FlashRuntimeError, RuntimeError):
 
 class BadDatabaseURL(FlashRuntimeError, ValueError):
     """A database URL that is neither ``sqlite:///absolute/path`` nor
+class StorageFull(FlashRuntimeError, OSError):
+    """The coordinator's disk is full, or below its free-space floor: a write it refused
+    before storing anything (503 with ``Retry-After``). ``errno`` is ``ENOSPC``."""
+
+
     ``postgresql://user:password@host:port/database``; the message never shows the password."""
 
 
@@ -259,6 +268,11 @@ class ArtifactConflict(FlashRuntimeError, ValueError):
 
 class NoBackend(FlashRuntimeError, RuntimeError):
     """The job asks for a backend this coordinator does not run (503)."""
+class EmptyArtifact(FlashRuntimeError, ValueError):
+    """An artifact upload whose body is empty: an artifact holds at least one byte (400);
+    nothing is stored and what the key held stays."""
+
+
 
 
 class BodyProblem(FlashRuntimeError, ValueError):
@@ -290,11 +304,12 @@ class AuthFailure(FlashRuntimeError):
 
 
 class RateLimited(AuthFailure):
-    """Too many requests from one credential: 429 with ``Retry-After``."""
+    """Too many requests from one credential (or, with ``reason``, too many failed
+    authentications from one address): 429 with ``Retry-After``."""
 
-    def __init__(self, wait_s: float) -> None:
+    def __init__(self, wait_s: float, reason: str = "too many requests from this credential") -> None:
         self.retry_after_s = max(1, int(wait_s + 0.999))
-        super().__init__(429, f"too many requests from this credential; retry in {self.retry_after_s} s")
+        super().__init__(429, f"{reason}; retry in {self.retry_after_s} s")
 
     @property
     def headers(self) -> dict[str, str]:

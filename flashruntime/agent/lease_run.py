@@ -506,8 +506,8 @@ class LeaseRunner:
                 uploaded = self._settled(lambda key=prefix + relative, path=path: self._client.put_artifact(key, path))
             except CoordinatorHTTPError as exc:
                 shipper.ship(final=True)
-                return self._fail(lease, f"upload of {relative!r} refused: HTTP {exc.status}: {exc.detail}",
-                                  Outcome.FAILED)
+                why = f"too large: {exc.detail}" if exc.status == 413 else f"HTTP {exc.status}: {exc.detail}"
+                return self._fail(lease, f"upload of {relative!r} refused: {why}", Outcome.FAILED)
             if uploaded is None:
                 return self._fail(lease, f"upload of {relative!r} failed: coordinator unreachable", Outcome.FAILED)
         shipper.ship(final=True)
@@ -571,6 +571,9 @@ class LeaseRunner:
         except CoordinatorHTTPError as exc:
             if exc.status in (*LOST_STATUSES, 404):
                 raise _LeaseLost() from None
+            if path.stat().st_size == 0:  # the coordinator keeps no empty artifact
+                logger.info("lease %s: out/%s is empty; not uploaded", lease.lease_id, relative)
+                continue
             if not is_transient(exc):
                 raise
             problem: Exception = exc

@@ -20,6 +20,12 @@ keeps in memory is its own: the rate limit buckets and the ``/metrics`` counters
 latency histogram. The expiry sweep runs in each of them on SQLite (the sweeps take turns
 on the database's write lock, and each re-reads the leases inside its transaction) and in
 one of them on PostgreSQL (the advisory lock).
+
+Under connection pressure: the soft open-file limit is raised to the hard one at start,
+each server process holds at most ``FLASHML_MAX_CONNECTIONS`` connections (fewer when its
+open-file limit, less a reserve, is lower; at the bound the longest-idle connection gives
+way to a new one), a connection idle for ``FLASHML_KEEP_ALIVE_S`` is closed, and accepts
+that fail for want of descriptors are logged once per ``FLASHML_ACCEPT_ERROR_LOG_INTERVAL_S``.
 """
 
 from __future__ import annotations
@@ -270,6 +276,15 @@ def handle(args: argparse.Namespace) -> int:
         except OSError as exc:
             return _fail(f"cannot create directory {str(directory)!r}: {exc.strerror or exc}")
 
+    from flashruntime.coordinator.listener import (
+        BoundedH11Protocol,
+        connection_bound,
+        listen_backlog,
+        raise_open_file_limit,
+    )
+
+    _, file_limit = raise_open_file_limit()
+    BoundedH11Protocol.bound = connection_bound(settings.max_connections, file_limit)
     try:
         app = create_app(settings)
     except StoreError as exc:
@@ -298,6 +313,7 @@ def handle(args: argparse.Namespace) -> int:
     print(f"FlashRuntime coordinator on {url}", flush=True)
     print(f"  database   {database.path if database.kind == 'sqlite' else database}", flush=True)
     print(f"  artifacts  {artifacts}", flush=True)
+    print(f"  connections at most {BoundedH11Protocol.bound} per process (open-file limit {file_limit})", flush=True)
     if args.workers > 1:
         print(f"  workers    {args.workers} processes sharing the port", flush=True)
     if settings.ray_address:
@@ -306,7 +322,8 @@ def handle(args: argparse.Namespace) -> int:
         with _sigterm_stops_cleanly():
             uvicorn.run(target, host=args.host, port=args.port, log_level=args.log_level,
                         ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, workers=args.workers,
-                        factory=args.workers > 1)
+                        factory=args.workers > 1, http=BoundedH11Protocol, timeout_keep_alive=settings.keep_alive_s,
+                        backlog=listen_backlog(file_limit))
     except (KeyboardInterrupt, _Terminated):
         return EXIT_OK
     except SystemExit as exc:

@@ -26,14 +26,16 @@ from flashruntime.coordinator.access import ROUTE_ACCESS
 from flashruntime.coordinator.auth import AuthFailure
 from flashruntime.coordinator.body_limit import BodyLimit
 from flashruntime.coordinator.core import Coordinator
-from flashruntime.coordinator.guard import Guard, route_key
+from flashruntime.coordinator.disk_space import RETRY_AFTER_S, is_disk_full
+from flashruntime.coordinator.guard import Guard, client_address, route_key
 from flashruntime.coordinator.openapi import add_security
-from flashruntime.coordinator.rate_limit import RateLimiter
+from flashruntime.coordinator.rate_limit import FailureCounter, RateLimiter
 from flashruntime.coordinator.routes_fleet import fleet_router
 from flashruntime.coordinator.routes_jobs import jobs_router
 from flashruntime.coordinator.routes_meta import meta_router
 from flashruntime.coordinator.settings import RuntimeSettings
-from flashruntime.errors import StoreError
+from flashruntime.coordinator.url_tokens import RefuseURLTokens, install_access_log_redaction
+from flashruntime.errors import EmptyArtifact, StoreError
 
 __all__ = ["create_app"]
 
@@ -59,8 +61,12 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
             "(node_id:token,...), FLASHML_SUBMITTER_TOKENS and/or FLASHML_OPERATOR_TOKENS (name:token,...)"
         )
 
+    install_access_log_redaction()
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        install_access_log_redaction()  # again: a server's logging setup may have come after create_app
+        _throttle_accept_errors(settings.accept_error_log_interval_s)
         try:
             await asyncio.to_thread(coordinator.start_backends)  # the Ray cluster, when one is set
         except BaseException:
@@ -81,7 +87,9 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
                   redoc_url=None)
     app.state.coordinator = coordinator
     rate = settings.rate_limit_for(coordinator.authenticator.enforcing)
-    guard = Guard(coordinator, rate_limiter=RateLimiter(rate) if rate > 0 else None,
+    auth_failures = FailureCounter(settings.auth_failure_limit, settings.auth_failure_window_s) \
+        if settings.auth_failure_limit > 0 else None
+    guard = Guard(coordinator, rate_limiter=RateLimiter(rate) if rate > 0 else None, auth_failures=auth_failures,
                   metrics_public=settings.metrics_public)
 
     @app.exception_handler(AuthFailure)
@@ -91,9 +99,25 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
     @app.exception_handler(StoreError)
     async def _store_failed(request: Request, exc: StoreError) -> JSONResponse:
         # The file and SQLite's words go to the log, not to the caller: a 503 it may retry.
+        if is_disk_full(exc):
+            log.error("%s %s: %s", request.method, request.url.path, exc)
+            return _disk_full()
         log.error("%s %s: %s", request.method, request.url.path, exc, exc_info=exc.__cause__)
         return JSONResponse({"detail": "the coordinator's database did not answer; retry shortly"}, status_code=503,
                             headers={"Retry-After": "1"})
+
+    @app.exception_handler(OSError)
+    async def _os_error(request: Request, exc: OSError) -> JSONResponse:
+        # ENOSPC and EDQUOT (StorageFull among them) are an outage to wait out; any other
+        # OSError is a fault of the server, answered 500 as it was raised.
+        if not is_disk_full(exc):
+            raise exc
+        log.error("%s %s: the disk is full: %s", request.method, request.url.path, exc)
+        return _disk_full()
+
+    @app.exception_handler(EmptyArtifact)
+    async def _empty_artifact(_: Request, exc: EmptyArtifact) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=400)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -119,8 +143,32 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
     for router in routers:
         app.include_router(router)
     app.add_middleware(_Timed, metrics=coordinator.metrics)
-    app.add_middleware(BodyLimit, limit_for=_body_limits(settings))
+    app.add_middleware(BodyLimit, limit_for=_body_limits(settings), empty_refusal=_empty_refusal)
+    # Outermost: a token in the URL is refused before any other part of the app sees the request.
+    app.add_middleware(RefuseURLTokens, on_refused=(lambda scope: auth_failures.record(client_address(scope)))
+                       if auth_failures is not None else (lambda scope: None))
     return app
+
+
+def _disk_full() -> JSONResponse:
+    return JSONResponse({"detail": "the coordinator's disk is full: nothing was stored; retry later (an operator "
+                                   "frees space on its data directory)"},
+                        status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def _throttle_accept_errors(interval_s: float) -> None:
+    try:
+        from flashruntime.coordinator.listener import install_accept_error_throttle  # needs uvicorn's h11 protocol
+    except ImportError:  # served by another ASGI server: its accept loop is its own
+        return
+    install_accept_error_throttle(asyncio.get_running_loop(), interval_s)
+
+
+def _empty_refusal(scope: Any) -> str | None:
+    if scope.get("method") == "PUT" and str(scope.get("path", "")).startswith(_ARTIFACT_PATH):
+        return ("the artifact body is empty: an artifact holds at least one byte; nothing was stored (send the "
+                "file's content, or leave an empty file out)")
+    return None
 
 
 class _Timed:

@@ -5,7 +5,8 @@ A write goes to a temporary file beside its target and is renamed into place aft
 fsync, so a reader (or a ``complete`` validating ``metrics.json``) never sees half a
 file, and a crash mid-upload leaves at most a stray temp file, never a torn artifact.
 A write refused after its body arrived (too large, out of scope, a clash) leaves the
-previous content as it was.
+previous content as it was. Below the free-space floor a write is refused before it
+starts (``StorageFull``); a disk that fills during one leaves no temp file behind.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
-from flashruntime.errors import ArtifactConflict, ArtifactTooLarge, BadArtifactKey, FlashRuntimeError  # noqa: F401  (defined there, re-exported here)
+from flashruntime.coordinator.disk_space import space_problem
+from flashruntime.errors import ArtifactConflict, ArtifactTooLarge, BadArtifactKey, FlashRuntimeError, StorageFull  # noqa: F401  (defined there, re-exported here)
 from flashruntime.files import fsync_directory
 
 __all__ = ["ArtifactConflict", "ArtifactStore", "ArtifactTooLarge", "BadArtifactKey", "check_key", "sha256_of"]
@@ -82,11 +84,13 @@ def sha256_of(path: Path) -> str:
 
 
 class ArtifactStore:
-    """Files under ``root``, addressed by checked keys."""
+    """Files under ``root``, addressed by checked keys; ``min_free_bytes``: the free space
+    below which writes are refused (0: none)."""
 
-    def __init__(self, root: str | os.PathLike[str], max_bytes: int) -> None:
+    def __init__(self, root: str | os.PathLike[str], max_bytes: int, min_free_bytes: int = 0) -> None:
         self.root = Path(root)
         self.max_bytes = int(max_bytes)
+        self.min_free_bytes = int(min_free_bytes)
         self._digests: dict[str, tuple[int, int, str]] = {}
         self._digests_lock = threading.Lock()
 
@@ -106,6 +110,9 @@ class ArtifactStore:
         Hashing, writing and the fsync run on a worker thread, a block at a time, so a large
         upload never stalls the event loop that serves every other node's heartbeats."""
         target = self.path_of(key)
+        short = space_problem([self.root], self.min_free_bytes)
+        if short is not None:
+            raise StorageFull(errno.ENOSPC, f"artifact {key!r} was not stored: {short}")
         with _key_os_errors(key):
             self._refuse_clash(key, target)
             try:

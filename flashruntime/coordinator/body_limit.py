@@ -3,7 +3,9 @@
 An ASGI middleware in front of the whole app: a request whose ``Content-Length`` is over
 its route's limit is answered 413 at once, without reading its body; one that arrives
 without a length (chunked) is cut off with 413 as soon as what was received passes the
-limit. Artifact uploads have their own, larger limit; every other body is JSON.
+limit. Artifact uploads have their own, larger limit; every other body is JSON. A route
+that needs content (an artifact upload) refuses an empty body when it reads it
+(``EmptyArtifact``, answered 400 by the app).
 
 The refusal is an ``HTTPException``, the one kind of error FastAPI passes on unchanged
 while it reads a body, so the app's own handler writes the usual ``{"detail": ...}``.
@@ -18,7 +20,7 @@ from typing import Any
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from flashruntime.errors import FlashRuntimeError
+from flashruntime.errors import EmptyArtifact, FlashRuntimeError
 
 __all__ = ["BodyLimit", "BodyTooLarge"]
 
@@ -31,11 +33,14 @@ class BodyTooLarge(FlashRuntimeError, HTTPException):
 
 
 class BodyLimit:
-    """Refuse bodies over ``limit_for(scope) -> (bytes, message)`` with 413."""
+    """Refuse bodies over ``limit_for(scope) -> (bytes, message)`` with 413, and empty ones
+    where ``empty_refusal(scope)`` gives a message (None: an empty body is fine)."""
 
-    def __init__(self, app: ASGIApp, limit_for: Callable[[Scope], tuple[int, str]]) -> None:
+    def __init__(self, app: ASGIApp, limit_for: Callable[[Scope], tuple[int, str]],
+                 empty_refusal: Callable[[Scope], str | None] = lambda scope: None) -> None:
         self.app = app
         self.limit_for = limit_for
+        self.empty_refusal = empty_refusal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -46,6 +51,7 @@ class BodyLimit:
         if declared is not None and declared > limit:
             await _refuse(send, message)  # the body is never read
             return
+        empty = self.empty_refusal(scope)  # refused as the body is read: after the route's own checks of the key
         received = 0
 
         async def limited() -> Message:
@@ -55,6 +61,8 @@ class BodyLimit:
                 received += len(event.get("body", b""))
                 if received > limit:
                     raise BodyTooLarge(message)
+                if empty is not None and received == 0 and not event.get("more_body", False):
+                    raise EmptyArtifact(empty)
             return event
 
         await self.app(scope, limited, send)

@@ -22,6 +22,7 @@ from flashruntime.protocol.lease_rules import (
     DEFAULT_LEASE_SECONDS,
     FEDAVG_LEASE_SECONDS,
     MAX_LEASE_SECONDS,
+    MIN_LEASE_SECONDS,
     bounded_lease_seconds,
 )
 from flashruntime.protocol.task_modules import (
@@ -64,7 +65,7 @@ def _lease_seconds(params: Mapping[str, Any], default: float, kind: str) -> floa
         return bounded_lease_seconds(params.get("lease_seconds"), default)
     except ValueError as exc:
         raise ExpansionError(
-            f"{kind}: parameters.{exc}; give a number of seconds > 0 (values above {MAX_LEASE_SECONDS} are "
+            f"{kind}: parameters.{exc}; give a number of seconds >= {MIN_LEASE_SECONDS:g} (values above {MAX_LEASE_SECONDS} are "
             f"capped; default {default:g})"
         ) from None
 

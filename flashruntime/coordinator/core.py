@@ -112,7 +112,8 @@ class Coordinator:
             CheckpointCatalog(on_event=self.record_event, store=state.manifests), state.run,
             refusals=(CheckpointError,)))
         self.nodes = NodeRegistry(state.nodes, clock=lambda: self.now().timestamp())
-        self.artifacts = ArtifactStore(settings.artifacts_dir, settings.max_artifact_mb * 1024 * 1024)
+        self.artifacts = ArtifactStore(settings.artifacts_dir, settings.max_artifact_mb * 1024 * 1024,
+                                       min_free_bytes=settings.min_free_bytes)
         # Agents claim only the tasks of lease jobs; a ray job's are the Ray dispatcher's.
         self.placement = BackendPlacement("leases", IsolationAwarePlacement())
         self.ray: RayDispatcher | None = None

@@ -2,7 +2,9 @@
 request body something the coordinator will read.
 
 ``Guard`` resolves the caller's ``Identity`` once per request, applies the per-credential
-rate limit and checks the route's roles in ``access.ROUTE_ACCESS``. ``StrictJSONRoute``
+rate limit and checks the route's roles in ``access.ROUTE_ACCESS``. A client address that
+failed to authenticate too often is answered 429 before its token is even looked at, so
+a wrong guess and a right one look the same while it is blocked. ``StrictJSONRoute``
 parses request bodies as strict JSON: NaN and infinities (not JSON), strings that are
 not valid Unicode (lone surrogates) and nesting too deep are refused with 422 naming
 where, before any model sees them, so nothing stored can later fail to render.
@@ -24,10 +26,20 @@ from flashruntime.coordinator.access import ROUTE_ACCESS, RouteAccess
 from flashruntime.coordinator.auth import ON_BEHALF_OF_HEADER, AuthFailure, Identity, require_role, resolve_identity
 from flashruntime.errors import BodyProblem, FlashRuntimeError, RateLimited  # noqa: F401  (defined there, re-exported here)
 
-__all__ = ["BodyProblem", "Guard", "RateLimited", "StrictJSONRoute", "parse_strict_json", "route_key"]
+__all__ = ["AUTH_FAILURES_REASON", "BodyProblem", "Guard", "RateLimited", "StrictJSONRoute", "client_address",
+           "parse_strict_json", "route_key"]
 
 _CONVERTER = re.compile(r"\{(\w+):\w+\}")
 _MAX_DEPTH = 64  # JSON objects and arrays nested deeper than any wire model needs
+
+
+AUTH_FAILURES_REASON = "too many failed authentications from this address"
+
+
+def client_address(scope: Any) -> str:
+    """The client's address as the server saw it ("" when unknown, e.g. a Unix socket)."""
+    client = scope.get("client")
+    return str(client[0]) if client else ""
 
 
 def route_key(method: str, path: str) -> tuple[str, str]:
@@ -119,10 +131,12 @@ class Guard:
     """FastAPI dependencies for every route: ``caller`` (the identity, resolved once per
     request) and ``check`` (rate limit, then the route's roles)."""
 
-    def __init__(self, coordinator: Any, *, rate_limiter: Any = None, metrics_public: bool = False) -> None:
+    def __init__(self, coordinator: Any, *, rate_limiter: Any = None, auth_failures: Any = None,
+                 metrics_public: bool = False) -> None:
         self._coordinator = coordinator
         self._authenticator = coordinator.authenticator
         self._rate_limiter = rate_limiter
+        self._auth_failures = auth_failures
         self._metrics_public = metrics_public
 
     @property
@@ -147,9 +161,21 @@ class Guard:
         access = self.access_of(request)
         if access.open:
             return Identity(None, False)
-        return resolve_identity(
-            self._authenticator, request.headers.get("authorization"), request.headers.getlist(ON_BEHALF_OF_HEADER)
-        )
+        address = client_address(request.scope)
+        if self._auth_failures is not None:
+            wait_s = self._auth_failures.blocked(address)
+            if wait_s is not None:
+                raise RateLimited(wait_s, AUTH_FAILURES_REASON)
+        try:
+            return resolve_identity(
+                self._authenticator, request.headers.get("authorization"),
+                request.headers.getlist(ON_BEHALF_OF_HEADER)
+            )
+        except AuthFailure as failure:
+            # A token that is not known counts; a request without one (a page's first load) does not.
+            if failure.status_code == 401 and self._auth_failures is not None and request.headers.get("authorization"):
+                self._auth_failures.record(address)
+            raise
 
     def dependency(self) -> Any:
         """The router-level dependency: ``check`` with the identity from ``caller``."""

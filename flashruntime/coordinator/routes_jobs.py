@@ -17,6 +17,7 @@ from flashruntime.coordinator.access import (
     owns_job,
 )
 from flashruntime.coordinator.artifacts import ArtifactConflict, ArtifactTooLarge, BadArtifactKey, check_key
+from flashruntime.coordinator.checkpoint_paths import checkpoint_path_problem
 from flashruntime.coordinator.auth import AuthFailure, Identity, task_write_allowed
 from flashruntime.coordinator.core import Coordinator, NoBackend
 from flashruntime.coordinator.guard import Guard, StrictJSONRoute
@@ -212,6 +213,9 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
         check_task_write(identity, job_id, task_id)
         if coordinator.job(job_id) is None:  # a checkpoint belongs to a job: none is kept for an unknown id
             raise HTTPException(404, f"unknown job {job_id!r}")
+        misplaced = checkpoint_path_problem(job_id, task_id, [body.part.key])
+        if misplaced is not None:
+            raise HTTPException(422, misplaced)
         try:
             coordinator.catalog.register_part(f"{job_id}::{task_id}", body.attempt_id, body.step, body.part)
         except ValueError as exc:  # a value the registry cannot hold (beyond SQLite's 64-bit integers)
@@ -224,6 +228,10 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
         check_task_write(identity, job_id, task_id)
         if coordinator.job(job_id) is None:
             raise HTTPException(404, f"unknown job {job_id!r}")
+        misplaced = checkpoint_path_problem(job_id, task_id, [part.key for part in body.expected_parts],
+                                            body.storage_prefix)
+        if misplaced is not None:
+            raise HTTPException(422, misplaced)
         try:
             manifest = coordinator.catalog.commit(
                 job_id=f"{job_id}::{task_id}", attempt_id=body.attempt_id, step=body.step,

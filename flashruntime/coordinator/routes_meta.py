@@ -4,6 +4,7 @@ schema and the dashboard page."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -11,6 +12,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from flashruntime.coordinator.core import Coordinator
 from flashruntime.coordinator.dashboard import DASHBOARD_HTML
+from flashruntime.coordinator.disk_space import space_problem
 from flashruntime.coordinator.guard import Guard, StrictJSONRoute
 from flashruntime.coordinator.metrics import CONTENT_TYPE
 from flashruntime.coordinator.openapi import ERRORS
@@ -22,6 +24,10 @@ __all__ = ["meta_router"]
 
 def meta_router(coordinator: Coordinator, guard: Guard, openapi: Callable[[], dict[str, Any]]) -> APIRouter:
     router = APIRouter(route_class=StrictJSONRoute, dependencies=[guard.dependency()], responses=ERRORS)
+    settings = coordinator.settings
+    # The database's directory when it is a SQLite file, and the artifacts' directory.
+    data_dirs = ([settings.database.path.parent] if settings.database.path is not None else []) + \
+        [Path(settings.artifacts_dir)]
 
     def alive() -> JSONResponse:
         return JSONResponse({"status": "ok", "profile": coordinator.settings.profile})
@@ -35,9 +41,10 @@ def meta_router(coordinator: Coordinator, guard: Guard, openapi: Callable[[], di
         return alive()
 
     @router.get("/readyz", response_model=Health,
-                responses={503: {"model": Health, "description": "a database does not answer"}})
+                responses={503: {"model": Health, "description": "a database does not answer, or a data "
+                                                                "directory is below its free-space floor"}})
     def readyz() -> JSONResponse:
-        problem = coordinator.readiness_problem()
+        problem = coordinator.readiness_problem() or space_problem(data_dirs, settings.min_free_bytes)
         if problem is not None:
             return JSONResponse({"status": "unavailable", "profile": coordinator.settings.profile,
                                  "detail": problem}, status_code=503)

@@ -97,6 +97,29 @@ class RuntimeSettings(BaseSettings):
         "a Ray cluster to run backend 'ray' jobs on (then the default backend): local (an embedded "
         "single-node Ray, for development), auto (the cluster of this machine), ray://host:port (through the "
         "Ray Client) or host:port; needs the ray extra; unset: jobs for Ray are refused (503)")
+    min_free_bytes: int = _setting(
+        64 * 1024 * 1024, "FLASHML_MIN_FREE_BYTES", "a whole number of bytes >= 0 (0: no floor)",
+        "the free space the data directory and the artifacts directory must each keep: below it /readyz answers "
+        "503 and artifact uploads are refused with 503 and Retry-After until space frees", ge=0)
+    max_connections: int = _setting(
+        10_000, "FLASHML_MAX_CONNECTIONS", "a whole number > 0",
+        "the most client connections one server process holds open (further capped by its open-file limit, less "
+        "a reserve for its own files); at the bound a new connection displaces the longest-idle one", gt=0)
+    keep_alive_s: float = _setting(
+        5.0, "FLASHML_KEEP_ALIVE_S", "a number of seconds, finite and > 0",
+        "how long a connection may sit idle (before its first request or between requests) before it is closed",
+        gt=0, allow_inf_nan=False)
+    accept_error_log_interval_s: float = _setting(
+        60.0, "FLASHML_ACCEPT_ERROR_LOG_INTERVAL_S", "a number of seconds, finite and > 0",
+        "connections refused for want of file descriptors are logged at most once per this interval, with a count "
+        "of those not logged", gt=0, allow_inf_nan=False)
+    auth_failure_limit: int = _setting(
+        20, "FLASHML_AUTH_FAILURE_LIMIT", "a whole number >= 0 (0: off)",
+        "failed authentications one client address may make per FLASHML_AUTH_FAILURE_WINDOW_S; beyond it every "
+        "request of that address that needs a token is answered 429 with Retry-After until the window ends", ge=0)
+    auth_failure_window_s: float = _setting(
+        60.0, "FLASHML_AUTH_FAILURE_WINDOW_S", "a number of seconds, finite and > 0",
+        "the window over which failed authentications are counted per client address", gt=0, allow_inf_nan=False)
 
     @field_validator("join_code", mode="before")
     @classmethod

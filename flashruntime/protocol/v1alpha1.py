@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StrictBool, field_validator, model_validator
 
 from flashruntime.protocol.base import StrEnum, UtcDatetime, WireModel, utcnow
 from flashruntime.protocol.lease_rules import DEFAULT_LEASE_SECONDS
@@ -331,10 +331,12 @@ class NodeRegistration(WireModel):
     hostname: str
     capabilities: NodeCapabilities
     environment: NodeEnvironment = NodeEnvironment.LOCAL
-    sandbox_capable: bool = False
-    argv_capable: bool = False
-    unsandboxed_argv_capable: bool = False
-    module_capable: bool = True
+    # Strict: a capability is claimed by true, never by 1 or "yes" (a coerced claim is a mistake
+    # or a probe, and placement trusts these flags).
+    sandbox_capable: StrictBool = False
+    argv_capable: StrictBool = False
+    unsandboxed_argv_capable: StrictBool = False
+    module_capable: StrictBool = True
     local_datasets: list[str] = Field(default_factory=list)
     pool: str = "local"
     runtime_profile: str = "kubernetes"

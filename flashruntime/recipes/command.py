@@ -15,7 +15,12 @@ import string
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from flashruntime.protocol.lease_rules import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS, bounded_lease_seconds
+from flashruntime.protocol.lease_rules import (
+    DEFAULT_LEASE_SECONDS,
+    MAX_LEASE_SECONDS,
+    MIN_LEASE_SECONDS,
+    bounded_lease_seconds,
+)
 from flashruntime.protocol.v1alpha1 import JobSpec, TaskSpec
 from flashruntime.recipes.base import WorkloadRecipe, lease_task, output_prefix, register_recipe
 
@@ -270,7 +275,7 @@ class CommandRecipe(WorkloadRecipe):
             lease_seconds = bounded_lease_seconds(params.get("lease_seconds"), DEFAULT_LEASE_SECONDS)
         except ValueError as exc:
             raise ValueError(
-                f"parameters.{exc}; give a number of seconds > 0 (values above {MAX_LEASE_SECONDS} are capped)"
+                f"parameters.{exc}; give a number of seconds >= {MIN_LEASE_SECONDS:g} (values above {MAX_LEASE_SECONDS} are capped)"
             ) from None
         # 4. One task per parameter set.
         command: list[str] = params["command"]

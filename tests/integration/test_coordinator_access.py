@@ -186,7 +186,8 @@ class World:
 def coordinator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, World]]:
     for name, value in TOKENS.items():
         monkeypatch.setenv(name, value)
-    settings = settings_for(tmp_path / "data", rate_limit_per_s=0.0)  # many calls from one token, by design
+    settings = settings_for(tmp_path / "data", rate_limit_per_s=0.0,  # many calls from one token, by design
+                            auth_failure_limit=0)  # and many refused tokens from one address
     with serve_in_thread(settings) as url, httpx.Client(base_url=url, timeout=30) as api:
         yield api, World(api)
 

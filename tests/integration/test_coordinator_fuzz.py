@@ -37,7 +37,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[s
     with pytest.MonkeyPatch.context() as patch:
         for name, value in TOKENS.items():
             patch.setenv(name, value)
-        settings = settings_for(tmp_path_factory.mktemp("fuzz") / "data", rate_limit_per_s=0.0)
+        settings = settings_for(tmp_path_factory.mktemp("fuzz") / "data", rate_limit_per_s=0.0, auth_failure_limit=0)
         with serve_in_thread(settings) as url:
             node = {"Authorization": "Bearer tok-node-a"}
             httpx.post(f"{url}/v1alpha1/nodes/register", json=registration(), headers=node).raise_for_status()

@@ -140,7 +140,7 @@ def test_a_wrong_or_missing_output_fails_the_attempt_and_requeues(api: Any) -> N
 
 
 def test_an_expired_lease_is_swept_and_its_late_commit_rejected(api: Any) -> None:
-    job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=1, lease_seconds=0.5)).json()["job_id"]
+    job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=1, lease_seconds=1)).json()["job_id"]
     api.post("/v1alpha1/nodes/register", json=registration())
     lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).json()
     deadline = time.monotonic() + 10

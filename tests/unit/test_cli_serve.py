@@ -126,8 +126,12 @@ def test_serve_wires_create_app_into_uvicorn_with_resolved_settings(
     assert settings.profile == "dev"  # everything else still comes from the environment
     assert data.is_dir() and (data / "artifacts").is_dir()
     assert not (tmp_path / "ignored").exists()
+    from flashruntime.coordinator.listener import BoundedH11Protocol, listen_backlog, open_file_limit
+
     assert fake.runs == [{"app": fake.app, "host": "0.0.0.0", "port": 9123, "log_level": "warning",
-                          "ssl_certfile": None, "ssl_keyfile": None, "workers": 1, "factory": False}]
+                          "ssl_certfile": None, "ssl_keyfile": None, "workers": 1, "factory": False,
+                          "http": BoundedH11Protocol, "timeout_keep_alive": 5.0,
+                          "backlog": listen_backlog(open_file_limit())}]
     out = capsys.readouterr()
     assert "http://0.0.0.0:9123" in out.out and str(data) in out.out
     assert "WARNING: no tokens are configured, so this coordinator is open" in out.err

@@ -55,14 +55,14 @@ def test_task_record_defaults() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [(None, 45.0), (30, 30.0), ("12.5", 12.5), (1e9, 3600.0), (3600, 3600.0), (0.001, 0.001), (" 7 ", 7.0)],
+    [(None, 45.0), (30, 30.0), ("12.5", 12.5), (1e9, 3600.0), (3600, 3600.0), (1, 1.0), (" 7 ", 7.0)],
 )
 def test_bounded_lease_seconds_accepts(raw: Any, expected: float) -> None:
     value = leases.bounded_lease_seconds(raw, 45.0)
     assert value == expected and type(value) is float
 
 
-@pytest.mark.parametrize("raw", [True, False, "abc", "", [], {}, math.nan, math.inf, -math.inf, "nan", "inf", 0, -5, "-1"])
+@pytest.mark.parametrize("raw", [True, False, "abc", "", [], {}, math.nan, math.inf, -math.inf, "nan", "inf", 0, -5, "-1", 1e-6, 0.999])
 def test_bounded_lease_seconds_refuses(raw: Any) -> None:
     with pytest.raises(ValueError):
         leases.bounded_lease_seconds(raw, 45.0)

@@ -439,7 +439,7 @@ def test_lease_seconds_is_bounded(raw: Any, expected: float) -> None:
 
 @pytest.mark.parametrize("raw", [0, -5, "soon", True, math.nan, math.inf, [30]])
 def test_invalid_lease_seconds_is_a_value_error(raw: Any) -> None:
-    with pytest.raises(ValueError, match=r"parameters\.lease_seconds.*> 0"):
+    with pytest.raises(ValueError, match=r"parameters\.lease_seconds.*>= 1"):
         expand({"command": ["run"], "lease_seconds": raw})
 
 
