@@ -44,9 +44,10 @@ that built-in as a second base::
     ├── TaskRefused                      a lease the worker agent will not run
     ├── TaskInterrupted                  a lease's preparation stopped by a shutdown or a lost lease
     ├── WorkDirInUse                     a worker's work directory is held by another running worker
+    ├── WorkerConfigError(ValueError)    worker options that cannot start a safe worker
     └── CommandError                     a ``flashruntime`` command that cannot succeed (its exit code)
 
-The coordinator, the agent and the CLI raise the last eleven inside their own flows and
+The coordinator, the agent and the CLI raise the last twelve inside their own flows and
 answer them (an HTTP status, a failed lease, an exit code); they are defined here so that
 one ``except FlashRuntimeError`` catches everything this project raises. One member lives
 elsewhere: ``flashruntime.coordinator.body_limit.BodyTooLarge`` (413) must also be
@@ -98,6 +99,7 @@ __all__ = [
     "UnplannableRequest",
     "WeightShapeMismatch",
     "WorkDirInUse",
+    "WorkerConfigError",
 ]
 
 
@@ -332,6 +334,11 @@ class WorkDirInUse(FlashRuntimeError):
     def __init__(self, message: str, pid: int | None = None) -> None:
         super().__init__(message)
         self.pid = pid
+
+
+class WorkerConfigError(FlashRuntimeError, ValueError):
+    """Worker options that cannot start a safe worker (a token file others can read, a task
+    user on a worker that is not root, a sandbox this machine cannot build)."""
 
 
 class CommandError(FlashRuntimeError):

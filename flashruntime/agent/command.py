@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_API = "http://localhost:8100"
+RUNNER_CHOICES = ("sandboxed", "subprocess", "trusted")
 EXIT_INVALID = 2
 EXIT_NO_WORKER = 1
 
@@ -26,12 +27,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--coordinator", default=None, metavar="URL",
                         help="coordinator URL (default: --api, else env FLASHML_RUNTIME_API, else " + DEFAULT_API + ")")
     # No default here: ``flashruntime --token T worker`` gives it before the command.
-    parser.add_argument("--token", default=argparse.SUPPRESS, help="node bearer token (else env FLASHML_NODE_TOKEN)")
+    parser.add_argument("--token", default=argparse.SUPPRESS,
+                        help="node bearer token; visible to every user in ps, so prefer --token-file (else env "
+                             "FLASHML_NODE_TOKEN)")
+    parser.add_argument("--token-file", default=None, metavar="PATH",
+                        help="file holding the node bearer token, mode 0600 or stricter (else env "
+                             "FLASHML_NODE_TOKEN_FILE); hidden from every task")
     parser.add_argument("--node-id", default=None, help="node id to register (default: the hostname)")
     parser.add_argument("--join-code", default=None, help="registration join code (else env FLASHML_JOIN_CODE)")
-    parser.add_argument("--runner", choices=("subprocess", "trusted"), default="subprocess",
-                        help="subprocess: allowlisted task modules only; trusted: also argv payloads of "
-                             "team pools, without a container (default subprocess)")
+    parser.add_argument("--runner", choices=RUNNER_CHOICES, default=None,
+                        help="sandboxed: task modules and commands of isolation tier 'sandboxed', in a bubblewrap "
+                             "sandbox (read-only filesystem but the lease's directory, no network unless the job "
+                             "asks); subprocess: task modules only; trusted: also commands of team pools, sharing "
+                             "the filesystem and network (default: sandboxed where bubblewrap works, else "
+                             "subprocess)")
+    parser.add_argument("--task-user", default=None, metavar="NAME",
+                        help="run every task as this user, its lease directory handed to it (the worker must run "
+                             "as root)")
     parser.add_argument("--max-tasks", type=int, default=0, metavar="N",
                         help="stop after N completed or failed tasks (default 0 = unlimited)")
     parser.add_argument("--work-dir", default=None, help="directory for task work dirs (default: a new temp dir)")
@@ -81,6 +93,23 @@ def parse_datasets(values: list[str]) -> dict[str, str]:
             raise ValueError(f"--dataset {name}: path {path!r} does not exist")
         datasets[name] = path
     return datasets
+
+
+def default_runner(probe: Any) -> tuple[str, str]:
+    """The runner when ``--runner`` is not given, and why: the sandbox where bwrap works."""
+    if probe.works:
+        return "sandboxed", f"the default where bubblewrap works ({probe.reason})"
+    return "subprocess", f"the default where bubblewrap does not work: {probe.reason}; task modules only"
+
+
+def resolve_token(args: argparse.Namespace, environ: Any = os.environ) -> tuple[str | None, str | None]:
+    """(token, token file): ``--token``, else ``--token-file``, else env FLASHML_NODE_TOKEN_FILE,
+    else env FLASHML_NODE_TOKEN. The file is read by the agent, which also masks it in tasks."""
+    token = getattr(args, "token", None) or None
+    token_file = getattr(args, "token_file", None) or environ.get("FLASHML_NODE_TOKEN_FILE") or None
+    if token is None and token_file is None:
+        token = environ.get("FLASHML_NODE_TOKEN") or None
+    return token, token_file
 
 
 def _configure_logging() -> None:
@@ -187,17 +216,42 @@ def _on_main_thread() -> bool:
 
 
 def _run_worker(args: argparse.Namespace, early: _EarlySignals) -> int:
+    from flashruntime.agent.node_token import forget_token_environment, make_non_dumpable
+    from flashruntime.agent.sandbox import probe_bwrap
     from flashruntime.agent.worker import WorkerAgent
 
+    _configure_logging()
+    log = logging.getLogger("flashruntime.worker")
+    token, token_file = resolve_token(args)
+    join_code = args.join_code or os.environ.get("FLASHML_JOIN_CODE") or None
+    # Out of what every child inherits, and out of reach of same-user processes: the
+    # environment the process started with stays in /proc/<pid>/environ, non-dumpable hides it.
+    forget_token_environment()
+    if not make_non_dumpable():
+        log.warning("cannot make the worker non-dumpable on this platform: a task of the worker's own user could "
+                    "read its environment and memory")
+    if getattr(args, "token", None):
+        log.warning("--token puts the node token in the process list (ps, /proc/<pid>/cmdline), where every user "
+                    "and task on this machine can read it; write it into a file of mode 0600 and pass "
+                    "--token-file PATH instead")
+    runner, probe = args.runner, None
+    if runner in (None, "sandboxed", "trusted"):
+        probe = probe_bwrap()
+    if runner is None:
+        runner, why = default_runner(probe)
+        log.info("runner %s: %s", runner, why)
     try:
         agent = WorkerAgent(
             resolve_coordinator(args),
-            token=getattr(args, "token", None) or os.environ.get("FLASHML_NODE_TOKEN") or None,
+            token=token,
+            token_file=token_file,
+            task_user=args.task_user,
+            sandbox_probe=probe,
             node_id=args.node_id,
-            runner=args.runner,
+            runner=runner,
             max_tasks=args.max_tasks,
             work_dir=args.work_dir,
-            join_code=args.join_code or os.environ.get("FLASHML_JOIN_CODE") or None,
+            join_code=join_code,
             poll_seconds=args.poll_seconds,
             pools=[pool for pool in args.pools.split(",") if pool.strip()],
             datasets=parse_datasets(args.dataset),
@@ -207,7 +261,6 @@ def _run_worker(args: argparse.Namespace, early: _EarlySignals) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID
-    _configure_logging()
     early.hand_over(agent)
     return agent.run()
 

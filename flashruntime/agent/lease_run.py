@@ -36,6 +36,7 @@ from flashruntime.agent.inputs import (
     prepare_inputs,
     write_spec,
 )
+from flashruntime.agent.sandbox import Confinement, confine, prepare_task_dirs, task_home, task_tmp
 from flashruntime.agent.signed_work import signature_problem
 from flashruntime.agent.state import AttemptEntry, AttemptJournal
 from flashruntime.client import CoordinatorClient, is_transient
@@ -57,7 +58,21 @@ from flashruntime.signing import PublicKey
 
 logger = logging.getLogger("flashruntime.worker")
 
-RUNNERS = ("subprocess", "trusted")
+# subprocess: allowlisted task modules only; sandboxed: those and sandboxed-tier commands, in
+# the bubblewrap sandbox; trusted: any command, sharing the filesystem and network.
+RUNNERS = ("subprocess", "sandboxed", "trusted")
+# The documented variables the agent sets in every task; a job's own env cannot replace them.
+CONTRACT_VARIABLES = ("FLASHML_OUTPUT_DIR", "FLASHML_CKPT_DIR", "FLASHML_JOB_ID", "FLASHML_ATTEMPT_ID",
+                      "FLASHML_TASK_ID", "FLASHML_INPUTS_FILE")
+# What a task takes from the worker's own environment: the search path, locale, terminal, and
+# the GPU selection and driver libraries the machine needs. Nothing else: the worker's
+# environment holds its credentials.
+INHERITED_VARIABLES = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+                       "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "LD_LIBRARY_PATH")
+INHERITED_PREFIXES = ("LC_",)
+# Credentials of workers and clients: never in a task's environment, from either side.
+CREDENTIAL_VARIABLES = ("FLASHML_NODE_TOKEN", "FLASHML_NODE_TOKEN_FILE", "FLASHML_TOKEN", "FLASHML_JOIN_CODE")
+_CREDENTIAL_SUFFIXES = ("_TOKEN", "_TOKENS", "_TOKEN_FILE", "_JOIN_CODE")
 LOST_STATUSES = (403, 410)  # the lease is no longer ours: stop and walk away without further calls
 SHUTDOWN_REASON = "agent shutdown"
 DRAIN_REASON = "agent draining: the lease arrived after the drain began"
@@ -222,14 +237,41 @@ def code_grant_problem(payload: Mapping[str, Any]) -> str | None:
     return None
 
 
+def is_credential_name(name: str) -> bool:
+    """Whether an environment variable's name is one of a worker's or client's credentials."""
+    return name in CREDENTIAL_VARIABLES or (name.startswith("FLASHML_") and name.endswith(_CREDENTIAL_SUFFIXES))
+
+
+def _payload_tier(payload: Mapping[str, Any]) -> str:
+    isolation = payload.get("isolation")
+    tier = isolation.get("tier") if isinstance(isolation, Mapping) else None
+    return tier if isinstance(tier, str) and tier else "standard"
+
+
 def build_command(payload: Mapping[str, Any], runner: str, dirs: LeaseDirs, *,
                   require_code_grant: bool = False,
+                  confinement: Confinement | None = None,
                   trusted_submitter_keys: Mapping[str, PublicKey] | None = None) -> tuple[list[str], dict[str, str]]:
     """(argv, payload env) for the lease; ``TaskRefused`` when this agent must not run it.
     ``require_code_grant``: an ``argv`` payload must carry a code-execution grant
     (``code_grant_problem``); a worker that authenticates with a token sets it.
+    ``confinement``: the argv returned is the final one, inside the worker's namespaces and
+    as its task user (the task's home, temp and checkpoint directories are made ready).
     ``trusted_submitter_keys``: an ``argv`` payload must be signed by one of them, exactly as
     it is (``signature_problem``)."""
+    argv, env = _task_command(payload, runner, dirs, require_code_grant=require_code_grant,
+                              trusted_submitter_keys=trusted_submitter_keys,
+                              sandboxed=confinement is not None and confinement.mode == "sandbox")
+    if confinement is None:
+        prepare_task_dirs(dirs)
+        return argv, env
+    prepare_task_dirs(dirs, confinement.task_user, confinement.work_root)
+    return confine(argv, dirs, payload, confinement), env
+
+
+def _task_command(payload: Mapping[str, Any], runner: str, dirs: LeaseDirs, *, require_code_grant: bool,
+                  sandboxed: bool, trusted_submitter_keys: Mapping[str, PublicKey] | None = None,
+                  ) -> tuple[list[str], dict[str, str]]:
     if "module" in payload and "argv" in payload:
         raise TaskRefused("payload carries both 'module' and 'argv'; exactly one is expected")
     if "module" in payload:
@@ -239,9 +281,17 @@ def build_command(payload: Mapping[str, Any], runner: str, dirs: LeaseDirs, *,
                               f"({', '.join(sorted(ALLOWED_TASK_MODULES))})")
         return [sys.executable, "-m", module, "--spec", str(dirs.spec_file), "--out", str(dirs.out)], {}
     if "argv" in payload:
-        if runner != "trusted":
-            raise TaskRefused(f"argv payloads run only on an agent started with --runner trusted "
-                              f"(this agent: --runner {runner})")
+        if runner == "sandboxed":
+            if not sandboxed:
+                raise TaskRefused("this agent (--runner sandboxed) has no working sandbox, so it runs no argv "
+                                  "payloads")
+            if _payload_tier(payload) != "sandboxed":
+                raise TaskRefused(f"argv payloads of isolation tier {_payload_tier(payload)!r} run only on an agent "
+                                  "started with --runner trusted; this agent (--runner sandboxed) runs commands of "
+                                  "tier 'sandboxed'")
+        elif runner != "trusted":
+            raise TaskRefused(f"argv payloads run only on an agent started with --runner sandboxed (tier "
+                              f"'sandboxed') or --runner trusted (this agent: --runner {runner})")
         if require_code_grant:
             problem = code_grant_problem(payload)
             if problem is not None:
@@ -256,15 +306,31 @@ def build_command(payload: Mapping[str, Any], runner: str, dirs: LeaseDirs, *,
         env = payload.get("env") or {}
         if not isinstance(env, dict):
             raise TaskRefused(f"payload env must be an object of name -> value, got {env!r}")
+        credentials = sorted(str(key) for key in env if is_credential_name(str(key)))
+        if credentials:
+            # A task never holds a worker's or client's credential by those names, so a job
+            # cannot make code inside it take one of its own values for the node's.
+            raise TaskRefused(f"payload env sets {', '.join(credentials)}, a credential name the agent keeps out of "
+                              "every task; pass the value under another name")
         return list(argv), {str(key): str(value) for key, value in env.items()}
     raise TaskRefused("payload carries neither 'module' nor 'argv'")
 
 
-def child_env(payload_env: Mapping[str, str], dirs: LeaseDirs, lease: Lease) -> dict[str, str]:
-    """Agent environment + payload env + the contract variables, which therefore win."""
+def child_env(payload_env: Mapping[str, str], dirs: LeaseDirs, lease: Lease,
+              environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """A task's whole environment: from the worker's ``environ`` only ``INHERITED_VARIABLES``
+    (and ``LC_*``), a ``HOME`` and ``TMPDIR`` inside the lease's directory, then the job's own
+    ``payload_env``, then the contract variables, which therefore win. No credential name
+    survives from either side."""
+    inherited = {name: value for name, value in environ.items()
+                 if name in INHERITED_VARIABLES or name.startswith(INHERITED_PREFIXES)}
+    inherited.setdefault("PATH", os.defpath)
+    own = {name: value for name, value in payload_env.items() if not is_credential_name(name)}
     return {
-        **os.environ,
-        **payload_env,
+        **inherited,
+        "HOME": str(task_home(dirs)),
+        "TMPDIR": str(task_tmp(dirs)),
+        **own,
         "FLASHML_OUTPUT_DIR": str(dirs.out),
         "FLASHML_CKPT_DIR": str(dirs.ckpt),
         "FLASHML_JOB_ID": lease.job_id,
@@ -350,10 +416,12 @@ class LeaseRunner:
         stopping: threading.Event,
         require_code_grant: bool = False,
         journal: AttemptJournal | None = None,
+        confinement: Confinement | None = None,
         trusted_submitter_keys: Mapping[str, PublicKey] | None = None,
     ) -> None:
         self._client = client
         self._trusted_submitter_keys = trusted_submitter_keys
+        self._confinement = confinement
         self._journal = journal
         self._require_code_grant = require_code_grant
         self._work_root = work_root
@@ -410,6 +478,7 @@ class LeaseRunner:
             dirs = lease_dirs(self._work_root, lease.job_id, lease.task_id, lease.lease_id)
             argv, payload_env = build_command(payload, self._runner, dirs,
                                               require_code_grant=self._require_code_grant,
+                                              confinement=self._confinement,
                                               trusted_submitter_keys=self._trusted_submitter_keys)
             params = payload.get("params", {})
             if not isinstance(params, dict):

@@ -29,9 +29,25 @@ from pydantic import ValidationError
 import flashruntime
 from flashruntime.agent.inputs import TaskRefused, safe_segment
 from flashruntime.agent.lease_run import DRAIN_REASON, RUNNERS, SHUTDOWN_REASON, LeaseRunner, WorkerTiming
+from flashruntime.agent.node_token import read_token_file
+from flashruntime.agent.sandbox import (
+    BwrapProbe,
+    Confinement,
+    TaskUser,
+    gpu_device_nodes,
+    probe_bwrap,
+    python_paths,
+    resolve_task_user,
+)
 from flashruntime.agent.state import AttemptEntry, AttemptJournal, WorkDirLock
 from flashruntime.client import CoordinatorClient, RetryPolicy
-from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable, LaunchError, WorkDirInUse
+from flashruntime.errors import (
+    CoordinatorHTTPError,
+    CoordinatorUnavailable,
+    LaunchError,
+    WorkDirInUse,
+    WorkerConfigError,
+)
 from flashruntime.launchers.containment import ContainmentKind, containment, containment_in_force
 from flashruntime.launchers.local import proc_available, stop_leftover_attempt
 from flashruntime.monitor.gpus import query_gpus
@@ -75,6 +91,14 @@ def _gpus() -> list[GpuInfo]:
             for index, row in enumerate(query_gpus())]
 
 
+def resolve_task_user_config(name: str) -> TaskUser:
+    """``task_user`` as a ``TaskUser``; ``WorkerConfigError`` when it cannot be used."""
+    try:
+        return resolve_task_user(name)
+    except ValueError as exc:
+        raise WorkerConfigError(str(exc)) from None
+
+
 def _pool_list(pools: Iterable[str] | str) -> list[str]:
     items = pools.split(",") if isinstance(pools, str) else list(pools)
     if not all(isinstance(item, str) for item in items):
@@ -99,6 +123,9 @@ class WorkerAgent:
         pools: Iterable[str] = (),
         datasets: Mapping[str, str | os.PathLike[str]] = _NO_DATASETS,
         timing: WorkerTiming | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        task_user: str | None = None,
+        sandbox_probe: BwrapProbe | None = None,
         trusted_submitter_keys: str | os.PathLike[str] | Mapping[str, PublicKey] | None = None,
     ) -> None:
         if runner not in RUNNERS:
@@ -108,6 +135,17 @@ class WorkerAgent:
             None if trusted_submitter_keys is None
             else dict(trusted_submitter_keys) if isinstance(trusted_submitter_keys, Mapping)
             else load_trusted_keys(trusted_submitter_keys))
+        # The token file is read here and masked in every task; a token given too wins.
+        self.token_file = None if token_file is None else Path(os.path.expanduser(os.fspath(token_file))).resolve()
+        if token is None and self.token_file is not None:
+            token = read_token_file(self.token_file)
+        self.task_user = None if task_user is None else resolve_task_user_config(task_user)
+        # bwrap builds the sandboxed runner and the trusted runner's pid namespace; probed once.
+        self.sandbox = sandbox_probe if sandbox_probe is not None or runner == "subprocess" else probe_bwrap()
+        if runner == "sandboxed" and (self.sandbox is None or not self.sandbox.works):
+            reason = self.sandbox.reason if self.sandbox is not None else "bwrap was not probed"
+            raise WorkerConfigError(f"--runner sandboxed needs bubblewrap: {reason}; or start the worker with "
+                                    "--runner subprocess (task modules only)")
         if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or max_tasks < 0:
             raise ValueError(f"max_tasks must be an integer >= 0 (0 = unlimited), got {max_tasks!r}")
         if isinstance(poll_seconds, bool) or not isinstance(poll_seconds, (int, float)) \
@@ -149,6 +187,27 @@ class WorkerAgent:
         self._register_lock = threading.Lock()
         self._exit_code = EXIT_OK
 
+    def confinement(self, work_root: Path) -> Confinement:
+        """How this agent confines its tasks (see ``agent.sandbox``), said once in the log."""
+        bwrap = self.sandbox.path if self.sandbox is not None and self.sandbox.works else None
+        hidden = (self.token_file,) if self.token_file is not None else ()
+        if self.runner == "sandboxed" and bwrap:
+            readable = (*(Path(os.path.expanduser(path)) for path in self.datasets.values()), *python_paths())
+            logger.info("tasks run in the bubblewrap sandbox (%s): read-only filesystem but their lease directory, "
+                        "own pid and network namespaces, the worker's files out of sight", bwrap)
+            return Confinement("sandbox", work_root, bwrap, hidden=hidden, readable=readable,
+                               devices=gpu_device_nodes(), task_user=self.task_user)
+        if self.runner == "trusted" and bwrap:
+            logger.info("trusted tasks share the filesystem and network but run in their own pid namespace (%s): the "
+                        "worker's environment, memory and token file are out of their reach", bwrap)
+            return Confinement("namespace", work_root, bwrap, hidden=hidden, task_user=self.task_user)
+        if self.runner == "trusted":
+            logger.warning("bubblewrap is unavailable (%s): trusted tasks run as plain children; they cannot read the "
+                           "worker's environment or memory (it is non-dumpable), but a task of the worker's own user "
+                           "can read its token file and other leases' directories",
+                           self.sandbox.reason if self.sandbox is not None else "not probed")
+        return Confinement("none", work_root, task_user=self.task_user)
+
     @property
     def node_id(self) -> str:
         """The node id in use: the requested one, or the one the coordinator answered with."""
@@ -169,7 +228,8 @@ class WorkerAgent:
             capabilities=self._capabilities,
             module_capable=True,
             argv_capable=False,  # this agent never runs containers
-            sandbox_capable=False,
+            # The bubblewrap sandbox: the coordinator places sandboxed-tier commands here.
+            sandbox_capable=self.runner == "sandboxed",
             unsandboxed_argv_capable=self.runner == "trusted",
             local_datasets=sorted(self.datasets),
             agent_version=flashruntime.__version__,
@@ -291,6 +351,7 @@ class WorkerAgent:
         runner = LeaseRunner(self.client, work_root=work_root, runner=self.runner, datasets=self.datasets,
                              timing=self.timing, stopping=self._stopping,
                              require_code_grant=self.client.authenticates, journal=journal,
+                             confinement=self.confinement(work_root),
                              trusted_submitter_keys=self.trusted_submitter_keys)
         try:
             self._report_abandoned(journal, leftovers)

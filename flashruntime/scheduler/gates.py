@@ -60,11 +60,15 @@ def gate_isolation(payload: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
 
 
 def gate_argv(payload: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
-    """Gate 2 (fail-closed): an argv task needs an argv-capable node, or the trusted-pool
+    """Gate 2 (fail-closed): an argv task needs an argv-capable node, a sandboxed-tier task a
+    sandbox-capable node (a worker whose bubblewrap sandbox runs it), or the trusted-pool
     alternative: a named pool, an isolation fallback, and an unsandboxed-argv node."""
     if "argv" not in payload:
         return True
     if node.get("argv_capable") is True:
+        return True
+    isolation = payload.get("isolation")
+    if isinstance(isolation, dict) and isolation.get("tier") == "sandboxed" and node.get("sandbox_capable") is True:
         return True
     return (
         _non_empty_str(payload.get("pool"))

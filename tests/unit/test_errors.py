@@ -45,6 +45,7 @@ EXPECTED_BASES = {
     "TaskRefused": (),
     "TaskInterrupted": (),
     "WorkDirInUse": (),
+    "WorkerConfigError": (ValueError,),
     "CommandError": (),
 }
 
