@@ -413,6 +413,9 @@ class WorkerAgent:
             if isinstance(assigned, str) and assigned and assigned != self._node_id:
                 logger.info("coordinator registered this agent as node %s (asked for %s)", assigned, self._node_id)
                 self._node_id = assigned
+            withheld = answer.get("detail") if isinstance(answer, dict) else None
+            if isinstance(withheld, str) and withheld:  # pools or the unsandboxed runner its credential lacks
+                logger.warning("the coordinator withheld part of this registration: %s", withheld)
 
     def _reregister(self) -> bool:
         """Register again; a refusal (401/403) stops the agent with exit code 1."""
