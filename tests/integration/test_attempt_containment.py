@@ -95,6 +95,7 @@ class Fleet:
         self.hints.mkdir()
         self.coordinator = CoordinatorProcess(tmp_path / "data").start()
         self.workers: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self.tokens: list[str] = []
 
     def start_worker(self) -> tuple[subprocess.Popen[bytes], Path]:
         log = self.tmp_path / f"worker-{len(self.workers)}.log"
@@ -110,6 +111,7 @@ class Fleet:
     def submit_escapee(self, token: str) -> str:
         import httpx
 
+        self.tokens.append(token)
         job = command_job([sys.executable, str(ESCAPEE), token, str(self.hints)])
         answer = httpx.post(f"{self.coordinator.url}/v1alpha1/jobs", json=job, timeout=30)
         assert answer.status_code == 201, answer.text
@@ -131,6 +133,10 @@ class Fleet:
                 worker.kill()
                 worker.wait()
         self.coordinator.stop()
+        for token in self.tokens:  # a failed test leaves no escapee behind
+            for pid in escapee_pids(token):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -194,12 +200,15 @@ def test_kill_9_of_the_worker_and_a_restart_end_the_escapee(fleet: Fleet) -> Non
     fleet.submit_escapee(token)
     pids = wait_for_escapee(token, worker=worker, log=log)
     cgroup = check_contained(fleet, pids, log)
+    if cgroup is None:
+        # A subreaper dies with its worker, and the orphans go to init: only a cgroup, which
+        # outlives the worker, still holds them for the restart.
+        pytest.skip("attempts are not in cgroups here, and nothing else outlives a kill -9 of the worker")
     worker.kill()
     worker.wait()
     restarted, restart_log = fleet.start_worker()
     seconds_until_gone(pids, "kill -9 of the worker and a restart")
-    if cgroup is not None:
-        wait_until(lambda: not os.path.exists(cgroup), "the restart to remove the attempt's cgroup")
+    wait_until(lambda: not os.path.exists(cgroup), "the restart to remove the attempt's cgroup")
     wait_until(lambda: "registered with" in restart_log.read_text(), "the restarted worker to register")
     stop_process(restarted)  # type: ignore[arg-type]
 
