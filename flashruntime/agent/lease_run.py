@@ -64,11 +64,11 @@ RUNNERS = ("subprocess", "sandboxed", "trusted")
 # The documented variables the agent sets in every task; a job's own env cannot replace them.
 CONTRACT_VARIABLES = ("FLASHML_OUTPUT_DIR", "FLASHML_CKPT_DIR", "FLASHML_JOB_ID", "FLASHML_ATTEMPT_ID",
                       "FLASHML_TASK_ID", "FLASHML_INPUTS_FILE")
-# What a task takes from the worker's own environment: the search path, locale, terminal, and
-# the GPU selection and driver libraries the machine needs. Nothing else: the worker's
-# environment holds its credentials.
-INHERITED_VARIABLES = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
-                       "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "LD_LIBRARY_PATH")
+# What a task takes from the worker's own environment: the search paths (PYTHONPATH: where the
+# worker's Python finds the task modules it runs), locale, terminal, and the GPU selection and
+# driver libraries the machine needs. Nothing else: the worker's environment holds its credentials.
+INHERITED_VARIABLES = ("PATH", "PYTHONPATH", "LANG", "LANGUAGE", "TZ", "TERM", "CUDA_VISIBLE_DEVICES",
+                       "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "LD_LIBRARY_PATH")
 INHERITED_PREFIXES = ("LC_",)
 # Credentials of workers and clients: never in a task's environment, from either side.
 CREDENTIAL_VARIABLES = ("FLASHML_NODE_TOKEN", "FLASHML_NODE_TOKEN_FILE", "FLASHML_TOKEN", "FLASHML_JOIN_CODE")

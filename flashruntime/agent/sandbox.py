@@ -252,12 +252,13 @@ def gpu_device_nodes(pattern: str = "/dev/nvidia*") -> tuple[Path, ...]:
     return tuple(Path(path) for path in sorted(glob.glob(pattern)))
 
 
-def python_paths() -> tuple[Path, ...]:
-    """The Python installation the worker runs from (prefixes and site-packages): a sandboxed
-    module task runs the same interpreter and must see it even when it lies under /tmp."""
+def python_paths(environ: Mapping[str, str] = os.environ) -> tuple[Path, ...]:
+    """The Python installation the worker runs from (prefixes, site-packages, ``PYTHONPATH``): a
+    sandboxed module task runs the same interpreter and must see it even when it lies under /tmp."""
     import site
 
-    found = [Path(sys.prefix), Path(sys.base_prefix), *map(Path, site.getsitepackages())]
+    extra = [Path(entry) for entry in environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    found = [Path(sys.prefix), Path(sys.base_prefix), *map(Path, site.getsitepackages()), *extra]
     return tuple(path for path in _unique(found) if path.is_absolute() and path.exists())
 
 

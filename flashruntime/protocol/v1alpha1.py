@@ -136,6 +136,9 @@ class PlacementSpec(WireModel):
 class IsolationSpec(WireModel):
     tier: Literal["standard", "sandboxed"] = "standard"
     allowFallback: bool = False
+    # A sandboxed task reaches the network only when its job says so (the worker's sandbox
+    # otherwise gives it a network namespace of its own, loopback only).
+    network: bool = False
 
 
 class RetryPolicySpec(WireModel):

@@ -346,6 +346,8 @@ def _common_payload(params: Mapping[str, Any], spec: JobSpec) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "isolation": {"tier": str(inner.isolation.tier), "allowFallback": inner.isolation.allowFallback},
     }
+    if inner.isolation.network:  # only when asked: a payload without it is the one workers always got
+        payload["isolation"]["network"] = True
     if inner.image is not None:  # for container agents; the bundled worker ignores it
         payload["image"] = inner.image.reference
     if params.get("checkpoint") is not None:

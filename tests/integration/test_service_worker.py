@@ -118,8 +118,8 @@ def test_refused_payloads_are_failed_with_reasons_and_never_started(coordinator,
     assert run_agent(agent) == 0
     assert "module 'os' is not in ALLOWED_TASK_MODULES" in coordinator.failed[not_allowed]
     assert "flashml_workloads.fedavg_worker" in coordinator.failed[not_allowed]
-    assert coordinator.failed[bare_argv] == ("argv payloads run only on an agent started with --runner trusted "
-                                             "(this agent: --runner subprocess)")
+    assert coordinator.failed[bare_argv] == ("argv payloads run only on an agent started with --runner sandboxed "
+                                             "(tier 'sandboxed') or --runner trusted (this agent: --runner subprocess)")
     assert coordinator.completed == {} and agent.tasks_done == 2
     assert not (lease_dir(tmp_path, not_allowed, task="t-mod") / "launcher.log").exists()
     assert not (lease_dir(tmp_path, bare_argv, task="t-argv") / "launcher.log").exists()
@@ -198,11 +198,28 @@ time.sleep(300)
 """
 
 
+def _marked_pids(out_dir: Path) -> list[int]:
+    """Every process whose environment carries the attempt's marker, by its pid on this host."""
+    marker = b"FLASHML_OUTPUT_DIR=" + os.fsencode(out_dir)
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and marker in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return sorted(found)
+
+
 def _wait_for_pids(path: Path, timeout: float = 20.0) -> list[int]:
+    """The attempt's processes once its program wrote ``path``, found from outside: a task in
+    a pid namespace of its own (the trusted runner's, where bwrap works) knows only its numbering."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists() and len(path.read_text().split()) == 2:
-            return [int(p) for p in path.read_text().split()]
+            pids = _marked_pids(path.parent.resolve())
+            if len(pids) >= 2:
+                return pids
         time.sleep(0.02)
     raise AssertionError(f"{path} did not appear")
 
@@ -439,7 +456,8 @@ def test_cli_parses_every_option(tmp_path):
     assert worker_command.parse_datasets(args.dataset) == {"one": str(tmp_path), "two": str(tmp_path)}
     assert args.handler is worker_command.handle
     defaults = _parser().parse_args(["worker"])
-    assert (defaults.runner, defaults.max_tasks, defaults.poll_seconds, defaults.dataset) == ("subprocess", 0, 2.0, [])
+    # No --runner: the worker picks the sandbox where bubblewrap works, else subprocess, at start.
+    assert (defaults.runner, defaults.max_tasks, defaults.poll_seconds, defaults.dataset) == (None, 0, 2.0, [])
     assert defaults.drain is False and _parser().parse_args(["worker", "--drain"]).drain is True
 
 

@@ -63,7 +63,7 @@ def test_a_task_environment_takes_only_the_allowlist_from_the_worker(tmp_path: P
         "FLASHML_NODE_TOKEN": "node-secret", "FLASHML_NODE_TOKEN_FILE": "/etc/flash/token",
         "FLASHML_TOKEN": "client-secret", "FLASHML_JOIN_CODE": "join-secret",
         "FLASHML_SUBMITTER_TOKENS": "alice:secret", "AWS_SECRET_ACCESS_KEY": "aws-secret",
-        "HOME": "/root", "TMPDIR": "/tmp", "PYTHONPATH": "/somewhere", "SSH_AUTH_SOCK": "/run/ssh",
+        "HOME": "/root", "TMPDIR": "/tmp", "PYTHONPATH": "/opt/tasks", "SSH_AUTH_SOCK": "/run/ssh",
     }
     env = child_env({}, dirs, lease(), worker_env)
     assert "secret" not in " ".join(env.values())
@@ -72,7 +72,8 @@ def test_a_task_environment_takes_only_the_allowlist_from_the_worker(tmp_path: P
         "PATH": "/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC", "TERM": "xterm",
         "CUDA_VISIBLE_DEVICES": "1", "NVIDIA_VISIBLE_DEVICES": "all"}
     assert env["HOME"] == str(dirs.root / "home") and env["TMPDIR"] == str(dirs.root / "tmp")
-    assert not {"PYTHONPATH", "SSH_AUTH_SOCK", "AWS_SECRET_ACCESS_KEY"} & set(env)
+    assert env["PYTHONPATH"] == "/opt/tasks"  # where the worker's Python finds the task modules
+    assert not {"SSH_AUTH_SOCK", "AWS_SECRET_ACCESS_KEY"} & set(env)
     assert env["FLASHML_OUTPUT_DIR"] == str(dirs.out) and env["FLASHML_CKPT_DIR"] == str(dirs.ckpt)
     assert (env["FLASHML_JOB_ID"], env["FLASHML_TASK_ID"], env["FLASHML_ATTEMPT_ID"]) == ("job-1", "task-000", "ls-1")
     assert env["FLASHML_INPUTS_FILE"] == str(dirs.inputs_file)
