@@ -126,11 +126,21 @@ def _hidden_masks(hidden: Iterable[Path]) -> list[str]:
     return argv
 
 
-def _lease_binds(writable: Sequence[Path], work_root: Path) -> list[str]:
+def _parent_dirs(path: Path, tmpfs: Sequence[Path]) -> list[str]:
+    """``--dir`` for every directory above ``path`` that lies on one of the sandbox's ``tmpfs``
+    mounts: bwrap would make them 0700, which a task user could not pass through."""
+    argv: list[str] = []
+    for parent in reversed(path.parents):
+        if any(base in parent.parents for base in tmpfs):
+            argv += ["--perms", "0755", "--dir", str(parent)]
+    return argv
+
+
+def _lease_binds(writable: Sequence[Path], work_root: Path, tmpfs: Sequence[Path] = ()) -> list[str]:
     """The work root replaced by an empty tmpfs, then the lease's own directories bound back."""
-    argv = ["--tmpfs", str(work_root)]
+    argv = [*_parent_dirs(work_root, tmpfs), "--perms", "0755", "--tmpfs", str(work_root)]
     for path in _unique(writable):
-        argv += ["--bind", str(path), str(path)]
+        argv += [*_parent_dirs(path, (*tmpfs, work_root)), "--bind", str(path), str(path)]
     return argv
 
 
@@ -151,8 +161,8 @@ def sandbox_argv(bwrap: str, argv: Sequence[str], *, work_root: Path, writable: 
     command += ["--proc", "/proc", "--tmpfs", "/tmp"]
     for path in _unique(readable):
         if _TMP in path.parents:  # elsewhere the read-only root shows it already
-            command += ["--ro-bind", str(path), str(path)]
-    command += _lease_binds(writable, work_root)
+            command += [*_parent_dirs(path, (_TMP,)), "--ro-bind", str(path), str(path)]
+    command += _lease_binds(writable, work_root, (_TMP,))
     command += _hidden_masks(hidden)
     command += ["--chdir", str(cwd), "--", *argv]
     return command
@@ -270,7 +280,8 @@ def probe_bwrap(executable: str | None = None, *, timeout_s: float = 15.0) -> Bw
         return BwrapProbe(None, False, "bwrap (bubblewrap) is not installed; install it (Debian/Ubuntu: "
                                        "apt-get install bubblewrap) to sandbox tasks")
     probe = [path, *_COMMON, *_SANDBOX_NAMESPACES, "--unshare-net", "--cap-drop", "ALL", "--ro-bind", "/", "/",
-             "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--", "true"]
+             "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--perms", "0755", "--dir", "/tmp/probe", "--",
+             "true"]
     try:
         result = subprocess.run(probe, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 timeout=timeout_s, check=False)

@@ -184,6 +184,8 @@ def test_the_sandbox_argv_mounts_in_an_order_where_the_lease_and_masks_come_last
     positions = [text.index(part) for part in order]
     assert positions == sorted(positions), text
     assert "/data/set" not in text  # outside /tmp, the read-only root shows it already
+    # Directories bwrap makes on its tmpfs mounts on the way to a bind are 0755, for a task user.
+    assert "--perms 0755 --dir /srv/work/j --perms 0755 --dir /srv/work/j/t --bind /srv/work/j/t/ls" in text
     assert text.endswith("-- python x.py")
 
 
@@ -199,7 +201,7 @@ def test_the_light_namespace_shares_the_filesystem_and_network_but_not_the_pids(
                           cwd=Path("/w/l"), hidden=[Path("/etc/flash/token")])
     text = " ".join(argv)
     assert "--unshare-pid" in argv and "--unshare-net" not in argv and "--ro-bind / /" not in text
-    assert "--bind / / --dev-bind /dev /dev --proc /proc --tmpfs /w --bind /w/l /w/l" in text
+    assert "--bind / / --dev-bind /dev /dev --proc /proc --perms 0755 --tmpfs /w --bind /w/l /w/l" in text
     assert text.index("--ro-bind /dev/null /etc/flash/token") < text.index("-- sh -c echo")
     assert argv[argv.index("--cap-drop") + 1] == "ALL"
 

@@ -1,0 +1,207 @@
+"""The bubblewrap sandbox around a real task: the argv ``build_command`` returns, with the
+environment ``child_env`` builds, run as the worker runs it. No network unless the job asks,
+nothing written outside the lease's directories, a task user that is who it says, and a
+gloo job on loopback that still works inside."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flashruntime.agent.inputs import lease_dirs
+from flashruntime.agent.lease_run import build_command, child_env
+from flashruntime.agent.sandbox import Confinement, probe_bwrap, python_paths, resolve_task_user
+from flashruntime.protocol.v1alpha1 import Lease
+
+BWRAP = probe_bwrap()
+pytestmark = pytest.mark.skipif(not BWRAP.works, reason=f"bubblewrap does not work here: {BWRAP.reason}")
+GRANTED = {"role": "submitter", "name": "alice", "may_run_code": True}
+
+
+def run_task(tmp_path: Path, code: str, *, mode: str = "sandbox", network: bool = False, user: Any = None,
+             hidden: tuple[Path, ...] = (), timeout: float = 120,
+             work: Path | None = None, argv: list[str] | None = None) -> tuple[subprocess.CompletedProcess[str], Any]:
+    """Run ``python -c code`` (or ``argv``) as a sandboxed-tier command in a fresh lease of
+    ``work`` (default ``tmp_path/work``)."""
+    work = tmp_path / "work" if work is None else work
+    dirs = lease_dirs(work, "job-1", "task-000", "ls-1")
+    payload = {"argv": argv or [sys.executable, "-c", code], "env": {"MINE": "1"}, "submitted_by": GRANTED,
+               "isolation": {"tier": "sandboxed", **({"network": True} if network else {})}}
+    confinement = Confinement(mode, work, BWRAP.path, hidden=hidden, readable=python_paths(),  # type: ignore[arg-type]
+                              task_user=user)
+    argv, env = build_command(payload, "sandboxed" if mode == "sandbox" else "trusted", dirs,
+                              require_code_grant=True, confinement=confinement)
+    lease = Lease(lease_id="ls-1", job_id="job-1", task_id="task-000", node_id="n", payload=payload,
+                  attempt_number=1, deadline=datetime(2030, 1, 1, tzinfo=timezone.utc))
+    result = subprocess.run(argv, cwd=dirs.root, env=child_env(env, dirs, lease), stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=timeout, check=False)
+    return result, dirs
+
+
+CONNECT = """
+import json, os, socket, sys
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1]) if len(sys.argv) > 1 else {port}), timeout=5).close()
+    reached = True
+except OSError as exc:
+    reached = type(exc).__name__
+json.dump({{"reached": reached}}, open(os.path.join(os.environ["FLASHML_OUTPUT_DIR"], "metrics.json"), "w"))
+"""
+
+
+@pytest.fixture
+def listener() -> Any:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    yield server
+    server.close()
+
+
+def test_a_sandboxed_task_cannot_reach_the_host_network(tmp_path: Path, listener: socket.socket) -> None:
+    result, dirs = run_task(tmp_path, CONNECT.format(port=listener.getsockname()[1]))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((dirs.out / "metrics.json").read_text()) == {"reached": "ConnectionRefusedError"}
+
+
+def test_a_job_that_asks_for_the_network_reaches_it(tmp_path: Path, listener: socket.socket) -> None:
+    result, dirs = run_task(tmp_path, CONNECT.format(port=listener.getsockname()[1]), network=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((dirs.out / "metrics.json").read_text()) == {"reached": True}
+
+
+WRITES = """
+import errno, json, os, sys
+out = os.environ["FLASHML_OUTPUT_DIR"]
+results = {}
+for target in sys.argv[1:] + [os.path.join(os.environ["HOME"], "h"), os.path.join(os.environ["TMPDIR"], "t"),
+                              os.path.join(os.environ["FLASHML_CKPT_DIR"], "c"), os.path.join(out, "o")]:
+    try:
+        open(target, "w").write("x")
+        results[target] = "written"
+    except OSError as exc:
+        results[target] = errno.errorcode.get(exc.errno, str(exc))
+json.dump(results, open(os.path.join(out, "metrics.json"), "w"))
+"""
+
+
+def test_a_sandboxed_task_writes_only_inside_its_lease(tmp_path: Path) -> None:
+    beside = tmp_path / "beside"  # under /tmp: the sandbox's /tmp is its own
+    disk = Path("/var/tmp") / f"flashruntime-sandbox-{os.getpid()}"  # read-only in the sandbox
+    other_lease = tmp_path / "work" / "job-0" / "task-000" / "ls-0" / "out"
+    other_lease.mkdir(parents=True)
+    try:
+        code = WRITES.replace("sys.argv[1:]", repr([str(beside), str(disk), str(other_lease / "x")]))
+        result, dirs = run_task(tmp_path, code)
+        assert result.returncode == 0, result.stderr
+        written = json.loads((dirs.out / "metrics.json").read_text())
+        assert written[str(disk)] == "EROFS"
+        assert written[str(other_lease / "x")] == "ENOENT"  # the work root is empty but for this lease
+        assert not beside.exists() and not disk.exists() and not (other_lease / "x").exists()
+        inside = {key: value for key, value in written.items() if key not in (str(beside), str(disk),
+                                                                               str(other_lease / "x"))}
+        assert set(inside.values()) == {"written"}
+        for target in inside:
+            assert Path(target).read_text() == "x"  # on the host: the lease's directories are the real ones
+    finally:
+        disk.unlink(missing_ok=True)
+
+
+def test_the_trusted_runner_s_namespace_masks_the_token_file_and_hides_the_worker(tmp_path: Path) -> None:
+    token = tmp_path / "secrets" / "token"
+    token.parent.mkdir()
+    token.write_text("node-secret")
+    token.chmod(0o600)
+    code = f"""
+import json, os
+pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())
+try:
+    data = open({str(token)!r}, 'rb').read().decode(errors='replace')
+except OSError as exc:
+    data = type(exc).__name__
+json.dump(dict(pids=pids, token=data), open(os.path.join(os.environ['FLASHML_OUTPUT_DIR'], 'metrics.json'), 'w'))
+"""
+    result, dirs = run_task(tmp_path, code, mode="namespace", hidden=(token,))
+    assert result.returncode == 0, result.stderr
+    seen = json.loads((dirs.out / "metrics.json").read_text())
+    assert "node-secret" not in json.dumps(seen) and seen["token"] in ("", "PermissionError")
+    assert os.getpid() not in seen["pids"] and max(seen["pids"]) < 10  # its own pid namespace
+
+
+@pytest.fixture
+def task_user() -> Any:
+    """A user created for the test (root and useradd needed), removed afterwards."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("creating a task user needs root and useradd")
+    name = f"flt{os.getpid() % 100000}"
+    created = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                             capture_output=True, text=True, check=False)
+    if created.returncode != 0:
+        pytest.skip(f"useradd failed: {created.stderr.strip()}")
+    try:
+        yield resolve_task_user(name)
+    finally:
+        subprocess.run(["userdel", name], capture_output=True, check=False)
+
+
+# A shell, not the worker's Python: that one may lie where only the worker's user can read it.
+IDENTITY = ["/bin/sh", "-c", ('printf \'{"uid": %s, "euid": %s, "gid": %s, "groups": "%s"}\' "$(id -ru)" "$(id -u)" '
+            '"$(id -g)" "$(id -G)" > "$FLASHML_OUTPUT_DIR/metrics.json"')]
+
+
+@pytest.mark.parametrize("mode", ["sandbox", "namespace", "none"])
+def test_a_task_runs_as_the_task_user_in_a_lease_directory_handed_to_it(tmp_path: Path, task_user: Any,
+                                                                         mode: str) -> None:
+    # The worker's default work root is a new directory in /tmp; pytest's own are private to root.
+    work = Path(tempfile.mkdtemp(prefix="flashruntime-worker-", dir="/var/tmp"))
+    try:
+        result, dirs = run_task(tmp_path, "", mode=mode, user=task_user, work=work, argv=IDENTITY)
+        assert result.returncode == 0, result.stderr
+        seen = json.loads((dirs.out / "metrics.json").read_text())
+        # No supplementary groups: id -G names the primary group alone.
+        assert seen == {"uid": task_user.uid, "euid": task_user.uid, "gid": task_user.gid,
+                        "groups": str(task_user.gid)}
+        assert (dirs.out / "metrics.json").stat().st_uid == task_user.uid
+        assert pwd.getpwuid(dirs.root.stat().st_uid).pw_name == task_user.name
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+GLOO = """
+import json, os, sys
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def rank(index, port):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=index, world_size=2)
+    value = torch.tensor([float(index + 1)])
+    dist.all_reduce(value)
+    if index == 0:
+        json.dump({"sum": value.item()}, open(os.path.join(os.environ["FLASHML_OUTPUT_DIR"], "metrics.json"), "w"))
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.start_processes(rank, args=(port,), nprocs=2, start_method="fork")
+"""
+
+
+@pytest.mark.torch
+def test_a_gloo_job_on_loopback_works_inside_the_sandbox(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    result, dirs = run_task(tmp_path, GLOO, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((dirs.out / "metrics.json").read_text()) == {"sum": 3.0}
