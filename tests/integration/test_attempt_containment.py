@@ -313,3 +313,48 @@ def test_with_the_process_group_alone_the_escapee_survives_the_attempt(tmp_path:
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+# Two attempts of one driver at once, under a subreaper: the first one's end stops its own
+# escapee and leaves the second one's processes (its leader, and that leader's detached child) alone.
+TWO_AT_ONCE = f"""
+import os, sys, time
+sys.path.insert(0, {str(REPO_ROOT)!r})
+from flashruntime.launchers.containment import containment
+from flashruntime.launchers.local import LocalProcessLauncher
+from flashruntime.strategies import LaunchSpec
+escapee, token, hints, out = sys.argv[1:5]
+assert containment().describe() == "subreaper", containment()
+launcher = LocalProcessLauncher(out, term_grace_s=5)
+keeper = ("import os, sys, time\\n"
+          "if os.fork() == 0:\\n"
+          "    os.setsid(); os.execve(sys.executable, [sys.executable, '-c', 'import time; time.sleep(600)  # kept'], {{}})\\n"
+          "time.sleep(600)\\n")
+second = launcher.launch(LaunchSpec(argv=[sys.executable, "-c", keeper]), "b", "task-000")
+deadline = time.monotonic() + 60
+while len(second.processes()) < 2 and time.monotonic() < deadline:
+    time.sleep(0.02)
+kept = sorted(second.processes())
+first = launcher.launch(LaunchSpec(argv=[sys.executable, escapee, token, hints, "metrics"]), "a", "task-000")
+print("first", first.wait().value, flush=True)
+alive = [pid for pid in kept if os.path.exists(f"/proc/{{pid}}")]
+print("kept", kept, "alive", alive, flush=True)
+second.cancel(grace_s=1)
+print("second", second.poll().value, "left", [p for p in kept if os.path.exists(f"/proc/{{p}}")], flush=True)
+"""
+
+
+def test_under_a_subreaper_an_ending_attempt_leaves_another_live_attempts_processes_alone(tmp_path: Path) -> None:
+    token, hints = secrets.token_hex(8), tmp_path / "hints"
+    hints.mkdir()
+    driver = subprocess.run([sys.executable, "-c", TWO_AT_ONCE, str(ESCAPEE), token, str(hints), str(tmp_path / "out")],
+                            env=process_env(FLASHML_CONTAINMENT="subreaper"), capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert driver.returncode == 0, driver.stdout + driver.stderr
+    lines = {line.split()[0]: line for line in driver.stdout.splitlines()}
+    assert lines["first"] == "first SUCCEEDED"
+    kept, alive = lines["kept"].split(" alive ")
+    assert kept.removeprefix("kept ") == alive and len(alive.strip("[]").split(",")) == 2, lines["kept"]
+    assert lines["second"] == "second CANCELLED left []"
+    escapee = int((hints / "escapee.pid").read_text())
+    seconds_until_gone({escapee}, "the first attempt's end")
