@@ -38,8 +38,10 @@ __all__ = [
     "python_paths",
     "resolve_task_user",
     "sandbox_argv",
+    "task_given",
     "task_home",
     "task_tmp",
+    "task_writable",
 ]
 
 # What the sandbox is built from; the probe runs exactly these namespaces once at start.
@@ -136,17 +138,34 @@ def _parent_dirs(path: Path, tmpfs: Sequence[Path]) -> list[str]:
     return argv
 
 
-def _lease_binds(writable: Sequence[Path], work_root: Path, tmpfs: Sequence[Path] = ()) -> list[str]:
-    """The work root replaced by an empty tmpfs, then the lease's own directories bound back."""
+def _lease_binds(writable: Sequence[Path], work_root: Path, tmpfs: Sequence[Path] = (),
+                 given: Sequence[Path] = ()) -> list[str]:
+    """The work root replaced by an empty tmpfs, then what the worker ``given`` the task bound
+    back read-only (the lease directory), and its ``writable`` directories over that."""
     argv = [*_parent_dirs(work_root, tmpfs), "--perms", "0755", "--tmpfs", str(work_root)]
+    for path in _unique(given):
+        argv += [*_parent_dirs(path, (*tmpfs, work_root)), "--ro-bind", str(path), str(path)]
     for path in _unique(writable):
         argv += [*_parent_dirs(path, (*tmpfs, work_root)), "--bind", str(path), str(path)]
     return argv
 
 
+def task_writable(dirs: LeaseDirs) -> list[Path]:
+    """What a task may write: its outputs, home, temp and checkpoint directories. The rest of
+    the lease directory is read-only to it: the worker reads and uploads its log and telemetry
+    there, which a task could otherwise swap for links to files only the worker may read."""
+    return [dirs.out, task_home(dirs), task_tmp(dirs), dirs.ckpt]
+
+
+def task_given(dirs: LeaseDirs) -> list[Path]:
+    """What a task reads but may not change: its lease directory (inputs, ``spec.json``,
+    ``inputs.json``, its own log)."""
+    return [dirs.root]
+
+
 def sandbox_argv(bwrap: str, argv: Sequence[str], *, work_root: Path, writable: Sequence[Path], cwd: Path,
-                 hidden: Sequence[Path] = (), readable: Sequence[Path] = (), devices: Sequence[Path] = (),
-                 network: bool = False, switch_user: bool = False) -> list[str]:
+                 given: Sequence[Path] = (), hidden: Sequence[Path] = (), readable: Sequence[Path] = (),
+                 devices: Sequence[Path] = (), network: bool = False, switch_user: bool = False) -> list[str]:
     """The bwrap command line of the full sandbox around ``argv``. Later mounts cover earlier
     ones, so the order is: everything read-only, fresh /dev, /proc and /tmp, the ``readable``
     paths under /tmp bound back, the work root emptied and the lease's ``writable``
@@ -162,20 +181,20 @@ def sandbox_argv(bwrap: str, argv: Sequence[str], *, work_root: Path, writable: 
     for path in _unique(readable):
         if _TMP in path.parents:  # elsewhere the read-only root shows it already
             command += [*_parent_dirs(path, (_TMP,)), "--ro-bind", str(path), str(path)]
-    command += _lease_binds(writable, work_root, (_TMP,))
+    command += _lease_binds(writable, work_root, (_TMP,), given)
     command += _hidden_masks(hidden)
     command += ["--chdir", str(cwd), "--", *argv]
     return command
 
 
 def namespace_argv(bwrap: str, argv: Sequence[str], *, work_root: Path, writable: Sequence[Path], cwd: Path,
-                   hidden: Sequence[Path] = (), switch_user: bool = False) -> list[str]:
+                   given: Sequence[Path] = (), hidden: Sequence[Path] = (), switch_user: bool = False) -> list[str]:
     """The bwrap command line of the light namespace (``--runner trusted``): the filesystem,
     devices and network shared as they are, but a pid namespace with its own /proc, no
     capabilities, the work root but this lease's directories and the ``hidden`` files masked."""
     command = [bwrap, *_COMMON, "--unshare-pid", "--cap-drop", "ALL", *(_USER_SWITCH_CAPS if switch_user else ())]
     command += ["--bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc"]
-    command += _lease_binds(writable, work_root)
+    command += _lease_binds(writable, work_root, (), given)
     command += _hidden_masks(hidden)
     command += ["--chdir", str(cwd), "--", *argv]
     return command
@@ -193,33 +212,33 @@ def confine(argv: Sequence[str], dirs: LeaseDirs, payload: Mapping[str, Any], co
     user = confinement.task_user
     if user is not None:
         command = as_task_user(command, user)
-    writable = [dirs.root, dirs.ckpt]
+    writable, given = task_writable(dirs), task_given(dirs)
     bwrap = confinement.bwrap or ""  # never empty in these modes: see Confinement.__post_init__
     if confinement.mode == "sandbox":
-        return sandbox_argv(bwrap, command, work_root=confinement.work_root, writable=writable,
+        return sandbox_argv(bwrap, command, work_root=confinement.work_root, writable=writable, given=given,
                             cwd=dirs.root, hidden=confinement.hidden, readable=confinement.readable,
                             devices=confinement.devices, network=network_requested(payload),
                             switch_user=user is not None)
     if confinement.mode == "namespace":
-        return namespace_argv(bwrap, command, work_root=confinement.work_root, writable=writable,
+        return namespace_argv(bwrap, command, work_root=confinement.work_root, writable=writable, given=given,
                               cwd=dirs.root, hidden=confinement.hidden, switch_user=user is not None)
     return command
 
 
 def prepare_task_dirs(dirs: LeaseDirs, user: TaskUser | None = None, work_root: Path | None = None) -> None:
-    """Create the task's home, temp and checkpoint directories; with a task user, hand the
-    lease's directories to it and let it pass through the directories from ``work_root``
-    down to them (traverse, not list)."""
+    """Create the task's home, temp and checkpoint directories; with a task user, hand it the
+    directories it may write (``task_writable``) and let it pass through the directories from
+    ``work_root`` down to them (traverse, not list). The lease directory stays the worker's."""
     for path in (task_home(dirs), task_tmp(dirs), dirs.ckpt):
         path.mkdir(parents=True, exist_ok=True)
     if user is None:
         return
     work_root = dirs.ckpt.parent.parent if work_root is None else work_root
-    for directory in (work_root, *_between(work_root, dirs.root)):
+    for directory in (work_root, *_between(work_root, dirs.root), dirs.root):
         mode = directory.stat().st_mode
         if not mode & 0o001:
             directory.chmod((mode & 0o7777) | 0o001)
-    for top in (dirs.root, dirs.ckpt):
+    for top in task_writable(dirs):
         os.chown(top, user.uid, user.gid)
         for dirpath, dirnames, filenames in os.walk(top):
             for name in (*dirnames, *filenames):

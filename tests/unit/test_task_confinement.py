@@ -121,6 +121,11 @@ def test_the_sandboxed_runner_runs_sandboxed_tier_commands_inside_bwrap(tmp_path
     assert argv[0] == "/usr/bin/bwrap" and argv[-3:] == ["--", "python", "train.py"]
     assert "--unshare-net" in argv
     assert (dirs.root / "home").is_dir() and (dirs.root / "tmp").is_dir() and dirs.ckpt.is_dir()
+    text = " ".join(argv)
+    read_only = text.index(f"--ro-bind {dirs.root} {dirs.root}")  # its log and telemetry stay the worker's
+    for writable in (dirs.out, dirs.root / "home", dirs.root / "tmp", dirs.ckpt):
+        assert text.index(f"--bind {writable} {writable}") > read_only
+    assert f" --bind {dirs.root} " not in text
 
 
 def test_the_sandboxed_runner_refuses_a_command_of_another_tier(tmp_path: Path) -> None:
@@ -168,8 +173,9 @@ def test_a_sandboxed_command_is_placed_on_a_sandbox_capable_node() -> None:
 
 def test_the_sandbox_argv_mounts_in_an_order_where_the_lease_and_masks_come_last(tmp_path: Path) -> None:
     work, lease_root, ckpt = Path("/srv/work"), Path("/srv/work/j/t/ls"), Path("/srv/work/j/t/ckpt")
-    argv = sandbox_argv("bwrap", ["python", "x.py"], work_root=work, writable=[lease_root, ckpt], cwd=lease_root,
-                        hidden=[Path("/etc/flash/token")], readable=[Path("/tmp/venv"), Path("/data/set")],
+    argv = sandbox_argv("bwrap", ["python", "x.py"], work_root=work, writable=[lease_root / "out", ckpt], cwd=lease_root,
+                        given=[lease_root], hidden=[Path("/etc/flash/token")],
+                        readable=[Path("/tmp/venv"), Path("/data/set")],
                         devices=[Path("/dev/nvidia0"), Path("/dev/nvidiactl")])
     assert argv[0] == "bwrap"
     for flag in ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
@@ -178,14 +184,14 @@ def test_the_sandbox_argv_mounts_in_an_order_where_the_lease_and_masks_come_last
     assert argv[argv.index("--cap-drop") + 1] == "ALL" and "--cap-add" not in argv
     text = " ".join(argv)
     order = ["--ro-bind / /", "--dev /dev", "--dev-bind /dev/nvidia0 /dev/nvidia0", "--proc /proc", "--tmpfs /tmp",
-             "--ro-bind /tmp/venv /tmp/venv", f"--tmpfs {work}", f"--bind {lease_root} {lease_root}",
-             f"--bind {ckpt} {ckpt}", "--ro-bind /dev/null /etc/flash/token", f"--chdir {lease_root}",
-             "-- python x.py"]
+             "--ro-bind /tmp/venv /tmp/venv", f"--tmpfs {work}", f"--ro-bind {lease_root} {lease_root}",
+             f"--bind {lease_root}/out {lease_root}/out", f"--bind {ckpt} {ckpt}",
+             "--ro-bind /dev/null /etc/flash/token", f"--chdir {lease_root}", "-- python x.py"]
     positions = [text.index(part) for part in order]
     assert positions == sorted(positions), text
     assert "/data/set" not in text  # outside /tmp, the read-only root shows it already
     # Directories bwrap makes on its tmpfs mounts on the way to a bind are 0755, for a task user.
-    assert "--perms 0755 --dir /srv/work/j --perms 0755 --dir /srv/work/j/t --bind /srv/work/j/t/ls" in text
+    assert "--perms 0755 --dir /srv/work/j --perms 0755 --dir /srv/work/j/t --ro-bind /srv/work/j/t/ls" in text
     assert text.endswith("-- python x.py")
 
 
@@ -215,8 +221,11 @@ def test_a_task_user_switches_before_the_command_runs(tmp_path: Path) -> None:
                             confinement=Confinement("none", tmp_path / "work", task_user=user))
     assert argv[:3] == [sys.executable, "-I", "-S"] and argv[5:7] == ["1234", "2345"]
     assert argv[-2:] == ["python", "train.py"]
-    assert os.stat(dirs.root).st_uid == 1234 and os.stat(dirs.out).st_uid == 1234
-    assert os.stat(tmp_path / "work").st_mode & 0o001  # it may pass through the work root
+    for writable in (dirs.out, dirs.root / "home", dirs.root / "tmp", dirs.ckpt):
+        assert (os.stat(writable).st_uid, os.stat(writable).st_gid) == (1234, 2345)
+    # The lease directory stays the worker's (its log is the worker's to read), passable by the task.
+    assert os.stat(dirs.root).st_uid == 0 and os.stat(dirs.inputs).st_uid == 0
+    assert os.stat(tmp_path / "work").st_mode & 0o001 and os.stat(dirs.root).st_mode & 0o001
 
 
 # --- the worker's credential, user and runner -----------------------------------------
