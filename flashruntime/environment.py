@@ -55,7 +55,12 @@ VARIABLES: tuple[Variable, ...] = (
              "the coordinator's URL (--api wins)"),
     Variable("FLASHML_TOKEN", "the CLI's job commands, flash.run", "",
              "a submitter's or operator's bearer token (--token wins)"),
-    Variable("FLASHML_NODE_TOKEN", "the worker", "", "this machine's node token (--token wins)"),
+    Variable("FLASHML_NODE_TOKEN", "the worker", "",
+             "this machine's node token (--token and a token file win); dropped from the worker's environment "
+             "at start, never passed to a task"),
+    Variable("FLASHML_NODE_TOKEN_FILE", "the worker", "",
+             "a file (mode 0600 or stricter) holding this machine's node token, masked in every task "
+             "(--token-file wins)"),
     Variable("FLASHML_TRUSTED_SUBMITTER_KEYS", "the worker", "",
              "a .pub file or a directory of them: run only commands these submitter keys signed "
              "(--trusted-submitter-keys wins)"),

@@ -42,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the filesystem and network (default: sandboxed where bubblewrap works, else "
                              "subprocess)")
     parser.add_argument("--task-user", default=None, metavar="NAME",
-                        help="run every task as this user, its lease directory handed to it (the worker must run "
-                             "as root)")
+                        help="run every task as this user, its output, home, temp and checkpoint directories "
+                             "handed to it (the worker must run as root)")
     parser.add_argument("--max-tasks", type=int, default=0, metavar="N",
                         help="stop after N completed or failed tasks (default 0 = unlimited)")
     parser.add_argument("--work-dir", default=None, help="directory for task work dirs (default: a new temp dir)")
