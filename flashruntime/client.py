@@ -47,6 +47,9 @@ JOIN_CODE_HEADER = "X-FlashML-Join-Code"
 DEFAULT_TIMEOUT_S = 60.0
 _CHUNK = 1024 * 1024
 _DETAIL_CHARS = 500
+# Bodies up to this fit in the sockets' buffers whole, so a refusal sent before the server
+# read them still arrives; larger ones wait for the server's "100 Continue".
+_EXPECT_CONTINUE_ABOVE = 1024 * 1024
 
 
 def quote_segment(value: object) -> str:
@@ -357,9 +360,9 @@ class CoordinatorClient:
 
         def send(body: bytes | BinaryIO, size: int) -> bytes:
             headers = {"Content-Type": content_type, "Content-Length": str(size)}
-            if _through_a_proxy(self.base_url):
+            if size <= _EXPECT_CONTINUE_ABOVE or _through_a_proxy(self.base_url):
                 return self._read("PUT", path, self._open("PUT", path, body, headers))[1]
-            # The body goes once the coordinator has seen the headers and not refused them, so
+            # A large body goes once the coordinator has seen the headers and not refused them, so
             # a refusal (too large, a full disk) is read as an answer, not as a broken connection.
             try:
                 status, answer_headers, raw = send_expecting_continue(

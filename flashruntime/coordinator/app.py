@@ -28,7 +28,7 @@ from flashruntime.coordinator.body_limit import BodyLimit
 from flashruntime.coordinator.core import Coordinator
 from flashruntime.coordinator.disk_space import RETRY_AFTER_S, is_disk_full
 from flashruntime.coordinator.guard import Guard, client_address, route_key
-from flashruntime.coordinator.openapi import add_security
+from flashruntime.coordinator.openapi import add_security, add_value_rules
 from flashruntime.coordinator.rate_limit import FailureCounter, RateLimiter
 from flashruntime.coordinator.routes_fleet import fleet_router
 from flashruntime.coordinator.routes_jobs import jobs_router
@@ -133,7 +133,7 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
                                  description="The FlashRuntime coordinator's HTTP API (v1alpha1).")
-            app.openapi_schema = add_security(schema, metrics_public=settings.metrics_public)
+            app.openapi_schema = add_value_rules(add_security(schema, metrics_public=settings.metrics_public))
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

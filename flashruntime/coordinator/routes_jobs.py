@@ -213,7 +213,7 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
         check_task_write(identity, job_id, task_id)
         if coordinator.job(job_id) is None:  # a checkpoint belongs to a job: none is kept for an unknown id
             raise HTTPException(404, f"unknown job {job_id!r}")
-        misplaced = checkpoint_path_problem(job_id, task_id, [body.part.key])
+        misplaced = checkpoint_path_problem([body.part.key])
         if misplaced is not None:
             raise HTTPException(422, misplaced)
         try:
@@ -228,8 +228,7 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
         check_task_write(identity, job_id, task_id)
         if coordinator.job(job_id) is None:
             raise HTTPException(404, f"unknown job {job_id!r}")
-        misplaced = checkpoint_path_problem(job_id, task_id, [part.key for part in body.expected_parts],
-                                            body.storage_prefix)
+        misplaced = checkpoint_path_problem([part.key for part in body.expected_parts], body.storage_prefix)
         if misplaced is not None:
             raise HTTPException(422, misplaced)
         try:
