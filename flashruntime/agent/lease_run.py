@@ -65,10 +65,12 @@ RUNNERS = ("subprocess", "sandboxed", "trusted")
 CONTRACT_VARIABLES = ("FLASHML_OUTPUT_DIR", "FLASHML_CKPT_DIR", "FLASHML_JOB_ID", "FLASHML_ATTEMPT_ID",
                       "FLASHML_TASK_ID", "FLASHML_INPUTS_FILE")
 # What a task takes from the worker's own environment: the search paths (PYTHONPATH: where the
-# worker's Python finds the task modules it runs), locale, terminal, and the GPU selection and
-# driver libraries the machine needs. Nothing else: the worker's environment holds its credentials.
-INHERITED_VARIABLES = ("PATH", "PYTHONPATH", "LANG", "LANGUAGE", "TZ", "TERM", "CUDA_VISIBLE_DEVICES",
-                       "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "LD_LIBRARY_PATH")
+# worker's Python finds the task modules it runs), whether Python output is unbuffered (so a
+# log streams as it is written), locale, terminal, and the GPU selection and driver libraries
+# the machine needs. Nothing else: the worker's environment holds its credentials.
+INHERITED_VARIABLES = ("PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "LANG", "LANGUAGE", "TZ", "TERM",
+                       "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES",
+                       "NVIDIA_DRIVER_CAPABILITIES", "LD_LIBRARY_PATH")
 INHERITED_PREFIXES = ("LC_",)
 # Credentials of workers and clients: never in a task's environment, from either side.
 CREDENTIAL_VARIABLES = ("FLASHML_NODE_TOKEN", "FLASHML_NODE_TOKEN_FILE", "FLASHML_TOKEN", "FLASHML_JOIN_CODE")
