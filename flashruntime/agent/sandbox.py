@@ -174,7 +174,8 @@ def sandbox_argv(bwrap: str, argv: Sequence[str], *, work_root: Path, writable: 
     if not network:
         command.append("--unshare-net")
     command += ["--cap-drop", "ALL", *(_USER_SWITCH_CAPS if switch_user else ())]
-    command += ["--ro-bind", "/", "/", "--dev", "/dev"]
+    # The fresh /dev's shm is root's 0755: a task user's shared memory (DataLoader workers) needs 1777.
+    command += ["--ro-bind", "/", "/", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"]
     for device in _unique(devices):
         command += ["--dev-bind", str(device), str(device)]
     command += ["--proc", "/proc", "--tmpfs", "/tmp"]

@@ -157,8 +157,9 @@ def task_user() -> Any:
 
 
 # A shell, not the worker's Python: that one may lie where only the worker's user can read it.
-IDENTITY = ["/bin/sh", "-c", ('printf \'{"uid": %s, "euid": %s, "gid": %s, "groups": "%s"}\' "$(id -ru)" "$(id -u)" '
-            '"$(id -g)" "$(id -G)" > "$FLASHML_OUTPUT_DIR/metrics.json"')]
+IDENTITY = ["/bin/sh", "-c", ('echo shared > /dev/shm/flashruntime-test && '
+                              'printf \'{"uid": %s, "euid": %s, "gid": %s, "groups": "%s"}\' "$(id -ru)" "$(id -u)" '
+                              '"$(id -g)" "$(id -G)" > "$FLASHML_OUTPUT_DIR/metrics.json"')]
 
 
 @pytest.mark.parametrize("mode", ["sandbox", "namespace", "none"])
@@ -178,6 +179,7 @@ def test_a_task_runs_as_the_task_user_in_directories_handed_to_it(tmp_path: Path
         assert dirs.root.stat().st_uid == 0  # the lease directory, with the log the worker reads, stays root's
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        Path("/dev/shm/flashruntime-test").unlink(missing_ok=True)  # the host's, outside the sandbox
 
 
 GLOO = """
