@@ -2,11 +2,12 @@
 
 Two confinements, both built on ``bwrap``. The sandbox (``--runner sandboxed``): fresh mount,
 pid, ipc, uts and (unless the job asks for the network) network namespaces, the whole
-filesystem read-only but the lease's own directories, ``/tmp`` private, the worker's work
-root and token file out of sight, no capabilities. The light namespace (``--runner trusted``):
-the filesystem read-write and the host network as before, but a pid namespace of its own
-(the worker's ``/proc`` entries are not there), the worker's token file and other leases'
-directories out of sight, no capabilities. The argv builders are pure; ``probe_bwrap`` and
+filesystem read-only but the task's own directories (``task_writable``), ``/tmp`` private,
+the worker's work root and token file out of sight, no capabilities. The light namespace
+(``--runner trusted``): the filesystem read-write and the host network as before, but a pid
+namespace of its own (the worker's ``/proc`` entries are not there), the worker's token file
+and other leases' directories out of sight, its lease directory read-only but for the task's
+own directories, no capabilities. The argv builders are pure; ``probe_bwrap`` and
 ``prepare_task_dirs`` do the I/O.
 """
 
