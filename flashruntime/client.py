@@ -19,6 +19,9 @@ import http.client
 import json
 import math
 import os
+import select
+import socket
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -30,7 +33,6 @@ from typing import Any, BinaryIO
 
 import flashruntime
 from flashruntime.errors import ArtifactNotFound, CoordinatorHTTPError, CoordinatorUnavailable
-from flashruntime.expect_continue import send_expecting_continue
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -365,7 +367,7 @@ class CoordinatorClient:
             # A large body goes once the coordinator has seen the headers and not refused them, so
             # a refusal (too large, a full disk) is read as an answer, not as a broken connection.
             try:
-                status, answer_headers, raw = send_expecting_continue(
+                status, answer_headers, raw = _send_expecting_continue(
                     "PUT", self.base_url + path, body, size, self._request_headers(headers), timeout_s=self.timeout_s)
             except (OSError, http.client.HTTPException) as exc:
                 raise CoordinatorUnavailable(f"PUT {self.base_url}{path}: {exc}") from None
@@ -404,6 +406,96 @@ def _through_a_proxy(base_url: str) -> bool:
     """Whether urllib would send requests to ``base_url`` through a proxy (``HTTP(S)_PROXY``)."""
     parts = urllib.parse.urlsplit(base_url)
     return parts.scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(parts.hostname or "")
+
+
+# --- a large upload: its body sent only once the server says it wants it ------------------
+# (``Expect: 100-continue``, as RFC 9110 describes it). A server that refuses a request from
+# its headers alone (a body over its limit: 413; a full disk: 503) answers before the body is
+# sent, so the client reads that answer instead of a connection the server closed under a
+# body it would not read. A server that says nothing within ``wait_s`` gets the body anyway.
+
+_HEAD_LIMIT = 64 * 1024  # an interim or refusing answer's status line and headers, at most
+
+_Answer = tuple[int, dict[str, str], bytes]  # status, headers (lower-case names), body
+
+
+def _send_expecting_continue(method: str, url: str, body: bytes | BinaryIO, size: int, headers: Mapping[str, str],
+                            *, timeout_s: float, wait_s: float = 1.0) -> _Answer:
+    """Send ``method url`` with ``headers`` and ``Expect: 100-continue``, then ``body``
+    (``size`` bytes) unless the server answered first. → the final answer. Transport
+    failures raise ``OSError`` or ``http.client.HTTPException``."""
+    parts = urllib.parse.urlsplit(url)
+    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    if parts.scheme == "https":
+        connection: http.client.HTTPConnection = http.client.HTTPSConnection(
+            parts.hostname or "", parts.port, timeout=timeout_s, context=ssl.create_default_context())
+    else:
+        connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout_s)
+    try:
+        connection.putrequest(method, target, skip_accept_encoding=True)
+        for name, value in {**headers, "Content-Length": str(size), "Expect": "100-continue"}.items():
+            connection.putheader(name, value)
+        connection.endheaders()
+        sock = connection.sock
+        early = _early_answer(sock, wait_s) if sock is not None else None
+        if early is not None:
+            return early
+        try:
+            if isinstance(body, (bytes, bytearray)):
+                connection.send(bytes(body))
+            else:
+                while block := body.read(_CHUNK):
+                    connection.send(block)
+        except (BrokenPipeError, ConnectionResetError) as failed:
+            # The server answered, and closed, while the body was on its way: its answer may
+            # still be there to read; if not, the send's failure is what happened.
+            try:
+                response = connection.getresponse()
+            except (OSError, http.client.HTTPException):
+                raise failed from None
+            raw = response.read()
+            return response.status, {name.lower(): value for name, value in response.getheaders()}, raw
+        response = connection.getresponse()
+        raw = response.read()
+        return response.status, {name.lower(): value for name, value in response.getheaders()}, raw
+    finally:
+        connection.close()
+
+
+def _early_answer(sock: socket.socket, wait_s: float) -> _Answer | None:
+    """What the server said before the body: None for "100 Continue" or silence (send it),
+    else its final answer, read whole."""
+    if not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
+        readable, _, _ = select.select([sock], [], [], wait_s)
+        if not readable:
+            return None
+    head = b""
+    while b"\r\n\r\n" not in head:
+        data = sock.recv(1)
+        if not data:
+            raise http.client.RemoteDisconnected("the server closed the connection before answering")
+        head += data
+        if len(head) > _HEAD_LIMIT:
+            raise http.client.LineTooLong("the server's answer before the body")
+    status_line, *lines = head[:-4].decode("latin-1").split("\r\n")
+    try:
+        status = int(status_line.split()[1])
+    except (IndexError, ValueError):
+        raise http.client.BadStatusLine(status_line) from None
+    found = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        found[name.strip().lower()] = value.strip()
+    if status == 100:
+        return None
+    length = int(found.get("content-length", "0") or 0)
+    raw = b""
+    while len(raw) < length:
+        data = sock.recv(min(_CHUNK, length - len(raw)))
+        if not data:
+            break
+        raw += data
+    return status, found, raw
 
 
 def _rate_limited(exc: BaseException) -> bool:

@@ -10,7 +10,6 @@ from typing import Any
 from flashruntime.coordinator.access import ROUTE_ACCESS
 from flashruntime.coordinator.checkpoint_paths import PART_KEY_PATTERN, STORAGE_PREFIX_PATTERN
 from flashruntime.protocol.api_v1alpha1 import ErrorBody
-from flashruntime.protocol.v1alpha1 import _DNS1123_LABEL
 
 __all__ = ["BYTES_RESPONSE", "ERRORS", "SECURITY_SCHEME", "VALUE_RULES", "add_security", "add_value_rules"]
 
@@ -51,11 +50,12 @@ def add_security(schema: dict[str, Any], *, metrics_public: bool = False) -> dic
     return schema
 
 
+_DNS1123_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # a job's name, as JobMetadata's validator takes it
 _INT64_MAX = 2**63 - 1  # the checkpoint registry's integers are SQLite's (and PostgreSQL's BIGINT)
 # {component: {property: extra JSON Schema}}: what each model's validators (and the stores
 # behind them) refuse.
 VALUE_RULES: dict[str, dict[str, dict[str, Any]]] = {
-    "JobMetadata": {"name": {"pattern": f"^{_DNS1123_LABEL.pattern}$", "maxLength": 63}},
+    "JobMetadata": {"name": {"pattern": _DNS1123_LABEL, "maxLength": 63}},
     "ImageSpec": {"tag": {"minLength": 1, "not": {"const": "latest"}}},
     "ArtifactsSpec": {"outputPrefix": {"pattern": "^artifact://"}},
     "CommitRequest": {"storage_prefix": {"pattern": STORAGE_PREFIX_PATTERN}, "step": {"maximum": _INT64_MAX}},
