@@ -17,9 +17,10 @@ connections among them). This process checks the settings and opens the database
 (running any migration) before they start; each worker then builds its own app with
 ``create_app()`` from the settings this process puts in the environment. What a worker
 keeps in memory is its own: the rate limit buckets, the counts of failed authentications,
-the connection bound and the ``/metrics`` counters and latency histogram. The expiry sweep runs in each of them on SQLite (the sweeps take turns
-on the database's write lock, and each re-reads the leases inside its transaction) and in
-one of them on PostgreSQL (the advisory lock).
+the connection bound and the ``/metrics`` counters and latency histogram. The expiry
+sweep runs in each of them on SQLite (the sweeps take turns on the database's write lock,
+and each re-reads the leases inside its transaction) and in one of them on PostgreSQL
+(the advisory lock).
 
 Under connection pressure: the soft open-file limit is raised to the hard one at start,
 each server process holds at most ``FLASHML_MAX_CONNECTIONS`` connections (fewer when its
