@@ -203,7 +203,7 @@ class TaskLogShipper:
         if stamp is None or stamp == self._sent:
             return True
         data = read_task_log(self.log)
-        if data is None:
+        if not data:  # none, or nothing written yet: the coordinator keeps no empty artifact
             return True
         try:
             self._client.put_artifact(self.key, data, "text/plain; charset=utf-8", retry=final)
@@ -573,6 +573,9 @@ class LeaseRunner:
         for relative, path in files:
             if self._interrupted(heartbeat):
                 return self._after_interrupt(lease, heartbeat, shipper)
+            if path.stat().st_size == 0:  # the coordinator keeps no empty artifact
+                logger.info("lease %s: out/%s is empty; not uploaded", lease.lease_id, relative)
+                continue
             try:
                 uploaded = self._settled(lambda key=prefix + relative, path=path: self._client.put_artifact(key, path))
             except CoordinatorHTTPError as exc:
@@ -642,9 +645,6 @@ class LeaseRunner:
         except CoordinatorHTTPError as exc:
             if exc.status in (*LOST_STATUSES, 404):
                 raise _LeaseLost() from None
-            if path.stat().st_size == 0:  # the coordinator keeps no empty artifact
-                logger.info("lease %s: out/%s is empty; not uploaded", lease.lease_id, relative)
-                continue
             if not is_transient(exc):
                 raise
             problem: Exception = exc
