@@ -74,8 +74,8 @@ __all__ = [
     "CompileError",
     "CoordinatorHTTPError",
     "CoordinatorUnavailable",
-    "ExpansionError",
     "EmptyArtifact",
+    "ExpansionError",
     "FlashRuntimeError",
     "InvalidProfileRequest",
     "InvalidSubmission",
@@ -90,8 +90,8 @@ __all__ = [
     "RateLimited",
     "SchemaVersionError",
     "SigningError",
-    "StoreError",
     "StorageFull",
+    "StoreError",
     "SubmitterOverQuota",
     "TaskInterrupted",
     "TaskRefused",
@@ -207,13 +207,13 @@ class StoreError(FlashRuntimeError, RuntimeError):
     the file or the server and database, and says what to do."""
 
 
-class BadDatabaseURL(FlashRuntimeError, ValueError):
-    """A database URL that is neither ``sqlite:///absolute/path`` nor
 class StorageFull(FlashRuntimeError, OSError):
     """The coordinator's disk is full, or below its free-space floor: a write it refused
     before storing anything (503 with ``Retry-After``). ``errno`` is ``ENOSPC``."""
 
 
+class BadDatabaseURL(FlashRuntimeError, ValueError):
+    """A database URL that is neither ``sqlite:///absolute/path`` nor
     ``postgresql://user:password@host:port/database``; the message never shows the password."""
 
 
@@ -268,13 +268,13 @@ class ArtifactConflict(FlashRuntimeError, ValueError):
     directory of other keys (409)."""
 
 
-class NoBackend(FlashRuntimeError, RuntimeError):
-    """The job asks for a backend this coordinator does not run (503)."""
 class EmptyArtifact(FlashRuntimeError, ValueError):
     """An artifact upload whose body is empty: an artifact holds at least one byte (400);
     nothing is stored and what the key held stays."""
 
 
+class NoBackend(FlashRuntimeError, RuntimeError):
+    """The job asks for a backend this coordinator does not run (503)."""
 
 
 class BodyProblem(FlashRuntimeError, ValueError):
