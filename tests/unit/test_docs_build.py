@@ -71,7 +71,7 @@ def test_the_generated_pages_say_what_the_code_says() -> None:
     in_schema = [key for key in ROUTE_ACCESS if key not in {("GET", "/"), ("GET", "/openapi.json")}]
     assert all(f"| `{method} {path}` |" in api for method, path in in_schema)
     cli = (DOCS / "reference" / "cli.md").read_text(encoding="utf-8")
-    assert "## `flashruntime worker`" in cli and "--runner {subprocess,trusted}" in cli
+    assert "## `flashruntime worker`" in cli and "--runner {sandboxed,subprocess,trusted}" in cli
 
 
 def test_packaged_pages_match_the_sources() -> None:
