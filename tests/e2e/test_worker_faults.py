@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,12 +52,18 @@ def log(line):
     with open(os.path.join(markers, "log"), "a") as handle:
         handle.write(line + "\n")
 
-earlier = [pid for name in sorted(os.listdir(markers)) if name.endswith(".pids")
-           for pid in open(os.path.join(markers, name)).read().split()]
+# Pids mean something only in the pid namespace they were written in (the trusted runner
+# gives each attempt its own): an earlier attempt's are checked only when it shared ours.
+namespace = os.readlink("/proc/self/ns/pid")
+earlier = []
+for name in sorted(os.listdir(markers)):
+    if name.endswith(".pids"):
+        written_in, *pids = open(os.path.join(markers, name)).read().split()
+        earlier += pids if written_in == namespace else []
 log(f"start {attempt} {me} alive={','.join(p for p in earlier if alive(int(p))) or '-'}")
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
 with open(os.path.join(markers, attempt + ".pids.tmp"), "w") as handle:
-    handle.write(f"{me} {child.pid}")
+    handle.write(f"{namespace} {me} {child.pid}")
 os.replace(os.path.join(markers, attempt + ".pids.tmp"), os.path.join(markers, attempt + ".pids"))
 first = os.path.join(markers, f"first-{index}")
 if mode == "wait-first" and not os.path.exists(first):
@@ -88,14 +95,15 @@ def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 class Worker:
     """A real ``flashruntime worker`` process; its output goes to a file beside its work dir."""
 
-    def __init__(self, url: str, node_id: str, work_dir: Path, pool: str, *extra: str) -> None:
+    def __init__(self, url: str, node_id: str, work_dir: Path, pool: str, *extra: str,
+                 path: str | None = None) -> None:
         self.work_dir = work_dir
         self.log_path = work_dir.with_name(work_dir.name + ".log")
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [str(CONSOLE_SCRIPT), "--api", url, "worker", "--node-id", node_id, "--work-dir", str(work_dir),
                  "--poll-seconds", "0.2", "--runner", "trusted", "--pools", pool, *extra],
-                env=process_env(), stdout=log, stderr=subprocess.STDOUT)
+                env=process_env(**({} if path is None else {"PATH": path})), stdout=log, stderr=subprocess.STDOUT)
 
     @property
     def log(self) -> str:
@@ -190,22 +198,46 @@ def log_lines(markers: Path) -> list[list[str]]:
     return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def _pids_of_attempt(attempt: str) -> list[int]:
+    """Every process whose environment says it is ``attempt``'s, by its pid on this host."""
+    marker = b"FLASHML_ATTEMPT_ID=" + attempt.encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and marker in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return sorted(found)
+
+
 def attempt_pids(markers: Path, attempt: str) -> list[int]:
+    """The attempt's task and its child once the task wrote its pid file, found from outside:
+    a task in a pid namespace of its own (the trusted runner's, where bwrap works) knows only
+    its own numbering, so the pids it writes say nothing on this host."""
     path = markers / f"{attempt}.pids"
     wait_until(path.exists, f"{path.name}")
-    return [int(pid) for pid in path.read_text().split()]
+    wait_until(lambda: len(_pids_of_attempt(attempt)) >= 2, f"the processes of {attempt}")
+    return _pids_of_attempt(attempt)
 
 
 def pool_name() -> str:
     return f"faults-{uuid.uuid4().hex[:8]}"
 
 
+# Where bubblewrap works a trusted task runs in a pid namespace that dies with its worker; a
+# worker that cannot find bwrap (a PATH without it) runs plain children, which outlive a
+# kill -9 and are what the restart's sweep must stop.
+@pytest.mark.parametrize("confinement", ["namespace", "plain"])
 def test_kill9_then_restart_sweeps_the_old_attempt_and_the_task_never_runs_twice_at_once(
-        coordinator: str, tmp_path: Path, workers: list[Worker]) -> None:
+        coordinator: str, tmp_path: Path, workers: list[Worker], confinement: str) -> None:
+    if confinement == "namespace" and not shutil.which("bwrap"):
+        pytest.skip("bubblewrap is not installed (Debian: apt-get install bubblewrap)")
+    path = None if confinement == "namespace" else os.path.dirname(sys.executable)
     pool = pool_name()
     job_id, markers = submit(coordinator, tmp_path, pool, tasks=1, mode="wait-first")
     work = tmp_path / "work"
-    first = Worker(coordinator, "w-restart", work, pool)
+    first = Worker(coordinator, "w-restart", work, pool, path=path)
     workers.append(first)
     wait_until(lambda: log_lines(markers), "the first attempt to start", 60)
     old_attempt = log_lines(markers)[0][1]
@@ -213,9 +245,12 @@ def test_kill9_then_restart_sweeps_the_old_attempt_and_the_task_never_runs_twice
     assert all(pid_alive(pid) for pid in old_pids)
     first.process.send_signal(signal.SIGKILL)
     first.process.wait()
-    assert all(pid_alive(pid) for pid in old_pids)  # what a killed worker leaves: the task runs on
+    if confinement == "plain":
+        assert all(pid_alive(pid) for pid in old_pids)  # what a killed worker leaves: the task runs on
+    else:
+        wait_until(lambda: not any(pid_alive(pid) for pid in old_pids), "the namespace to die with its worker", 30)
 
-    restarted = Worker(coordinator, "w-restart", work, pool, "--max-tasks", "1")
+    restarted = Worker(coordinator, "w-restart", work, pool, "--max-tasks", "1", path=path)
     workers.append(restarted)
     restarted_at = time.monotonic()
     wait_until(lambda: not any(pid_alive(pid) for pid in old_pids), "the old attempt's processes to end", 30)
@@ -232,7 +267,10 @@ def test_kill9_then_restart_sweeps_the_old_attempt_and_the_task_never_runs_twice
     assert (task["state"], task["attempts"], task["failures"], task["expiries"]) == ("COMPLETED", 2, 0, 1)
     expired = [e for e in events_of(coordinator, job_id) if e["type"] == "LEASE_EXPIRED"]
     assert [(e["data"]["lease_id"], e["data"]["abandoned"]) for e in expired] == [(old_attempt, True)]
-    assert "stopped what an earlier worker in this work directory left running" in restarted.log
+    if confinement == "plain":
+        assert "stopped what an earlier worker in this work directory left running" in restarted.log
+        # The restart stopped the old attempt before it started the new one.
+        assert restarted.log.index("stopped what an earlier worker") < restarted.log.index(f"lease {new_attempt}")
     assert "reported abandoned" in restarted.log
 
     # The goodput ledger tells it from the events: the abandoned attempt is lost work, and its
