@@ -68,6 +68,20 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+
+def pids_with_environ_entry(entry: bytes) -> list[int]:
+    """Every process whose environment holds ``entry`` (``b"NAME=value"``), by its pid on this
+    host: how a test finds an attempt's processes from outside a pid namespace of its own,
+    where the pids the task knows mean nothing."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and entry in Path(f"/proc/{name}/environ").read_bytes().split(b"\0"):
+                found.append(int(name))
+        except OSError:
+            continue
+    return sorted(found)
+
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
     """Poll ``predicate`` until it holds; a hang guard, not a timing assertion."""
     deadline = time.monotonic() + timeout

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests._support import pid_alive, wait_until
+from tests._support import pid_alive, pids_with_environ_entry, wait_until
 from tests.fault_proxy import HoldingProxy
 from tests.service_server import free_port, process_env, stop_process, wait_healthy
 
@@ -198,27 +198,15 @@ def log_lines(markers: Path) -> list[list[str]]:
     return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _pids_of_attempt(attempt: str) -> list[int]:
-    """Every process whose environment says it is ``attempt``'s, by its pid on this host."""
-    marker = b"FLASHML_ATTEMPT_ID=" + attempt.encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and marker in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                found.append(int(entry))
-        except OSError:
-            continue
-    return sorted(found)
-
-
 def attempt_pids(markers: Path, attempt: str) -> list[int]:
     """The attempt's task and its child once the task wrote its pid file, found from outside:
     a task in a pid namespace of its own (the trusted runner's, where bwrap works) knows only
     its own numbering, so the pids it writes say nothing on this host."""
     path = markers / f"{attempt}.pids"
     wait_until(path.exists, f"{path.name}")
-    wait_until(lambda: len(_pids_of_attempt(attempt)) >= 2, f"the processes of {attempt}")
-    return _pids_of_attempt(attempt)
+    marker = b"FLASHML_ATTEMPT_ID=" + attempt.encode()
+    wait_until(lambda: len(pids_with_environ_entry(marker)) >= 2, f"the processes of {attempt}")
+    return pids_with_environ_entry(marker)
 
 
 def pool_name() -> str:

@@ -8,7 +8,9 @@ Every answer must be below 500 and match the schema the coordinator publishes.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,13 +33,16 @@ ROLES = {"node": "tok-node-a", "submitter": "tok-alice", "operator": "tok-root"}
 EXAMPLES_PER_OPERATION = 12  # per role, mode and kind of path parameter: bounded for the suite's time
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    """A coordinator with tokens, a registered node, one of alice's jobs with a leased task."""
+@contextlib.contextmanager
+def seeded_coordinator(data_dir: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """A coordinator with tokens, a registered node, one of alice's jobs with a leased task:
+    its URL and the ids a request can name. The limits on request rates and on failed
+    authentications are off: a fuzzer sends many requests, wrong credentials among them,
+    from one address."""
     with pytest.MonkeyPatch.context() as patch:
         for name, value in TOKENS.items():
             patch.setenv(name, value)
-        settings = settings_for(tmp_path_factory.mktemp("fuzz") / "data", rate_limit_per_s=0.0, auth_failure_limit=0)
+        settings = settings_for(data_dir, rate_limit_per_s=0.0, auth_failure_limit=0)
         with serve_in_thread(settings) as url:
             node = {"Authorization": "Bearer tok-node-a"}
             httpx.post(f"{url}/v1alpha1/nodes/register", json=registration(), headers=node).raise_for_status()
@@ -49,6 +54,12 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[s
             real = {"job_id": job["job_id"], "task_id": lease["task_id"], "lease_id": lease["lease_id"],
                     "node_id": "node-a", "key": key}
             yield url, real
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    with seeded_coordinator(tmp_path_factory.mktemp("fuzz") / "data") as seeded:
+        yield seeded
 
 
 def _fuzz(strategy: Any, url: str, headers: dict[str, str], label: str, failures: list[str]) -> int:

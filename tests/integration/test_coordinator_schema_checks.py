@@ -18,44 +18,19 @@ from typing import Any
 import pytest
 
 from tests._support import REPO_ROOT
-from tests.integration.test_service_app import job_spec, registration
-from tests.service_server import serve_in_thread, settings_for
+from tests.integration.test_coordinator_fuzz import seeded_coordinator
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
-httpx = pytest.importorskip("httpx")
 schemathesis = pytest.importorskip("schemathesis")
 hypothesis = pytest.importorskip("hypothesis")
 
-TOKENS = {
-    "FLASHML_NODE_TOKENS": "node-a:tok-node-a",
-    "FLASHML_SUBMITTER_TOKENS": "alice:tok-alice",
-    "FLASHML_OPERATOR_TOKENS": "root:tok-root",
-    "FLASHML_ARGV_SUBMITTERS": "alice",
-}
 EXAMPLES_PER_OPERATION = 10  # per mode and kind of path parameter
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    """A coordinator with tokens, a registered node, one of alice's jobs with a leased task.
-    The limits on request rates and on failed authentications are off: the checks send
-    many requests, wrong credentials among them, from one address."""
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in TOKENS.items():
-            patch.setenv(name, value)
-        settings = settings_for(tmp_path_factory.mktemp("schema") / "data", rate_limit_per_s=0.0,
-                                auth_failure_limit=0)
-        with serve_in_thread(settings) as url:
-            node = {"Authorization": "Bearer tok-node-a"}
-            httpx.post(f"{url}/v1alpha1/nodes/register", json=registration(), headers=node).raise_for_status()
-            job = httpx.post(f"{url}/v1alpha1/jobs", json=job_spec(trials=3),
-                             headers={"Authorization": "Bearer tok-alice"}).json()
-            lease = httpx.post(f"{url}/v1alpha1/leases/claim", json={"node_id": "node-a"}, headers=node).json()
-            key = f"jobs/{job['job_id']}/{lease['task_id']}/metrics.json"
-            httpx.put(f"{url}/v1alpha1/artifacts/{key}", content=b"{}", headers=node).raise_for_status()
-            real = {"job_id": job["job_id"], "task_id": lease["task_id"], "lease_id": lease["lease_id"],
-                    "node_id": "node-a", "key": key}
-            yield url, real
+    with seeded_coordinator(tmp_path_factory.mktemp("schema") / "data") as seeded:
+        yield seeded
 
 
 def _run_all_checks(strategy: Any, url: str, label: str, failures: list[str]) -> int:

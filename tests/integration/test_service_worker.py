@@ -28,7 +28,7 @@ from flashruntime.agent.lease_run import heartbeat_interval
 from flashruntime.agent.worker import WorkerAgent, WorkerTiming
 from flashruntime.cli import worker as worker_cli
 from flashruntime.protocol.v1alpha1 import Lease, utcnow
-from tests._support import pid_alive, run_core_only
+from tests._support import pid_alive, pids_with_environ_entry, run_core_only
 from tests.worker_fake_coordinator import FakeCoordinator
 
 FAST = WorkerTiming(node_heartbeat_s=0.2, term_grace_s=1.0, min_lease_heartbeat_s=0.2, sampler_period_s=0.2,
@@ -200,15 +200,7 @@ time.sleep(300)
 
 def _marked_pids(out_dir: Path) -> list[int]:
     """Every process whose environment carries the attempt's marker, by its pid on this host."""
-    marker = b"FLASHML_OUTPUT_DIR=" + os.fsencode(out_dir)
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and marker in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                found.append(int(entry))
-        except OSError:
-            continue
-    return sorted(found)
+    return pids_with_environ_entry(b"FLASHML_OUTPUT_DIR=" + os.fsencode(out_dir))
 
 
 def _wait_for_pids(path: Path, timeout: float = 20.0) -> list[int]:
