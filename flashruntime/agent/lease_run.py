@@ -1,4 +1,5 @@
-"""Running one lease: command, child process tree, lease heartbeats, log, finish.
+"""Running one lease: child process tree, lease heartbeats, log, finish (what it runs, and with
+what environment, is ``agent.task_command``'s).
 
 The child starts as the local launcher starts one (its own process group, the attempt's unique
 ``FLASHML_OUTPUT_DIR=<out dir>`` in its environment) and is watched and stopped by the
@@ -20,7 +21,6 @@ import os
 import random
 import stat
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -36,9 +36,9 @@ from flashruntime.agent.inputs import (
     prepare_inputs,
     write_spec,
 )
-from flashruntime.agent.sandbox import Confinement, confine, prepare_task_dirs, task_home, task_tmp
-from flashruntime.agent.signed_work import signature_problem
+from flashruntime.agent.sandbox import Confinement
 from flashruntime.agent.state import AttemptEntry, AttemptJournal
+from flashruntime.agent.task_command import RUNNERS, build_command, child_env, code_grant_problem  # noqa: F401  (importable here too)
 from flashruntime.client import CoordinatorClient, is_transient
 from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable
 from flashruntime.launchers.containment import AttemptContainer
@@ -52,29 +52,11 @@ from flashruntime.launchers.local import (
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
 from flashruntime.protocol.lease_rules import DEFAULT_LEASE_SECONDS  # for a Lease that states no length (0)
 from flashruntime.protocol.task_logs import TASK_LOG_MAX_BYTES, TASK_LOG_NAME, bounded_log, task_log_key
-from flashruntime.protocol.task_modules import ALLOWED_TASK_MODULES
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Lease
 from flashruntime.signing import PublicKey
 
 logger = logging.getLogger("flashruntime.worker")
 
-# subprocess: allowlisted task modules only; sandboxed: those and sandboxed-tier commands, in
-# the bubblewrap sandbox; trusted: any command, sharing the filesystem and network.
-RUNNERS = ("subprocess", "sandboxed", "trusted")
-# The documented variables the agent sets in every task; a job's own env cannot replace them.
-CONTRACT_VARIABLES = ("FLASHML_OUTPUT_DIR", "FLASHML_CKPT_DIR", "FLASHML_JOB_ID", "FLASHML_ATTEMPT_ID",
-                      "FLASHML_TASK_ID", "FLASHML_INPUTS_FILE")
-# What a task takes from the worker's own environment: the search paths (PYTHONPATH: where the
-# worker's Python finds the task modules it runs), whether Python output is unbuffered (so a
-# log streams as it is written), locale, terminal, and the GPU selection and driver libraries
-# the machine needs. Nothing else: the worker's environment holds its credentials.
-INHERITED_VARIABLES = ("PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "LANG", "LANGUAGE", "TZ", "TERM",
-                       "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES",
-                       "NVIDIA_DRIVER_CAPABILITIES", "LD_LIBRARY_PATH")
-INHERITED_PREFIXES = ("LC_",)
-# Credentials of workers and clients: never in a task's environment, from either side.
-CREDENTIAL_VARIABLES = ("FLASHML_NODE_TOKEN", "FLASHML_NODE_TOKEN_FILE", "FLASHML_TOKEN", "FLASHML_JOIN_CODE")
-_CREDENTIAL_SUFFIXES = ("_TOKEN", "_TOKENS", "_TOKEN_FILE", "_JOIN_CODE")
 LOST_STATUSES = (403, 410)  # the lease is no longer ours: stop and walk away without further calls
 SHUTDOWN_REASON = "agent shutdown"
 DRAIN_REASON = "agent draining: the lease arrived after the drain began"
@@ -215,131 +197,6 @@ class TaskLogShipper:
             return True
         self._sent = stamp
         return True
-
-
-def code_grant_problem(payload: Mapping[str, Any]) -> str | None:
-    """Why a worker that authenticates to its coordinator must not run this ``argv`` payload,
-    or None. Such a worker runs commands only for a submitter or operator whose token holds
-    the code-execution permission, as the coordinator stamps it on every task
-    (``submitted_by``): a job from a coordinator in open mode, or from one that stamps
-    nothing, could have come from anyone."""
-    grant = payload.get("submitted_by")
-    if not isinstance(grant, Mapping):
-        return ("the lease does not say who submitted its job, so nothing shows the submitter may run code; "
-                "this worker authenticates with a token and runs commands only for submitters granted code "
-                "execution (FLASHML_ARGV_SUBMITTERS on the coordinator)")
-    role, name = grant.get("role"), grant.get("name")
-    if role not in ("submitter", "operator"):
-        return (f"the job was submitted by {role or 'nobody'!s} (a coordinator in open mode), so anyone could "
-                "have sent this command; this worker authenticates with a token and runs commands only for "
-                "submitters granted code execution (FLASHML_ARGV_SUBMITTERS on the coordinator)")
-    if grant.get("may_run_code") is not True:
-        return (f"{role} {name!r} does not hold the code-execution permission (FLASHML_ARGV_SUBMITTERS on the "
-                "coordinator)")
-    return None
-
-
-def is_credential_name(name: str) -> bool:
-    """Whether an environment variable's name is one of a worker's or client's credentials."""
-    return name in CREDENTIAL_VARIABLES or (name.startswith("FLASHML_") and name.endswith(_CREDENTIAL_SUFFIXES))
-
-
-def _payload_tier(payload: Mapping[str, Any]) -> str:
-    isolation = payload.get("isolation")
-    tier = isolation.get("tier") if isinstance(isolation, Mapping) else None
-    return tier if isinstance(tier, str) and tier else "standard"
-
-
-def build_command(payload: Mapping[str, Any], runner: str, dirs: LeaseDirs, *,
-                  require_code_grant: bool = False,
-                  confinement: Confinement | None = None,
-                  trusted_submitter_keys: Mapping[str, PublicKey] | None = None) -> tuple[list[str], dict[str, str]]:
-    """(argv, payload env) for the lease; ``TaskRefused`` when this agent must not run it.
-    ``require_code_grant``: an ``argv`` payload must carry a code-execution grant
-    (``code_grant_problem``); a worker that authenticates with a token sets it.
-    ``confinement``: the argv returned is the final one, inside the worker's namespaces and
-    as its task user (the task's home, temp and checkpoint directories are made ready).
-    ``trusted_submitter_keys``: an ``argv`` payload must be signed by one of them, exactly as
-    it is (``signature_problem``)."""
-    argv, env = _task_command(payload, runner, dirs, require_code_grant=require_code_grant,
-                              trusted_submitter_keys=trusted_submitter_keys,
-                              sandboxed=confinement is not None and confinement.mode == "sandbox")
-    if confinement is None:
-        prepare_task_dirs(dirs)
-        return argv, env
-    prepare_task_dirs(dirs, confinement.task_user, confinement.work_root)
-    return confine(argv, dirs, payload, confinement), env
-
-
-def _task_command(payload: Mapping[str, Any], runner: str, dirs: LeaseDirs, *, require_code_grant: bool,
-                  sandboxed: bool, trusted_submitter_keys: Mapping[str, PublicKey] | None = None,
-                  ) -> tuple[list[str], dict[str, str]]:
-    if "module" in payload and "argv" in payload:
-        raise TaskRefused("payload carries both 'module' and 'argv'; exactly one is expected")
-    if "module" in payload:
-        module = payload["module"]
-        if not isinstance(module, str) or module not in ALLOWED_TASK_MODULES:
-            raise TaskRefused(f"module {module!r} is not in ALLOWED_TASK_MODULES "
-                              f"({', '.join(sorted(ALLOWED_TASK_MODULES))})")
-        return [sys.executable, "-m", module, "--spec", str(dirs.spec_file), "--out", str(dirs.out)], {}
-    if "argv" in payload:
-        if runner == "sandboxed":
-            if not sandboxed:
-                raise TaskRefused("this agent (--runner sandboxed) has no working sandbox, so it runs no argv "
-                                  "payloads")
-            if _payload_tier(payload) != "sandboxed":
-                raise TaskRefused(f"argv payloads of isolation tier {_payload_tier(payload)!r} run only on an agent "
-                                  "started with --runner trusted; this agent (--runner sandboxed) runs commands of "
-                                  "tier 'sandboxed'")
-        elif runner != "trusted":
-            raise TaskRefused(f"argv payloads run only on an agent started with --runner sandboxed (tier "
-                              f"'sandboxed') or --runner trusted (this agent: --runner {runner})")
-        if require_code_grant:
-            problem = code_grant_problem(payload)
-            if problem is not None:
-                raise TaskRefused(f"refused to run the command: {problem}")
-        if trusted_submitter_keys is not None:
-            problem = signature_problem(payload, trusted_submitter_keys)
-            if problem is not None:
-                raise TaskRefused(f"refused to run the command: {problem}")
-        argv = payload["argv"]
-        if not isinstance(argv, list) or not argv or not all(isinstance(token, str) for token in argv):
-            raise TaskRefused(f"payload argv must be a non-empty list of strings, got {argv!r}")
-        env = payload.get("env") or {}
-        if not isinstance(env, dict):
-            raise TaskRefused(f"payload env must be an object of name -> value, got {env!r}")
-        credentials = sorted(str(key) for key in env if is_credential_name(str(key)))
-        if credentials:
-            # A task never holds a worker's or client's credential by those names, so a job
-            # cannot make code inside it take one of its own values for the node's.
-            raise TaskRefused(f"payload env sets {', '.join(credentials)}, a credential name the agent keeps out of "
-                              "every task; pass the value under another name")
-        return list(argv), {str(key): str(value) for key, value in env.items()}
-    raise TaskRefused("payload carries neither 'module' nor 'argv'")
-
-
-def child_env(payload_env: Mapping[str, str], dirs: LeaseDirs, lease: Lease,
-              environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """A task's whole environment: from the worker's ``environ`` only ``INHERITED_VARIABLES``
-    (and ``LC_*``), a ``HOME`` and ``TMPDIR`` inside the lease's directory, then the job's own
-    ``payload_env``, then the contract variables, which therefore win. No credential name
-    survives from either side."""
-    inherited = {name: value for name, value in environ.items()
-                 if name in INHERITED_VARIABLES or name.startswith(INHERITED_PREFIXES)}
-    inherited.setdefault("PATH", os.defpath)
-    own = {name: value for name, value in payload_env.items() if not is_credential_name(name)}
-    return {
-        **inherited,
-        "HOME": str(task_home(dirs)),
-        "TMPDIR": str(task_tmp(dirs)),
-        **own,
-        "FLASHML_OUTPUT_DIR": str(dirs.out),
-        "FLASHML_CKPT_DIR": str(dirs.ckpt),
-        "FLASHML_JOB_ID": lease.job_id,
-        "FLASHML_ATTEMPT_ID": lease.lease_id,
-        "FLASHML_TASK_ID": lease.task_id,
-        "FLASHML_INPUTS_FILE": str(dirs.inputs_file),
-    }
 
 
 def start_child(argv: list[str], env: dict[str, str], dirs: LeaseDirs, term_grace_s: float, *,

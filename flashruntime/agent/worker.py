@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 import flashruntime
 from flashruntime.agent.inputs import TaskRefused, safe_segment
-from flashruntime.agent.lease_run import DRAIN_REASON, RUNNERS, SHUTDOWN_REASON, LeaseRunner, WorkerTiming
+from flashruntime.agent.lease_run import DRAIN_REASON, SHUTDOWN_REASON, LeaseRunner, WorkerTiming
 from flashruntime.agent.node_token import read_token_file
 from flashruntime.agent.sandbox import (
     BwrapProbe,
@@ -40,6 +40,7 @@ from flashruntime.agent.sandbox import (
     resolve_task_user,
 )
 from flashruntime.agent.state import AttemptEntry, AttemptJournal, WorkDirLock
+from flashruntime.agent.task_command import RUNNERS
 from flashruntime.client import CoordinatorClient, RetryPolicy
 from flashruntime.errors import (
     CoordinatorHTTPError,

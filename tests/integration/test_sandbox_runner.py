@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from flashruntime.agent.inputs import lease_dirs, write_spec
-from flashruntime.agent.lease_run import build_command, child_env
 from flashruntime.agent.sandbox import Confinement, probe_bwrap, python_paths, resolve_task_user
+from flashruntime.agent.task_command import build_command, child_env
 from flashruntime.protocol.v1alpha1 import Lease
 
 BWRAP = probe_bwrap()

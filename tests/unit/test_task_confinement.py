@@ -15,7 +15,6 @@ import pytest
 
 from flashruntime.agent.command import build_parser, default_runner, resolve_token
 from flashruntime.agent.inputs import LeaseDirs
-from flashruntime.agent.lease_run import build_command, child_env, is_credential_name
 from flashruntime.agent.node_token import forget_token_environment, read_token_file
 from flashruntime.agent.sandbox import (
     BwrapProbe,
@@ -26,6 +25,7 @@ from flashruntime.agent.sandbox import (
     resolve_task_user,
     sandbox_argv,
 )
+from flashruntime.agent.task_command import build_command, child_env, is_credential_name
 from flashruntime.agent.worker import WorkerAgent
 from flashruntime.errors import TaskRefused, WorkerConfigError
 from flashruntime.protocol.v1alpha1 import Lease
