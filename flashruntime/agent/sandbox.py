@@ -49,6 +49,13 @@ __all__ = [
 _SANDBOX_NAMESPACES = ("--unshare-pid", "--unshare-ipc", "--unshare-uts")
 _COMMON = ("--die-with-parent", "--new-session")
 _TMP = Path("/tmp")
+# Emptied in the sandbox: /run (and /var/run where it is its own directory) holds the host's
+# unix sockets (a container engine's, D-Bus, a user session's), which a read-only mount still
+# lets a process connect to.
+_RUN_DIRS = (Path("/run"), Path("/var/run"))
+# Emptied too when the task itself is root (a root worker without --task-user): the homes of
+# the machine's users hold files that only their owners, root included, may read.
+_ROOT_TASK_HIDDEN = (Path("/root"), Path("/home"))
 # A task switching to --task-user keeps only what setgid/setuid need; they go with the switch.
 _USER_SWITCH_CAPS = ("--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID")
 # Run inside the confinement when the task has its own user: groups, then gid, then uid,
@@ -87,7 +94,9 @@ class Confinement:
     or "none" (a plain child: bwrap missing, or a runner that does not ask for one).
     ``hidden``: files the task must not read (the worker's token file), masked by an empty file.
     ``readable``: paths the sandbox keeps readable although they lie under a place it hides
-    (datasets given by ``--dataset``, the Python installation)."""
+    (datasets given by ``--dataset``, the Python installation).
+    ``worker_is_root``: with no ``task_user``, the sandbox's tasks run as root, so it also
+    hides the users' homes (/root, /home) but for the ``readable`` paths."""
 
     mode: Mode
     work_root: Path
@@ -96,6 +105,7 @@ class Confinement:
     readable: tuple[Path, ...] = ()
     devices: tuple[Path, ...] = ()
     task_user: TaskUser | None = None
+    worker_is_root: bool = False
 
     def __post_init__(self) -> None:
         if self.mode != "none" and not self.bwrap:
@@ -166,11 +176,13 @@ def task_given(dirs: LeaseDirs) -> list[Path]:
 
 def sandbox_argv(bwrap: str, argv: Sequence[str], *, work_root: Path, writable: Sequence[Path], cwd: Path,
                  given: Sequence[Path] = (), hidden: Sequence[Path] = (), readable: Sequence[Path] = (),
-                 devices: Sequence[Path] = (), network: bool = False, switch_user: bool = False) -> list[str]:
+                 devices: Sequence[Path] = (), network: bool = False, switch_user: bool = False,
+                 root_task: bool = False) -> list[str]:
     """The bwrap command line of the full sandbox around ``argv``. Later mounts cover earlier
-    ones, so the order is: everything read-only, fresh /dev, /proc and /tmp, the ``readable``
-    paths under /tmp bound back, the work root emptied and the lease's ``writable``
-    directories bound back into it, the ``hidden`` files masked last."""
+    ones, so the order is: everything read-only, fresh /dev and /proc, /tmp and /run emptied
+    (and, for a ``root_task``, the users' homes), the ``readable`` paths under them bound
+    back, the work root emptied and the lease's ``writable`` directories bound back into it,
+    the ``hidden`` files masked last."""
     command = [bwrap, *_COMMON, *_SANDBOX_NAMESPACES]
     if not network:
         command.append("--unshare-net")
@@ -179,14 +191,30 @@ def sandbox_argv(bwrap: str, argv: Sequence[str], *, work_root: Path, writable: 
     command += ["--ro-bind", "/", "/", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"]
     for device in _unique(devices):
         command += ["--dev-bind", str(device), str(device)]
-    command += ["--proc", "/proc", "--tmpfs", "/tmp"]
+    emptied = [_TMP, *_real_dirs(_RUN_DIRS), *(_real_dirs(_ROOT_TASK_HIDDEN) if root_task else ())]
+    command += ["--proc", "/proc"]
+    for directory in emptied:
+        command += ["--perms", "0755", "--tmpfs", str(directory)]
+    if network:  # the resolver's configuration may live under /run (systemd-resolved)
+        readable = [*readable, *_resolver_files()]
     for path in _unique(readable):
-        if _TMP in path.parents:  # elsewhere the read-only root shows it already
-            command += [*_parent_dirs(path, (_TMP,)), "--ro-bind", str(path), str(path)]
-    command += _lease_binds(writable, work_root, (_TMP,), given)
+        if any(base in path.parents or base == path for base in emptied):  # elsewhere the read-only root shows it
+            command += [*_parent_dirs(path, emptied), "--ro-bind", str(path), str(path)]
+    command += _lease_binds(writable, work_root, tuple(emptied), given)
     command += _hidden_masks(hidden)
     command += ["--chdir", str(cwd), "--", *argv]
     return command
+
+
+def _real_dirs(paths: Iterable[Path]) -> list[Path]:
+    """Those of ``paths`` that are directories of their own (/var/run is often a link to /run)."""
+    return [path for path in paths if path.is_dir() and not path.is_symlink()]
+
+
+def _resolver_files() -> list[Path]:
+    """/etc/resolv.conf as the file it resolves to, when that is not under /etc itself."""
+    target = Path("/etc/resolv.conf").resolve()
+    return [target] if target.is_file() and Path("/etc") not in target.parents else []
 
 
 def namespace_argv(bwrap: str, argv: Sequence[str], *, work_root: Path, writable: Sequence[Path], cwd: Path,
@@ -220,7 +248,7 @@ def confine(argv: Sequence[str], dirs: LeaseDirs, payload: Mapping[str, Any], co
         return sandbox_argv(bwrap, command, work_root=confinement.work_root, writable=writable, given=given,
                             cwd=dirs.root, hidden=confinement.hidden, readable=confinement.readable,
                             devices=confinement.devices, network=network_requested(payload),
-                            switch_user=user is not None)
+                            switch_user=user is not None, root_task=user is None and confinement.worker_is_root)
     if confinement.mode == "namespace":
         return namespace_argv(bwrap, command, work_root=confinement.work_root, writable=writable, given=given,
                               cwd=dirs.root, hidden=confinement.hidden, switch_user=user is not None)

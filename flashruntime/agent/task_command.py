@@ -18,8 +18,9 @@ from flashruntime.protocol.task_modules import ALLOWED_TASK_MODULES
 from flashruntime.protocol.v1alpha1 import Lease
 from flashruntime.signing import PublicKey
 
-__all__ = ["CONTRACT_VARIABLES", "CREDENTIAL_VARIABLES", "INHERITED_PREFIXES", "INHERITED_VARIABLES", "RUNNERS",
-           "build_command", "child_env", "code_grant_problem", "is_credential_name"]
+__all__ = ["CONTRACT_VARIABLES", "CREDENTIAL_VARIABLES", "INHERITED_PREFIXES", "INHERITED_VARIABLES",
+           "LOADER_VARIABLES", "RUNNERS", "build_command", "child_env", "code_grant_problem", "is_credential_name",
+           "is_loader_name"]
 
 # subprocess: allowlisted task modules only; sandboxed: those and sandboxed-tier commands, in
 # the bubblewrap sandbox; trusted: any command, sharing the filesystem and network.
@@ -38,6 +39,12 @@ INHERITED_PREFIXES = ("LC_",)
 # Credentials of workers and clients: never in a task's environment, from either side.
 CREDENTIAL_VARIABLES = ("FLASHML_NODE_TOKEN", "FLASHML_NODE_TOKEN_FILE", "FLASHML_TOKEN", "FLASHML_JOIN_CODE")
 _CREDENTIAL_SUFFIXES = ("_TOKEN", "_TOKENS", "_TOKEN_FILE", "_JOIN_CODE")
+# What the C library and its dynamic loader act on before a program's own code runs: glibc
+# drops these for set-user-ID programs. A job's env reaches the confinement's own launcher
+# (bwrap, the task-user switch) outside or before the sandbox, so it may not set them.
+LOADER_VARIABLES = ("GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH",
+                    "MALLOC_TRACE", "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR")
+_LOADER_PREFIXES = ("LD_", "MALLOC_")
 
 
 def code_grant_problem(payload: Mapping[str, Any]) -> str | None:
@@ -65,6 +72,11 @@ def code_grant_problem(payload: Mapping[str, Any]) -> str | None:
 def is_credential_name(name: str) -> bool:
     """Whether an environment variable's name is one of a worker's or client's credentials."""
     return name in CREDENTIAL_VARIABLES or (name.startswith("FLASHML_") and name.endswith(_CREDENTIAL_SUFFIXES))
+
+
+def is_loader_name(name: str) -> bool:
+    """Whether an environment variable's name is one the dynamic loader or C library acts on."""
+    return name in LOADER_VARIABLES or name.startswith(_LOADER_PREFIXES)
 
 
 def _payload_tier(payload: Mapping[str, Any]) -> str:
@@ -137,6 +149,11 @@ def _task_command(payload: Mapping[str, Any], runner: str, dirs: LeaseDirs, *, r
             # cannot make code inside it take one of its own values for the node's.
             raise TaskRefused(f"payload env sets {', '.join(credentials)}, a credential name the agent keeps out of "
                               "every task; pass the value under another name")
+        loader = sorted(str(key) for key in env if is_loader_name(str(key)))
+        if loader:
+            # Taken from the job's env they would act on the sandbox's launcher, outside the sandbox.
+            raise TaskRefused(f"payload env sets {', '.join(loader)}, which the C library's loader acts on before the "
+                              "task is confined; set it inside the command instead (argv ['env', 'NAME=value', ...])")
         return list(argv), {str(key): str(value) for key, value in env.items()}
     raise TaskRefused("payload carries neither 'module' nor 'argv'")
 

@@ -196,8 +196,13 @@ class WorkerAgent:
             readable = (*(Path(os.path.expanduser(path)) for path in self.datasets.values()), *python_paths())
             logger.info("tasks run in the bubblewrap sandbox (%s): read-only filesystem but their lease directory, "
                         "own pid and network namespaces, the worker's files out of sight", bwrap)
+            worker_is_root = os.geteuid() == 0
+            if worker_is_root and self.task_user is None:
+                logger.warning("this worker runs as root without --task-user, so its sandboxed tasks run as root: they "
+                               "cannot see /root, /home, /run or the worker's files, but they can read root's files "
+                               "elsewhere on the read-only filesystem; name an unprivileged user with --task-user")
             return Confinement("sandbox", work_root, bwrap, hidden=hidden, readable=readable,
-                               devices=gpu_device_nodes(), task_user=self.task_user)
+                               devices=gpu_device_nodes(), task_user=self.task_user, worker_is_root=worker_is_root)
         if self.runner == "trusted" and bwrap:
             logger.info("trusted tasks share the filesystem and network but run in their own pid namespace (%s): the "
                         "worker's environment, memory and token file are out of their reach", bwrap)

@@ -99,7 +99,7 @@ class NodeGrants:
         if granted.withheld_pools:
             parts.append(f"pools {', '.join(granted.withheld_pools)}")
         if granted.withheld_unsandboxed_argv:
-            parts.append("unsandboxed argv")
+            parts.append("commands beyond the sandbox (argv_capable or unsandboxed_argv_capable)")
         if self.enforcing:
             fix = (f"grant them to its token in {NODE_POOLS_ENV} ('{node_id}:pool|pool') and "
                    f"{UNSANDBOXED_NODES_ENV} ('{node_id}')")

@@ -67,11 +67,12 @@ class NodeRegistry:
         """Store (or replace) a registration, its pools and unsandboxed runner cut to ``grant``
         (None: kept as stated); a re-registration keeps the accepted count. What was cut is
         in the answer."""
-        granted = grant_statement(registration.capabilities.pools, registration.unsandboxed_argv_capable, grant)
+        granted = grant_statement(registration.capabilities.pools, _runs_any_command(registration), grant)
         if granted.withheld:
             registration = registration.model_copy(update={
                 "capabilities": registration.capabilities.model_copy(update={"pools": granted.pools}),
-                "unsandboxed_argv_capable": granted.unsandboxed_argv,
+                "unsandboxed_argv_capable": registration.unsandboxed_argv_capable and granted.unsandboxed_argv,
+                "argv_capable": registration.argv_capable and granted.unsandboxed_argv,
             })
         now = self._clock()
         self._store.register(registration, now)
@@ -110,14 +111,14 @@ class NodeRegistry:
         registration = self.get(node_id)
         if registration is None:
             return None
-        granted = grant_statement(registration.capabilities.pools, registration.unsandboxed_argv_capable, grant)
+        granted = grant_statement(registration.capabilities.pools, _runs_any_command(registration), grant)
         capabilities = registration.capabilities.model_dump(mode="json")
         capabilities["pools"] = granted.pools
         return {
             "node_id": node_id,
             "sandbox_capable": registration.sandbox_capable,
-            "argv_capable": registration.argv_capable,
-            "unsandboxed_argv_capable": granted.unsandboxed_argv,
+            "argv_capable": registration.argv_capable and granted.unsandboxed_argv,
+            "unsandboxed_argv_capable": registration.unsandboxed_argv_capable and granted.unsandboxed_argv,
             "module_capable": registration.module_capable,
             "local_datasets": list(registration.local_datasets),
             "capabilities": capabilities,
@@ -182,3 +183,10 @@ def _live_cordon(cordon: tuple[datetime | None, str] | None, now: datetime) -> t
     if until is not None and until <= now:
         return None, None
     return (until.isoformat() if until is not None else None), reason
+
+
+def _runs_any_command(registration: NodeRegistration) -> bool:
+    """Whether a node states it runs commands of any tier: itself (``unsandboxed_argv_capable``)
+    or in containers of its own (``argv_capable``). Either is granted by the unsandboxed grant:
+    a sandboxed-tier command is the only kind a node without it is given."""
+    return registration.unsandboxed_argv_capable or registration.argv_capable

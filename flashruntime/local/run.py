@@ -208,6 +208,9 @@ class Run:
     def _end_cancelled(self, attempts: list[str]) -> None:
         """Record RUN_CANCELLED (naming the attempts that were stopped) and end CANCELLED, unless
         the run has ended already (the drive loop and the signal guard may both get here)."""
+        with self._lock:  # an attempt settled CANCELLED was stopped by a cancel, whoever settled it
+            settled = [str(row["attempt_id"]) for row in self._attempts if row["state"] == str(LaunchState.CANCELLED)]
+        attempts = list(dict.fromkeys([*attempts, *settled]))
         message = f"run cancelled ({', '.join(attempts)} stopped)" if attempts else "run cancelled"
         self._finish(LaunchState.CANCELLED, _event("RUN_CANCELLED", message))
 

@@ -311,12 +311,6 @@ def _drive_inline(run: Run, launcher: LocalProcessLauncher, sweep: Sweep | None)
         restore_handlers()
 
 
-def _stopped_attempts(run: Run) -> list[str]:
-    """The attempts a cancel() stopped: those that settled CANCELLED. A cancel that arrives
-    after the last attempt ended by itself stopped nothing."""
-    return [str(row["attempt_id"]) for row in run.attempts if row["state"] == str(LaunchState.CANCELLED)]
-
-
 def _drive_all(run: Run, launcher: LocalProcessLauncher, sweep: Sweep | None) -> None:
     run.recorder.set_state(LaunchState.RUNNING)
     if sweep is None:
@@ -328,7 +322,7 @@ def _drive_all(run: Run, launcher: LocalProcessLauncher, sweep: Sweep | None) ->
     else:
         all_succeeded = run_sweep(run, launcher, sweep)
     if run.cancel_requested:
-        run.recorder.end_cancelled(_stopped_attempts(run))
+        run.recorder.end_cancelled([])  # names the attempts settled CANCELLED
     else:
         run.recorder.finish(LaunchState.SUCCEEDED if all_succeeded else LaunchState.FAILED)
 

@@ -114,3 +114,27 @@ def test_a_join_code_grants_only_its_own_pools(tmp_path: Path, monkeypatch: pyte
         assert (answer["withheld_pools"], answer["withheld_unsandboxed_argv"]) == (["finance-team"], True)
         assert "FLASHML_JOIN_CODE_POOLS" in answer["detail"]
         assert api.get("/v1alpha1/nodes").json()[0]["capabilities"]["pools"] == ["ml"]
+
+
+def test_a_node_stating_it_runs_containers_without_the_grant_gets_no_command_of_the_standard_tier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # argv_capable (a node running commands in containers of its own) is a claim too.
+    for name, value in {**TOKENS, "FLASHML_ALLOW_UNSANDBOXED_ARGV": "1"}.items():
+        monkeypatch.setenv(name, value)
+    job = finance_job()
+    job["spec"].pop("isolation")
+    job["spec"].pop("placement")
+    with serve_in_thread(settings_for(tmp_path / "data")) as url, httpx.Client(base_url=url, timeout=30) as api:
+        assert api.post("/v1alpha1/jobs", json=job, headers=ALICE).status_code == 201
+        stated = {**registration("intruder"), "argv_capable": True, "unsandboxed_argv_capable": False,
+                  "capabilities": {"pools": []}}
+        answer = api.post("/v1alpha1/nodes/register", json=stated, headers=INTRUDER).json()
+        assert answer["withheld_unsandboxed_argv"] is True and "beyond the sandbox" in answer["detail"]
+        assert api.get("/v1alpha1/nodes", headers=ROOT).json()[0]["argv_capable"] is False
+        for _ in range(3):
+            assert api.post("/v1alpha1/leases/claim", json={"node_id": "intruder"}, headers=INTRUDER).status_code == 204
+        granted = {**stated, "node_id": "fin-1"}
+        assert api.post("/v1alpha1/nodes/register", json=granted, headers=FIN).json()["status"] == "registered"
+        lease = api.post("/v1alpha1/leases/claim", json={"node_id": "fin-1"}, headers=FIN)
+        assert lease.status_code == 200 and lease.json()["payload"]["env"] == {"API_KEY": "finance-secret"}

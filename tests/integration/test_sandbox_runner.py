@@ -119,6 +119,65 @@ def test_a_sandboxed_task_writes_only_inside_its_lease(tmp_path: Path) -> None:
         disk.unlink(missing_ok=True)
 
 
+UNIX_CONNECT = """
+import json, os, socket, sys
+found = {}
+for path in sys.argv[1:]:
+    client = socket.socket(socket.AF_UNIX)
+    try:
+        client.connect(path)
+        found[path] = "connected"
+    except OSError as exc:
+        found[path] = type(exc).__name__
+    finally:
+        client.close()
+json.dump(found, open(os.path.join(os.environ["FLASHML_OUTPUT_DIR"], "metrics.json"), "w"))
+"""
+
+
+def test_a_sandboxed_task_cannot_reach_the_host_s_unix_sockets_under_run(tmp_path: Path) -> None:
+    # A container engine's socket (/run/docker.sock) is root on the host to whoever connects.
+    engine = Path("/run") / f"flashruntime-test-{os.getpid()}.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(engine))
+    server.listen(1)
+    try:
+        result, dirs = run_task(tmp_path, "", argv=[sys.executable, "-c", UNIX_CONNECT, str(engine)])
+        assert result.returncode == 0, result.stderr
+        assert json.loads((dirs.out / "metrics.json").read_text()) == {str(engine): "FileNotFoundError"}
+    finally:
+        server.close()
+        engine.unlink()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root task exists only under a root worker")
+def test_a_root_task_sees_no_home_of_the_machine_s_users(tmp_path: Path) -> None:
+    secret = Path("/root") / f"flashruntime-test-{os.getpid()}.secret"
+    secret.write_text("root's own")
+    secret.chmod(0o600)
+    try:
+        code = ("import json, os, sys\ntry:\n    seen = open(sys.argv[1]).read()\nexcept OSError as exc:\n"
+                "    seen = type(exc).__name__\n"
+                "json.dump({'seen': seen, 'python': sys.version_info[:2] == (%d, %d)}, "
+                "open(os.path.join(os.environ['FLASHML_OUTPUT_DIR'], 'metrics.json'), 'w'))" % sys.version_info[:2])
+        work = tmp_path / "work"
+        dirs = lease_dirs(work, "job-1", "task-000", "ls-1")
+        payload = {"argv": [sys.executable, "-c", code, str(secret)], "submitted_by": GRANTED,
+                   "isolation": {"tier": "sandboxed"}}
+        confinement = Confinement("sandbox", work, BWRAP.path, readable=python_paths(), worker_is_root=True)
+        argv, env = build_command(payload, "sandboxed", dirs, confinement=confinement)
+        write_spec(dirs, "task-000", {}, {})
+        lease = Lease(lease_id="ls-1", job_id="job-1", task_id="task-000", node_id="n", payload=payload,
+                      attempt_number=1, deadline=datetime(2030, 1, 1, tzinfo=timezone.utc))
+        result = subprocess.run(argv, cwd=dirs.root, env=child_env(env, dirs, lease), stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=120, check=False)
+        assert result.returncode == 0, result.stderr
+        # The worker's Python (here under /root) is bound back; root's other files are not there.
+        assert json.loads((dirs.out / "metrics.json").read_text()) == {"seen": "FileNotFoundError", "python": True}
+    finally:
+        secret.unlink()
+
+
 def test_the_trusted_runner_s_namespace_masks_the_token_file_and_hides_the_worker(tmp_path: Path) -> None:
     token = tmp_path / "secrets" / "token"
     token.parent.mkdir()

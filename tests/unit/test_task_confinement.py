@@ -25,7 +25,7 @@ from flashruntime.agent.sandbox import (
     resolve_task_user,
     sandbox_argv,
 )
-from flashruntime.agent.task_command import build_command, child_env, is_credential_name
+from flashruntime.agent.task_command import build_command, child_env, is_credential_name, is_loader_name
 from flashruntime.agent.worker import WorkerAgent
 from flashruntime.errors import TaskRefused, WorkerConfigError
 from flashruntime.protocol.v1alpha1 import Lease
@@ -105,6 +105,21 @@ def test_a_job_that_sets_a_credential_name_is_refused_with_the_name(tmp_path: Pa
     payload = argv_payload(env={"FLASHML_NODE_TOKEN": "x", "LR": "1"})
     with pytest.raises(TaskRefused, match=r"payload env sets FLASHML_NODE_TOKEN, a credential name .* another name"):
         build_command(payload, "trusted", dirs_in(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "GCONV_PATH", "GLIBC_TUNABLES",
+                                  "MALLOC_CHECK_", "LOCPATH"])
+def test_a_job_that_sets_a_loader_variable_is_refused_with_the_fix(tmp_path: Path, name: str) -> None:
+    # bwrap and the task-user switch run with the job's env before the task is confined.
+    payload = argv_payload(env={name: "inputs/evil.so", "LR": "1"})
+    with pytest.raises(TaskRefused, match=rf"payload env sets {name}, which the C library's loader acts on .*"
+                                          r"argv \['env', 'NAME=value'"):
+        build_command(payload, "trusted", dirs_in(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["LR", "TMPDIR", "OLD_PRELOAD", "CUDA_LAUNCH_BLOCKING"])
+def test_names_the_loader_does_not_act_on(name: str) -> None:
+    assert not is_loader_name(name)
 
 
 # --- which runner runs what -------------------------------------------------------------
@@ -193,6 +208,18 @@ def test_the_sandbox_argv_mounts_in_an_order_where_the_lease_and_masks_come_last
     # Directories bwrap makes on its tmpfs mounts on the way to a bind are 0755, for a task user.
     assert "--perms 0755 --dir /srv/work/j --perms 0755 --dir /srv/work/j/t --ro-bind /srv/work/j/t/ls" in text
     assert text.endswith("-- python x.py")
+
+
+def test_the_sandbox_empties_run_and_for_a_root_task_the_homes_but_for_what_it_must_read() -> None:
+    common = {"work_root": Path("/w"), "writable": [Path("/w/l")], "cwd": Path("/w/l"),
+              "readable": [Path("/root/.pyenv/versions/3.11"), Path("/usr/lib/python3")]}
+    text = " ".join(sandbox_argv("bwrap", ["true"], **common))  # type: ignore[arg-type]
+    assert "--tmpfs /run" in text and "--tmpfs /root" not in text and "--tmpfs /home" not in text
+    assert "--tmpfs /var/run" not in text or not Path("/var/run").is_symlink()
+    root = " ".join(sandbox_argv("bwrap", ["true"], root_task=True, **common))  # type: ignore[arg-type]
+    assert root.index("--tmpfs /run") < root.index("--tmpfs /root") < root.index(
+        "--ro-bind /root/.pyenv/versions/3.11 /root/.pyenv/versions/3.11")
+    assert "--tmpfs /home" in root and "--ro-bind /usr/lib/python3" not in root  # the read-only root shows it
 
 
 def test_the_sandbox_keeps_the_network_when_the_job_asks_and_lets_a_task_user_switch(tmp_path: Path) -> None:
