@@ -244,12 +244,17 @@ def signed_payload_fields(parameters: Mapping[str, Any], isolation: Mapping[str,
     writes them into its payloads (keys it omits are None)."""
     local_inputs = parameters.get("local_inputs")
     unpack = parameters.get("unpack_inputs")
+    confinement = {"tier": str(isolation.get("tier", "sandboxed")),
+                   "allowFallback": isolation.get("allowFallback", False) is True}
+    if isolation.get("network") is True:  # written only when asked, as the recipe does
+        confinement["network"] = True
     return {
         "inputs": dict(parameters.get("inputs") or {}),
         "unpack_inputs": None if unpack is None else list(unpack),
         "local_inputs": list(local_inputs) if isinstance(local_inputs, list) else local_inputs,
-        "isolation": {"tier": str(isolation.get("tier", "sandboxed")),
-                      "allowFallback": isolation.get("allowFallback", False) is True},
+        "checkpoint": copy.deepcopy(parameters.get("checkpoint")),
+        "params": None,  # a command's payload has none: its parameters are signed_work.params
+        "isolation": confinement,
     }
 
 

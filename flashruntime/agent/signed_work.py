@@ -2,8 +2,8 @@
 command only when a trusted key signed it, and only as signed.
 
 The coordinator hands each task its signature and what it covers (``payload.signed_work``).
-The worker checks the signature over that and over the payload's inputs, datasets and
-sandbox tier, then fills the signed templates from the signed parameter set with the
+The worker checks the signature over that and over the payload's inputs, datasets,
+checkpoint, params and sandbox (tier and network), then fills the signed templates from the signed parameter set with the
 command recipe's own formatting and requires exactly the payload's argv and env. So a
 coordinator that alters argv, env, parameters or inputs, moves a signature to another
 task or job, or signs with a key of its own, is refused before anything runs.
@@ -48,8 +48,8 @@ def signature_problem(payload: Mapping[str, Any], trusted_keys: Mapping[str, Pub
                 f"{key.name!r}")
     fields = {name: payload.get(name) for name in SIGNED_PAYLOAD_KEYS}
     if not verify_task(signed, fields, key):
-        return (f"the signature of {key.name!r} does not verify: the command, its env, its parameters, inputs or "
-                "sandbox tier were changed after signing")
+        return (f"the signature of {key.name!r} does not verify: the command, its env, its parameters, inputs, "
+                "checkpoint or sandbox were changed after signing")
     expected_task = command_task_id(signed.task_index)
     if payload.get("task_id") != expected_task:
         return (f"the signature is for {expected_task} of job {signed.job_name!r}, but the payload is task "

@@ -18,8 +18,10 @@ __all__ = ["SIGNED_COMMAND_FORMAT", "SIGNED_PAYLOAD_KEYS", "SignedTask", "WorkSi
 
 SIGNED_COMMAND_FORMAT = "flashruntime-signed-command/v1"
 # The payload keys a task's signature covers besides its command, env and parameters: what
-# the worker reads to prepare and confine the command (inputs, datasets, sandbox tier).
-SIGNED_PAYLOAD_KEYS = ("inputs", "unpack_inputs", "local_inputs", "isolation")
+# the worker reads to prepare and confine the command (inputs, datasets, the checkpoint it
+# resumes from, spec.json's params, sandbox tier and network). A key the job's payloads do
+# not carry is signed as absent, so a coordinator cannot add it.
+SIGNED_PAYLOAD_KEYS = ("inputs", "unpack_inputs", "local_inputs", "checkpoint", "params", "isolation")
 # An ed25519 signature is 64 bytes: 88 characters of base64.
 _SIGNATURE_CHARS = 88
 

@@ -139,6 +139,9 @@ def test_each_task_of_a_signed_job_verifies_and_runs_as_signed(alice) -> None:
     (lambda p: p["signed_work"].update(params={"lr": 0.5}), "does not verify"),
     (lambda p: p.update(inputs={"x": "artifact://evil.sh"}), "does not verify"),
     (lambda p: p.update(isolation={"tier": "standard", "allowFallback": True}), "does not verify"),
+    (lambda p: p["isolation"].update(network=True), "does not verify"),
+    (lambda p: p.update(checkpoint={"prefix": "jobs/other/task-000/ckpt/"}), "does not verify"),
+    (lambda p: p.update(params={"resume": "inputs/evil.pt"}), "does not verify"),
     (lambda p: p.update(task_id="task-001"), "the signature is for task-000"),
     (lambda p: p["signed_work"].update(submitter="bob"), "names submitter 'bob'"),
     (lambda p: p["signed_work"].update(signature="A" * 88), "does not verify"),
@@ -151,6 +154,19 @@ def test_a_tampered_task_is_refused(alice, tamper, reason: str) -> None:
     tamper(payload)
     problem = signature_problem(payload, trusted)
     assert problem is not None and reason in problem, problem
+
+
+def test_a_job_that_asks_for_the_network_or_a_checkpoint_verifies_as_signed(alice) -> None:
+    key, trusted = alice
+    spec = command_spec(checkpoint={"prefix": "jobs/earlier/task-000/ckpt/"})
+    spec["spec"]["isolation"]["network"] = True
+    tasks = payloads(sign_job_spec(spec, key))
+    assert tasks[0]["isolation"]["network"] is True and tasks[0]["checkpoint"] == {
+        "prefix": "jobs/earlier/task-000/ckpt/"}
+    assert [signature_problem(task, trusted) for task in tasks] == [None, None]
+    cut = copy.deepcopy(tasks[0])
+    del cut["isolation"]["network"]  # a coordinator cannot take the network away either
+    assert "does not verify" in signature_problem(cut, trusted)
 
 
 def test_a_signature_is_not_moved_to_another_job_or_task(alice) -> None:
