@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -272,7 +273,19 @@ def prepare_task_dirs(dirs: LeaseDirs, user: TaskUser | None = None, work_root: 
         os.chown(top, user.uid, user.gid)
         for dirpath, dirnames, filenames in os.walk(top):
             for name in (*dirnames, *filenames):
-                os.chown(os.path.join(dirpath, name), user.uid, user.gid, follow_symlinks=False)
+                _hand_over(os.path.join(dirpath, name), user)
+
+
+def _hand_over(path: str, user: TaskUser) -> None:
+    """Give one entry of a task's directories to its user; never through a link. A file
+    with more than one hard link may be another name of a file outside the lease (an
+    earlier attempt could make one), so it keeps its owner."""
+    status = os.lstat(path)
+    if (status.st_uid, status.st_gid) == (user.uid, user.gid):
+        return
+    if not stat.S_ISDIR(status.st_mode) and status.st_nlink > 1:
+        return
+    os.chown(path, user.uid, user.gid, follow_symlinks=False)
 
 
 def _between(root: Path, leaf: Path) -> list[Path]:

@@ -315,6 +315,8 @@ def handle(args: argparse.Namespace) -> int:
     print(f"  database   {database.path if database.kind == 'sqlite' else database}", flush=True)
     print(f"  artifacts  {artifacts}", flush=True)
     print(f"  connections at most {BoundedH11Protocol.bound} per process (open-file limit {file_limit})", flush=True)
+    if settings.trusted_proxies:
+        print(f"  proxies    {settings.trusted_proxies} (their X-Forwarded-For names the client)", flush=True)
     if args.workers > 1:
         print(f"  workers    {args.workers} processes sharing the port", flush=True)
     if settings.ray_address:
@@ -324,7 +326,11 @@ def handle(args: argparse.Namespace) -> int:
             uvicorn.run(target, host=args.host, port=args.port, log_level=args.log_level,
                         ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, workers=args.workers,
                         factory=args.workers > 1, http=BoundedH11Protocol, timeout_keep_alive=settings.keep_alive_s,
-                        backlog=listen_backlog(file_limit))
+                        backlog=listen_backlog(file_limit),
+                        # Forwarded headers only from the proxies named: uvicorn would believe any
+                        # loopback client's, so a local process could pose as any address.
+                        proxy_headers=bool(settings.trusted_proxies),
+                        forwarded_allow_ips=settings.trusted_proxies or "")
     except (KeyboardInterrupt, _Terminated):
         return EXIT_OK
     except SystemExit as exc:

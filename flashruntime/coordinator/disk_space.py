@@ -18,12 +18,13 @@ __all__ = ["DISK_FULL_ERRNOS", "RETRY_AFTER_S", "free_bytes", "is_disk_full", "s
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 _SQLITE_FULL = 13  # "database or disk is full"
+_POSTGRES_FULL = "53100"  # SQLSTATE disk_full
 RETRY_AFTER_S = 5  # what a 503 for a full disk asks: long enough for an operator or a cleanup to act
 
 
 def is_disk_full(exc: BaseException) -> bool:
     """Whether ``exc``, or an error it was raised from, says the disk (or a quota) is full:
-    ``ENOSPC``/``EDQUOT``, or SQLite's ``SQLITE_FULL``."""
+    ``ENOSPC``/``EDQUOT``, SQLite's ``SQLITE_FULL``, or PostgreSQL's ``disk_full`` (53100)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -31,6 +32,8 @@ def is_disk_full(exc: BaseException) -> bool:
         if isinstance(current, OSError) and current.errno in DISK_FULL_ERRNOS:
             return True
         if getattr(current, "sqlite_errorcode", None) == _SQLITE_FULL:
+            return True
+        if getattr(current, "sqlstate", None) == _POSTGRES_FULL:
             return True
         current = current.__cause__ or current.__context__
     return False

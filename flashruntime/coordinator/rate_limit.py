@@ -59,8 +59,8 @@ class RateLimiter:
 class FailureCounter:
     """Failures by key in fixed windows of ``window_s`` seconds; thread-safe. A key with
     ``limit`` failures in its current window is blocked until the window ends. At most
-    ``max_keys`` keys are kept: ended windows go first, then the oldest windows, so memory
-    stays bounded however many addresses fail."""
+    ``max_keys`` keys are kept: ended windows go first, then the least recent keys not
+    blocked, then blocked ones, so memory stays bounded however many addresses fail."""
 
     def __init__(self, limit: int, window_s: float, *, max_keys: int = _PRUNE_AT,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -98,11 +98,18 @@ class FailureCounter:
                 start, failures = now, 0
             self._windows[key] = (start, failures + 1)
             if len(self._windows) > self.max_keys:
-                self._prune(now)
+                self._prune(now, key)
 
-    def _prune(self, now: float) -> None:
+    def _prune(self, now: float, keep: Hashable) -> None:
         for key in [k for k, (start, _) in self._windows.items() if now - start >= self.window_s]:
             del self._windows[key]
-        while len(self._windows) > self.max_keys:
-            oldest = min(self._windows, key=lambda k: self._windows[k][0])
-            del self._windows[oldest]
+        # Keys still under the limit go before blocked ones: failing from many new addresses
+        # must not buy a blocked address its next guesses. The dict keeps the order of last
+        # failure, so the first entries are the least recent.
+        # Down to nine tenths of the bound, so the next prune is that many failures away.
+        target = self.max_keys - self.max_keys // 10
+        unblocked = [k for k, (_, failures) in self._windows.items() if failures < self.limit and k != keep]
+        for key in unblocked[:max(0, len(self._windows) - target)]:
+            del self._windows[key]
+        while len(self._windows) > target:
+            del self._windows[next(iter(self._windows))]

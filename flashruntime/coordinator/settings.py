@@ -11,6 +11,8 @@ secrets, and parsing them is that module's job.
 
 from __future__ import annotations
 
+import ipaddress
+
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
@@ -120,6 +122,25 @@ class RuntimeSettings(BaseSettings):
     auth_failure_window_s: float = _setting(
         60.0, "FLASHML_AUTH_FAILURE_WINDOW_S", "a number of seconds, finite and > 0",
         "the window over which failed authentications are counted per client address", gt=0, allow_inf_nan=False)
+    trusted_proxies: str = _setting(
+        "", "FLASHML_TRUSTED_PROXIES", "comma-separated IP addresses or networks, e.g. 10.0.0.5,10.1.0.0/16",
+        "the reverse proxies in front of the coordinator: from them alone X-Forwarded-For and X-Forwarded-Proto "
+        "are believed, so a client address (the failed-authentication limit's key, the access log) is the one they "
+        "forward; unset: no proxy, every address is the connection's own and forwarded headers are ignored")
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _proxy_networks(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            entries = [entry.strip() for entry in value.split(",") if entry.strip()]
+            for entry in entries:
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError:
+                    raise ValueError(f"{entry!r} is not an IP address or network (e.g. 10.0.0.5 or "
+                                     "10.1.0.0/16)") from None
+            return ",".join(entries)
+        return value
 
     @field_validator("join_code", mode="before")
     @classmethod

@@ -20,19 +20,29 @@ __all__ = ["ACCESS_LOGGER", "REDACTED", "TOKEN_PARAMETERS", "RedactURLTokens", "
            "install_access_log_redaction", "names_a_token", "redacted_path"]
 
 TOKEN_PARAMETERS = frozenset({"token", "access_token", "api_key", "key"})
+# Spellings compared with '-', '_' and '.' taken out and in lower case: ``apiKey``,
+# ``access-token`` and ``X-Auth-Token`` are the same mistake as the names above.
+_CREDENTIAL_WORDS = frozenset({"token", "accesstoken", "apikey", "key", "authtoken", "authorization", "bearer",
+                               "password", "passwd", "secret", "clientsecret", "joincode", "jwt", "session"})
 ACCESS_LOGGER = "uvicorn.access"
 REDACTED = "?<redacted>"
 REFUSAL = ("a token in the URL is refused: URLs are written to logs and browser history; send it as the header "
-           "'Authorization: Bearer <token>' and drop the query parameter (token, access_token, api_key or key)")
+           "'Authorization: Bearer <token>' and drop the query parameter (token, access_token, api_key, key or any other credential name)")
 
 
 def names_a_token(query: str | bytes) -> bool:
-    """Whether a query string carries one of ``TOKEN_PARAMETERS`` (any case), with a value or not."""
+    """Whether a query string carries a credential's name (``TOKEN_PARAMETERS``, other spellings of
+    them, any name ending in "token"), with a value or not."""
     text = query.decode("latin-1") if isinstance(query, bytes) else query
     if not text:
         return False
-    return any(name.strip().lower() in TOKEN_PARAMETERS
-               for name, _ in urllib.parse.parse_qsl(text, keep_blank_values=True))
+    # Some servers and proxies split a query at ';' as well as '&': a name after either counts.
+    for field in text.replace(";", "&").split("&"):
+        name = urllib.parse.unquote_plus(field.partition("=")[0])
+        word = "".join(char for char in name.lower() if char not in "-_. ")
+        if word in _CREDENTIAL_WORDS or word.endswith("token"):
+            return True
+    return False
 
 
 def redacted_path(path_with_query: str) -> str:

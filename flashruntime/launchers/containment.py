@@ -399,24 +399,22 @@ class AttemptCgroup(AttemptContainer):
 
 
 def end_leftover_cgroup(path: str | os.PathLike[str], grace_s: float, *,
-                        hierarchy: Path | None = None) -> set[int]:
+                        own: Path | None = None) -> set[int]:
     """Stop an attempt cgroup an earlier agent recorded (``grace_s`` between SIGTERM and
     SIGKILL) and remove it; returns the pids it held. Only a directory named like the ones
-    ``AttemptCgroup.create`` makes, directly under a ``flashruntime`` directory inside the
-    cgroup v2 hierarchy (``hierarchy``: its mount point, found when None), is touched: a
-    damaged journal must never name a cgroup that holds anyone else's processes."""
+    ``AttemptCgroup.create`` makes, directly under this process's own
+    ``<cgroup>/flashruntime`` directory (``own``: that cgroup, found when None), is touched:
+    a damaged journal must never name a cgroup that holds anyone else's processes, another
+    agent's attempts on this machine included. An agent restarted in the same cgroup (the
+    same service) finds what its predecessor left."""
     candidate = Path(os.path.realpath(path))
-    if hierarchy is None:
-        try:
-            mount = parse_cgroup2_mount(Path("/proc/self/mountinfo").read_text(errors="replace"))
-        except OSError:
+    if own is None:
+        found = _own_cgroup_dir(Path("/proc/self/mountinfo"), Path("/proc/self/cgroup"))
+        if not isinstance(found, Path):
             return set()
-        if mount is None:
-            return set()
-        hierarchy = mount[0]
-    top = Path(os.path.realpath(hierarchy))
-    if (candidate.parent.name != CGROUP_PARENT or not _NAME.fullmatch(candidate.name)
-            or top not in candidate.parents or not (candidate / "cgroup.procs").is_file()):
+        own = found
+    if (candidate.parent != Path(os.path.realpath(own / CGROUP_PARENT)) or not _NAME.fullmatch(candidate.name)
+            or not (candidate / "cgroup.procs").is_file()):
         return set()
     cgroup = AttemptCgroup(candidate)
     held = cgroup.members()

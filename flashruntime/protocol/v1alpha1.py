@@ -135,10 +135,11 @@ class PlacementSpec(WireModel):
 
 class IsolationSpec(WireModel):
     tier: Literal["standard", "sandboxed"] = "standard"
-    allowFallback: bool = False
+    # Both widen what a task may do, so only a JSON true turns them on (not 1 or "yes").
+    allowFallback: StrictBool = False
     # A sandboxed task reaches the network only when its job says so (the worker's sandbox
     # otherwise gives it a network namespace of its own, loopback only).
-    network: bool = False
+    network: StrictBool = False
 
 
 class RetryPolicySpec(WireModel):

@@ -12,6 +12,7 @@ import copy
 import os
 import re
 import string
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -327,7 +328,7 @@ def _unpack_problems(unpack: object, inputs: object) -> list[str]:
     if not isinstance(unpack, list) or not all(isinstance(name, str) for name in unpack):
         return [f"parameters.unpack_inputs is {unpack!r}; it must be a list of input names, e.g. ['dataset']"]
     problems = []
-    duplicates = sorted({name for name in unpack if unpack.count(name) > 1})
+    duplicates = sorted(name for name, times in Counter(unpack).items() if times > 1)
     if duplicates:
         problems.append(f"parameters.unpack_inputs names {duplicates} more than once; list each input once")
     declared = inputs if isinstance(inputs, dict) else {}

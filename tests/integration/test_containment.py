@@ -211,8 +211,16 @@ def test_a_recorded_cgroup_is_ended_only_where_the_agent_makes_them(tmp_path: Pa
     try:
         bystander = start_in(AttemptCgroup(stray), "import time; print('up', flush=True); time.sleep(600)")
         assert bystander.stdout is not None and bystander.stdout.readline() == b"up\n"
-        for path in (stray, parent, hierarchy[0], parent / "..", tmp_path / CGROUP_PARENT / "x-1-1"):
+        # Another agent's attempts beside this one's (its own cgroup's flashruntime/ directory).
+        other_agent = parent.parent / f"other-agent-{os.getpid()}" / CGROUP_PARENT
+        other_agent.mkdir(parents=True)
+        theirs = AttemptCgroup.create(other_agent, "theirs")
+        for path in (stray, parent, hierarchy[0], parent / "..", tmp_path / CGROUP_PARENT / "x-1-1", theirs.path):
             assert end_leftover_cgroup(path, 0.0) == set()
+        assert theirs.path.exists()
+        theirs.path.rmdir()
+        other_agent.rmdir()
+        other_agent.parent.rmdir()
         assert bystander.poll() is None and stray.exists()
     finally:
         if bystander is not None:

@@ -57,6 +57,16 @@ def test_a_capability_claimed_with_a_number_or_a_string_is_refused(api: Any, val
     assert api.post("/v1alpha1/nodes/register", json={**registration(), "module_capable": True}).status_code == 200
 
 
+@pytest.mark.parametrize("field", ["network", "allowFallback"])
+@pytest.mark.parametrize("value", [1, "true", "yes"])
+def test_an_isolation_widened_by_a_number_or_a_string_is_refused(api: Any, field: str, value: Any) -> None:
+    spec = job_spec(trials=1)
+    spec["spec"]["isolation"] = {"tier": "sandboxed", field: value}
+    refused = api.post("/v1alpha1/jobs", json=spec)
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"][-1] == field, refused.text
+    assert api.get("/v1alpha1/jobs").json() == []
+
+
 def test_checkpoint_parts_and_prefixes_outside_the_task_are_refused_and_nothing_is_registered(api: Any) -> None:
     job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=1)).json()["job_id"]
     base = f"/v1alpha1/jobs/{job_id}/tasks/t1/checkpoints"

@@ -261,6 +261,38 @@ def test_wrong_tokens_from_one_address_are_answered_429_after_the_limit(tmp_path
         assert api.get("/healthz").status_code == 200  # routes open to everyone stay open
 
 
+def test_a_forwarded_address_is_believed_only_from_a_trusted_proxy(tmp_path: Path) -> None:
+    def guesses(api: httpx.Client, forwarded: str | None = None, n: int = 6) -> list[int]:
+        return [api.get("/v1alpha1/jobs", headers={"Authorization": f"Bearer guess-{i}",
+                                                   **({"X-Forwarded-For": forwarded or f"203.0.113.{i}"})}).status_code
+                for i in range(n)]
+
+    # No proxy named: a loopback client's X-Forwarded-For is ignored, so a new address per
+    # guess does not reset the count.
+    with serving(tmp_path / "direct", tmp_path / "logs-direct", env=TOKENS) as server, \
+            httpx.Client(base_url=server.url, timeout=30) as api:
+        assert guesses(api) == [401] * 5 + [429]
+    # Behind a named proxy each forwarded client has its own count: one blocked client does
+    # not lock out the next one the proxy forwards.
+    env = {**TOKENS, "FLASHML_TRUSTED_PROXIES": "127.0.0.1"}
+    with serving(tmp_path / "proxied", tmp_path / "logs-proxied", env=env) as server, \
+            httpx.Client(base_url=server.url, timeout=30) as api:
+        assert guesses(api, "198.51.100.7") == [401] * 5 + [429]
+        good = {"Authorization": "Bearer tok-alice-7f3e9a", "X-Forwarded-For": "198.51.100.8"}
+        assert api.get("/v1alpha1/jobs", headers=good).status_code == 200
+        assert "proxies    127.0.0.1" in server.log_text()
+
+
+def test_a_trusted_proxy_that_is_no_address_stops_the_coordinator_with_the_fix(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "flashruntime.cli", "serve", "--port", str(free_port()),
+                           "--data-dir", str(tmp_path / "data")],
+                          env=process_env(FLASHML_TRUSTED_PROXIES="10.0.0.5,proxy.internal"), capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    assert ("FLASHML_TRUSTED_PROXIES must be comma-separated IP addresses or networks" in done.stderr
+            and "got '10.0.0.5,proxy.internal'" in done.stderr)
+
+
 def test_a_token_in_the_query_string_is_refused_and_never_logged(tmp_path: Path) -> None:
     secret = "tok-alice-7f3e9a"
     env = {**TOKENS, "FLASHML_AUTH_FAILURE_LIMIT": "50"}  # each refusal counts as a failed authentication

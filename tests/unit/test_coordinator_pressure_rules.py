@@ -50,7 +50,13 @@ def test_the_failure_table_stays_bounded_however_many_addresses_fail() -> None:
         clock.sleep(0.001)
         counter.record(f"10.0.{number // 256}.{number % 256}")
         assert len(counter) <= 100
-    assert counter.blocked("first") is None  # the oldest window gave way
+    # Failing once from each of many new addresses does not free a blocked one.
+    assert counter.blocked("first") is not None
+    for number in range(100):  # a table of blocked addresses only: then the least recent gives way
+        counter.record(f"b-{number}")
+        counter.record(f"b-{number}")
+        assert len(counter) <= 100
+    assert counter.blocked("first") is None and counter.blocked("b-99") is not None
 
 
 @pytest.mark.parametrize("limit, window", [(0, 60.0), (True, 60.0), (5, 0.0), (5, float("inf"))])
@@ -87,6 +93,15 @@ def test_disk_full_is_recognised_through_the_errors_it_was_raised_from() -> None
         assert is_disk_full(wrapped)
     assert not is_disk_full(OSError(errno.EACCES, "Permission denied"))
     assert not is_disk_full(StoreError("locked"))
+
+
+def test_postgresql_s_disk_full_is_recognised_as_a_full_disk() -> None:
+    errors = pytest.importorskip("psycopg.errors")
+    try:
+        raise StoreError("the database failed") from errors.DiskFull("could not extend file: No space left on device")
+    except StoreError as wrapped:
+        assert is_disk_full(wrapped)
+    assert not is_disk_full(errors.LockNotAvailable("locked"))
 
 
 def test_an_artifact_store_below_its_floor_refuses_before_writing(tmp_path: Path) -> None:
@@ -145,7 +160,9 @@ def test_failed_accepts_are_logged_once_per_interval_with_a_count(caplog: pytest
 
 @pytest.mark.parametrize("query, named", [
     ("token=abc", True), ("page=2&access_token=abc", True), ("API_KEY=abc", True), ("key=", True),
-    ("page=2", False), ("tokens=abc", False), ("", False), ("monkey=1", False),
+    ("page=2;token=abc", True), ("apiKey=abc", True), ("access-token=abc", True), ("X-Auth-Token=abc", True),
+    ("refresh_token=abc", True), ("pass%77ord=x", True), ("client.secret=x", True),
+    ("page=2", False), ("tokens=abc", False), ("", False), ("monkey=1", False), ("tail=100&task=task-000", False),
 ])
 def test_a_query_string_names_a_token(query: str, named: bool) -> None:
     pytest.importorskip("starlette")

@@ -22,6 +22,7 @@ from flashruntime.agent.sandbox import (
     TaskUser,
     namespace_argv,
     network_requested,
+    prepare_task_dirs,
     resolve_task_user,
     sandbox_argv,
 )
@@ -344,3 +345,19 @@ def test_the_trusted_runner_without_bwrap_runs_plain_children(tmp_path: Path) ->
     assert agent.confinement(tmp_path).mode == "none"
     assert WorkerAgent("http://127.0.0.1:1", runner="trusted", sandbox_probe=WORKS).confinement(tmp_path).mode \
         == "namespace"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing directories to a task user needs root")
+def test_handing_the_checkpoints_to_the_task_user_never_goes_through_a_link(tmp_path: Path) -> None:
+    dirs = dirs_in(tmp_path)
+    dirs.ckpt.mkdir()
+    outside = tmp_path / "root-only"
+    outside.write_text("root's")
+    os.link(outside, dirs.ckpt / "step-1.pt")  # another name of a file outside the lease
+    (dirs.ckpt / "to-outside").symlink_to(outside)
+    (dirs.ckpt / "mine.pt").write_text("saved")
+    user = TaskUser("nobody", 65534, 65534)
+    prepare_task_dirs(dirs, user, tmp_path / "work")
+    assert (outside.stat().st_uid, outside.stat().st_gid) == (0, 0)
+    assert (dirs.ckpt / "mine.pt").stat().st_uid == 65534 and dirs.ckpt.stat().st_uid == 65534
+    assert os.lstat(dirs.ckpt / "to-outside").st_uid == 65534  # the link itself, not what it names
