@@ -111,6 +111,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("FLASHML_AUTH_FAILURE_LIMIT", _COORDINATOR, "20",
              "unknown tokens one address may send per window before its requests get 429 (0: off)"),
     Variable("FLASHML_AUTH_FAILURE_WINDOW_S", _COORDINATOR, "60", "the window of FLASHML_AUTH_FAILURE_LIMIT, in seconds"),
+    Variable("FLASHML_TRUSTED_PROXIES", _COORDINATOR, "unset: no proxy",
+             "IP addresses or networks of the reverse proxies whose X-Forwarded-For names the client (from anyone "
+             "else forwarded headers are ignored)"),
     Variable("FLASHML_RAY_ADDRESS", f"{_COORDINATOR}; flash.submit(executor='ray')",
              "unset: no Ray backend (flash.submit: an embedded local Ray)",
              "a Ray cluster: local, auto, ray://host:port or host:port; the coordinator then runs backend 'ray' "

@@ -12,7 +12,6 @@ secrets, and parsing them is that module's job.
 from __future__ import annotations
 
 import ipaddress
-
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path

@@ -264,7 +264,7 @@ def test_wrong_tokens_from_one_address_are_answered_429_after_the_limit(tmp_path
 def test_a_forwarded_address_is_believed_only_from_a_trusted_proxy(tmp_path: Path) -> None:
     def guesses(api: httpx.Client, forwarded: str | None = None, n: int = 6) -> list[int]:
         return [api.get("/v1alpha1/jobs", headers={"Authorization": f"Bearer guess-{i}",
-                                                   **({"X-Forwarded-For": forwarded or f"203.0.113.{i}"})}).status_code
+                                                   "X-Forwarded-For": forwarded or f"203.0.113.{i}"}).status_code
                 for i in range(n)]
 
     # No proxy named: a loopback client's X-Forwarded-For is ignored, so a new address per

@@ -158,8 +158,8 @@ def test_a_root_task_sees_no_home_of_the_machine_s_users(tmp_path: Path) -> None
     try:
         code = ("import json, os, sys\ntry:\n    seen = open(sys.argv[1]).read()\nexcept OSError as exc:\n"
                 "    seen = type(exc).__name__\n"
-                "json.dump({'seen': seen, 'python': sys.version_info[:2] == (%d, %d)}, "
-                "open(os.path.join(os.environ['FLASHML_OUTPUT_DIR'], 'metrics.json'), 'w'))" % sys.version_info[:2])
+                f"json.dump({{'seen': seen, 'python': sys.version_info[:2] == {tuple(sys.version_info[:2])}}}, "
+                "open(os.path.join(os.environ['FLASHML_OUTPUT_DIR'], 'metrics.json'), 'w'))")
         work = tmp_path / "work"
         dirs = lease_dirs(work, "job-1", "task-000", "ls-1")
         payload = {"argv": [sys.executable, "-c", code, str(secret)], "submitted_by": GRANTED,

@@ -131,7 +131,8 @@ def test_serve_wires_create_app_into_uvicorn_with_resolved_settings(
     assert fake.runs == [{"app": fake.app, "host": "0.0.0.0", "port": 9123, "log_level": "warning",
                           "ssl_certfile": None, "ssl_keyfile": None, "workers": 1, "factory": False,
                           "http": BoundedH11Protocol, "timeout_keep_alive": 5.0,
-                          "backlog": listen_backlog(open_file_limit())}]
+                          "backlog": listen_backlog(open_file_limit()), "proxy_headers": False,
+                          "forwarded_allow_ips": ""}]
     out = capsys.readouterr()
     assert "http://0.0.0.0:9123" in out.out and str(data) in out.out
     assert "WARNING: no tokens are configured, so this coordinator is open" in out.err

@@ -216,6 +216,21 @@ def test_strict_json_names_where_the_problem_is(body: bytes, loc: list[object], 
         assert info.value.loc == loc
 
 
+def test_the_quick_check_and_the_walk_agree_at_the_depth_bound_and_on_every_problem() -> None:
+    pytest.importorskip("fastapi")
+    from flashruntime.coordinator.guard import _certainly_clean, _walk_problem
+
+    for depth in (63, 64, 65):
+        nested: object = 1
+        for level in range(depth):
+            nested = [nested] if level % 2 else {"k": nested}
+        assert _certainly_clean(nested) is (_walk_problem(nested) is None) is (depth <= 64)
+    for bad in ({"a": float("nan")}, [1, float("inf")], {"s": "\ud800"}, {"\udfff": 1}):
+        assert not _certainly_clean(bad) and _walk_problem(bad) is not None
+    wide = {"trials": [{"lr": index / 7, "name": f"t{index}", "tags": [None, True]} for index in range(1000)]}
+    assert _certainly_clean(wide) and _walk_problem(wide) is None
+
+
 def test_strict_json_passes_ordinary_json_and_refuses_broken_json() -> None:
     pytest.importorskip("fastapi")
     from flashruntime.coordinator.guard import parse_strict_json
