@@ -41,7 +41,7 @@ def run_param_set(
     spec: Any,
     job_id: str,
     base_id: str,
-    mode: str,
+    recovery_mode: str,
     params: dict[str, Any] | None,
     *,
     trial_index: int | None = None,
@@ -62,7 +62,8 @@ def run_param_set(
     def halted() -> bool:
         return run.cancel_requested or (stopped is not None and stopped.is_set())
 
-    for restart in range(run.max_restarts + 1):
+    budget = run.budget
+    for restart in range(budget.attempts):
         if halted():
             break
         attempt_id = base_id if restart == 0 else f"{base_id}-r{restart}"
@@ -115,10 +116,10 @@ def run_param_set(
         if state is not LaunchState.FAILED:
             break
         went_first = first_exit(sightings, int(handle.execution_id)) if sightings else None
-        decision = _classify_failure(run, handle, attempt_id, mode, last_attempt=restart == run.max_restarts,
+        decision = _classify_failure(run, handle, attempt_id, recovery_mode, restart=restart,
                                      went_first=went_first, processes=len(sightings))
         failure_class = decision.failure_class
-        if decision.action == "fail_job":
+        if not budget.relaunches(restart, decision):
             break
     return state, metrics
 
@@ -149,11 +150,11 @@ def _select_resume(run: Run, checkpoint_root: Path, attempt_id: str, framework: 
 _LAST_LINES = 5  # of a failed attempt's log, shown when it names no exception
 
 
-def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, mode: str, *, last_attempt: bool,
+def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, recovery_mode: str, *, restart: int,
                       went_first: ProcessSighting | None = None, processes: int = 0) -> RecoveryDecision:
-    """Classify a failed attempt, record the class, the decision and the log lines that show
-    the error (for the failure summary), and return the decision. On the last attempt the
-    budget allows, a decision to relaunch says that none is left. What Ray reported of an
+    """Classify failed attempt ``restart`` (0: the first), record the class, the decision and
+    the log lines that show the error (for the failure summary), and return the decision.
+    When the run's restart budget cannot pay for the relaunch it calls for, it says so. What Ray reported of an
     attempt it lost (``reported_failure`` of a Ray handle) is its class and evidence.
     ``went_first``: the rank the exit watch saw gone while the others still ran, named first.
     ``processes``: how many the watch saw; an attempt of one process is no group to restart."""
@@ -162,16 +163,16 @@ def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, mode
     if reported is not None:
         failure, evidence = reported
     else:
-        verdict = judge_exit(handle.exit_code, log_tail, mode)
+        verdict = judge_exit(handle.exit_code, log_tail, recovery_mode)
         failure, evidence = verdict.failure_class, verdict.evidence
     if went_first is not None:
         evidence = f"rank {went_first.rank} (pid {went_first.pid}) exited first; {evidence}"
-    decision = decide(failure, mode)
+    decision = decide(failure, recovery_mode)
     if processes == 1 and "restart the group" in decision.reason:
         decision = decision.model_copy(update={"reason": decision.reason.replace("restart the group",
                                                                                   "relaunch the command")})
     excerpt = failure_excerpt(log_tail)
-    spent = last_attempt and decision.action != "fail_job"
+    spent = run.budget.spent_by(restart, decision)
     last_lines = [] if excerpt.exception else [line for line in log_tail.splitlines() if line.strip()][-_LAST_LINES:]
     run.recorder.update_attempt(attempt_id, {"failure": {
         "class": str(failure), "evidence": evidence, "action": str(decision.action), "reason": decision.reason,
@@ -180,10 +181,8 @@ def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, mode
         "first_exit": None if went_first is None else {"rank": went_first.rank, "pid": went_first.pid},
     }})
     run.record_event("FAILURE_CLASSIFIED", f"{attempt_id}: {failure} (exit {handle.exit_code}; {evidence})")
-    action = f"{attempt_id}: {decision.action} — {decision.reason}"
-    if spent:
-        action += f"; no restarts left (max_restarts={run.max_restarts})"
-    run.record_event("RECOVERY_ACTION_SELECTED", action)
+    run.record_event("RECOVERY_ACTION_SELECTED",
+                     f"{attempt_id}: {run.budget.words(str(decision.action), decision.reason, spent=spent)}")
     return decision
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from flashruntime.recovery.budget import RestartBudget
+
 __all__ = ["MAX_TRIALS_SHOWN", "render_failure_summary"]
 
 MAX_TRIALS_SHOWN = 5  # a sweep's failed trials shown in full; the rest are counted
@@ -31,16 +33,14 @@ def _rank(tag: str) -> str:
     return f"rank {number} {tag}" if role == "rank" else f"local rank {number} {tag}"
 
 
-def _attempt_block(row: dict[str, Any], attempt_number: int, attempts: int, max_restarts: int) -> list[str]:
+def _attempt_block(row: dict[str, Any], attempt_number: int, attempts: int, budget: RestartBudget) -> list[str]:
     failure = row.get("failure") or {}
     exit_code = row.get("exit_code")
     lines = [_line("attempt", f"{row['attempt_id']} ({attempt_number} of {attempts}), exit {exit_code}")]
     if failure:
         lines.append(_line("failure", f"{failure['class']} ({failure['evidence']})"))
-        decision = f"{failure['action']} — {failure['reason']}"
-        if failure.get("restarts_spent"):
-            decision += f"; no restarts left (max_restarts={max_restarts})"
-        lines.append(_line("decision", decision))
+        lines.append(_line("decision", budget.words(failure["action"], failure["reason"],
+                                                    spent=bool(failure.get("restarts_spent")))))
         if failure.get("exception"):
             lines.append(_line("error", failure["exception"]))
             lines += [" " * (_LABEL + 2) + frame for frame in failure.get("traceback") or []]
@@ -58,13 +58,13 @@ def _attempt_block(row: dict[str, Any], attempt_number: int, attempts: int, max_
     return lines
 
 
-def _job_block(job_id: str, attempts: list[dict[str, Any]], max_restarts: int) -> list[str]:
+def _job_block(job_id: str, attempts: list[dict[str, Any]], budget: RestartBudget) -> list[str]:
     rows = [row for row in attempts if row.get("job_id") == job_id]
     failed = [row for row in rows if row.get("state") == "FAILED"]
     if not failed:
         return []
     last = failed[-1]
-    return _attempt_block(last, rows.index(last) + 1, len(rows), max_restarts)
+    return _attempt_block(last, rows.index(last) + 1, len(rows), budget)
 
 
 def _launch_failure(events: list[dict[str, Any]]) -> list[str]:
@@ -86,12 +86,12 @@ def _params(params: Any) -> str:
 
 
 def render_failure_summary(
-    attempts: list[dict[str, Any]], events: list[dict[str, Any]], sweep: dict[str, Any] | None, max_restarts: int
+    attempts: list[dict[str, Any]], events: list[dict[str, Any]], sweep: dict[str, Any] | None, budget: RestartBudget
 ) -> str:
     """The summary of a run that ended FAILED (see ``Run.failure_summary``)."""
     if sweep is None:
         lines = ["Run FAILED."]
-        block = _job_block("local", attempts, max_restarts)
+        block = _job_block("local", attempts, budget)
         lines += block or _launch_failure(events) or ["  no attempt failed; see the run's events"]
         return "\n".join(lines)
     trials = sweep.get("trials") or []
@@ -99,7 +99,7 @@ def render_failure_summary(
     lines = [f"Run FAILED: {len(failed)} of {len(trials)} trials failed."]
     for trial in failed[:MAX_TRIALS_SHOWN]:
         lines.append(f"trial {trial['trial_id']} ({_params(trial.get('params'))})")
-        lines += _job_block(trial["trial_id"], attempts, max_restarts) or _launch_failure(events)
+        lines += _job_block(trial["trial_id"], attempts, budget) or _launch_failure(events)
     if len(failed) > MAX_TRIALS_SHOWN:
         lines.append(f"... and {len(failed) - MAX_TRIALS_SHOWN} more failed trials: see run.json")
     if not failed:

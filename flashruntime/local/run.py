@@ -21,6 +21,7 @@ from flashruntime.files import write_atomic
 from flashruntime.launchers import LaunchState
 from flashruntime.local.failure_summary import render_failure_summary
 from flashruntime.local.goodput import GoodputLedger, ledger_of_run
+from flashruntime.recovery.budget import RestartBudget
 from flashruntime.workloads.ranking import resolve_mode
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class Run:
     ) -> None:
         self.workload = workload
         self.output_dir = Path(output_dir)
-        self.max_restarts = max_restarts
+        self.budget = RestartBudget(max_restarts)
         # Absolute, as the launcher resolves it: run.json is read from other working directories (the viewer).
         self.checkpoint_dir = None if checkpoint_dir is None else Path(os.path.expanduser(str(checkpoint_dir))).resolve()
         self.state = LaunchState.PENDING
@@ -175,7 +176,11 @@ class Run:
             attempts = [dict(row) for row in self._attempts]
             events = list(self._events)
             sweep = json.loads(json.dumps(self._sweep, default=str)) if self._sweep is not None else None
-        return render_failure_summary(attempts, events, sweep, self.max_restarts)
+        return render_failure_summary(attempts, events, sweep, self.budget)
+
+    @property
+    def max_restarts(self) -> int:
+        return self.budget.max_restarts
 
     def wait(self, timeout: float | None = None) -> LaunchState:
         self._done.wait(timeout)

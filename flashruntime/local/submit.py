@@ -34,6 +34,7 @@ from flashruntime.local.live_output import LiveOutput
 from flashruntime.local.run import Run
 from flashruntime.local.run_dirs import new_run_dir
 from flashruntime.local.sweep import Sweep, run_sweep
+from flashruntime.recovery.policy import COORDINATED
 from flashruntime.strategies.command import compile_workload
 from flashruntime.workloads.command import CommandWorkload, collect_pattern_problem, task_params_problem
 from flashruntime.workloads.ranking import resolve_mode
@@ -315,7 +316,7 @@ def _drive_all(run: Run, launcher: LocalProcessLauncher, sweep: Sweep | None) ->
     run.recorder.set_state(LaunchState.RUNNING)
     if sweep is None:
         spec = compile_workload(run.workload, None)
-        outcome, metrics = run_param_set(run, launcher, spec, "local", "task-000", "coordinated_training", None)
+        outcome, metrics = run_param_set(run, launcher, spec, "local", "task-000", COORDINATED, None)
         if metrics is not None:
             run.recorder.add_trial(metrics)
         all_succeeded = outcome is LaunchState.SUCCEEDED

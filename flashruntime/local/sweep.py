@@ -18,6 +18,7 @@ from flashruntime.launchers.local import LocalProcessLauncher
 from flashruntime.local.attempts import run_param_set
 from flashruntime.local.run import Run, trial_id
 from flashruntime.local.trial_workdir import WORKDIR_NAME, link_source_view
+from flashruntime.recovery.policy import INDEPENDENT
 from flashruntime.strategies.command import compile_workload
 from flashruntime.workloads.ranking import mode_reason
 
@@ -134,7 +135,7 @@ def _run_trial(
         raise LaunchError(f"could not make trial {trial}'s working directory from {str(source)!r}: {exc}; "
                           "check that the source directory is readable and the output directory writable") from exc
     spec = compile_workload(run.workload, params).model_copy(update={"workdir_hint": str(view)})
-    outcome, metrics = run_param_set(run, launcher, spec, trial, f"task-{index:03d}", "independent_tasks", params,
+    outcome, metrics = run_param_set(run, launcher, spec, trial, f"task-{index:03d}", INDEPENDENT, params,
                                       trial_index=index, stopped=stopped, view=view,
                                       shared_writers=concurrent)
     if metrics is not None:

@@ -16,8 +16,9 @@ from typing import Any, NamedTuple
 from flashruntime.protocol.v1alpha1 import FailureClass, RecoveryActionType, RecoveryDecision, utcnow
 from flashruntime.recovery.taxonomy import POLICY_VERSION, FailureSignals, classify
 
-__all__ = ["MODES", "REPLAY_EPOCH", "decide", "explain", "replay"]
+__all__ = ["COORDINATED", "INDEPENDENT", "MODES", "REPLAY_EPOCH", "decide", "explain", "replay"]
 
+# The recovery modes: tasks that stand alone, and ranks that train together.
 INDEPENDENT = "independent_tasks"
 COORDINATED = "coordinated_training"
 MODES = (INDEPENDENT, COORDINATED)

@@ -13,7 +13,7 @@ import flashruntime.checkpoint as checkpoint
 import flashruntime.errors
 import flashruntime.recovery as recovery
 from flashruntime.checkpoint import catalog, local, sqlite_store, store
-from flashruntime.recovery import policy, signals, taxonomy, verdict
+from flashruntime.recovery import budget, policy, signals, taxonomy, verdict
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,10 +54,15 @@ def test_recovery_names_are_the_defining_objects() -> None:
         "describe_launch",
         "AttemptVerdict",
         "judge_exit",
+        "RestartBudget",
+        "COORDINATED",
+        "INDEPENDENT",
+        "MODES",
     }
+    assert recovery.RestartBudget is budget.RestartBudget
     for name in ("POLICY_VERSION", "CORRELATED_THRESHOLD", "FailureSignals", "classify"):
         assert getattr(recovery, name) is getattr(taxonomy, name)
-    for name in ("decide", "explain", "replay"):
+    for name in ("decide", "explain", "replay", "COORDINATED", "INDEPENDENT", "MODES"):
         assert getattr(recovery, name) is getattr(policy, name)
     for name in ("from_local_launch", "describe_launch"):
         assert getattr(recovery, name) is getattr(signals, name)
