@@ -13,11 +13,14 @@ __all__ = ["Periodic"]
 
 class Periodic:
     """Call ``tick()`` every ``period_s`` seconds from ``start()`` until ``stop()``, then once
-    more on the stopping thread. ``tick`` must not raise: what it watches is not its to fail."""
+    more on the stopping thread (unless ``last_tick`` is False). A tick that returns False
+    ends the calls. ``tick`` must not raise: what it watches is not its to fail."""
 
-    def __init__(self, tick: Callable[[], None], period_s: float, name: str, *, at_once: bool = False) -> None:
+    def __init__(self, tick: Callable[[], bool | None], period_s: float, name: str, *, at_once: bool = False,
+                 last_tick: bool = True) -> None:
         self._tick = tick
         self._at_once = at_once  # the first call as the thread starts, not one period later
+        self._last_tick = last_tick
         self._period_s = period_s
         self._name = name
         self._stop = threading.Event()
@@ -32,10 +35,12 @@ class Periodic:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
-        self._tick()
+        if self._last_tick:
+            self._tick()
 
     def _loop(self) -> None:
-        if self._at_once:
-            self._tick()
+        if self._at_once and self._tick() is False:
+            return
         while not self._stop.wait(self._period_s):
-            self._tick()
+            if self._tick() is False:
+                return

@@ -1,5 +1,6 @@
-"""Running one lease: child process tree, lease heartbeats, log, finish (what it runs, and with
-what environment, is ``agent.task_command``'s).
+"""Running one lease: child process tree, outputs, finish (what it runs, and with what
+environment, is ``agent.task_command``'s; its heartbeats ``agent.lease_heartbeat``'s; its log's
+upload ``agent.log_shipper``'s).
 
 The child starts as the local launcher starts one (its own process group, the attempt's unique
 ``FLASHML_OUTPUT_DIR=<out dir>`` in its environment) and is watched and stopped by the
@@ -36,6 +37,8 @@ from flashruntime.agent.inputs import (
     prepare_inputs,
     write_spec,
 )
+from flashruntime.agent.lease_heartbeat import LOST_STATUSES, LeaseHeartbeat, heartbeat_interval
+from flashruntime.agent.log_shipper import TaskLogShipper, read_task_log  # noqa: F401  (importable here too)
 from flashruntime.agent.sandbox import Confinement
 from flashruntime.agent.state import AttemptEntry, AttemptJournal
 from flashruntime.agent.task_command import RUNNERS, build_command, child_env, code_grant_problem  # noqa: F401  (importable here too)
@@ -50,14 +53,12 @@ from flashruntime.launchers.local import (
     spawn_contained,
 )
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
-from flashruntime.protocol.lease_rules import DEFAULT_LEASE_SECONDS  # for a Lease that states no length (0)
-from flashruntime.protocol.task_logs import TASK_LOG_MAX_BYTES, TASK_LOG_NAME, bounded_log, task_log_key
+from flashruntime.protocol.task_logs import TASK_LOG_NAME, task_log_key
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Lease
 from flashruntime.signing import PublicKey
 
 logger = logging.getLogger("flashruntime.worker")
 
-LOST_STATUSES = (403, 410)  # the lease is no longer ours: stop and walk away without further calls
 SHUTDOWN_REASON = "agent shutdown"
 DRAIN_REASON = "agent draining: the lease arrived after the drain began"
 # A coordinator older than the release route answers it so; the lease is then failed, as before.
@@ -93,110 +94,6 @@ class Outcome(enum.Enum):
     def counts(self) -> bool:
         """Whether the task counts toward ``max_tasks`` (it completed or failed)."""
         return self in (Outcome.COMPLETED, Outcome.FAILED)
-
-
-def heartbeat_interval(lease: Lease, floor_s: float = 1.0) -> float:
-    seconds = lease.lease_seconds if lease.lease_seconds > 0 else DEFAULT_LEASE_SECONDS
-    return max(floor_s, seconds / 3.0)
-
-
-class LeaseHeartbeat:
-    """Renews one lease every ``interval_s`` on a daemon thread; ``lost`` is set on 410/403."""
-
-    def __init__(self, client: CoordinatorClient, lease_id: str, interval_s: float) -> None:
-        self._client = client
-        self.lease_id = lease_id
-        self.interval_s = interval_s
-        self.lost = threading.Event()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"flashruntime-lease-{lease_id}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._done.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
-
-    def _loop(self) -> None:
-        while not self._done.wait(self.interval_s):
-            try:
-                self._client.attempt_heartbeat(self.lease_id, retry=False)  # the next beat is the retry
-            except CoordinatorHTTPError as exc:
-                if exc.status in LOST_STATUSES:
-                    logger.warning("lease %s lost (HTTP %s): stopping its processes", self.lease_id, exc.status)
-                    self.lost.set()
-                    return
-                logger.warning("lease %s heartbeat refused: %s", self.lease_id, exc)
-            except CoordinatorUnavailable as exc:
-                logger.warning("lease %s heartbeat failed: %s", self.lease_id, exc)
-
-
-def read_task_log(path: Path, max_bytes: int = TASK_LOG_MAX_BYTES) -> bytes | None:
-    """The log as it is uploaded (``bounded_log`` of it), reading only its tail; None when unreadable."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - (max_bytes + 1)))
-            return bounded_log(handle.read(), max_bytes)
-    except OSError:
-        return None
-
-
-def _stamp(path: Path) -> tuple[int, int] | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return info.st_size, info.st_mtime_ns
-
-
-class TaskLogShipper:
-    """Uploads a task's log to ``key``: from a daemon thread every ``interval_s`` while the log
-    changes (tried once each time: the next one is the retry), and by ``ship(final=True)`` after
-    ``stop``. A log is the user's aid, never the task's outcome: failures are logged and dropped."""
-
-    def __init__(self, client: CoordinatorClient, key: str, log: Path, interval_s: float) -> None:
-        self._client = client
-        self.key = key
-        self.log = log
-        self.interval_s = interval_s
-        self._sent: tuple[int, int] | None = None  # (size, mtime) of the log last uploaded
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"flashruntime-log-{key}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._done.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
-
-    def _loop(self) -> None:
-        while not self._done.wait(self.interval_s):
-            if not self.ship(final=False):
-                return  # the lease is gone: the heartbeat thread says so to the runner
-
-    def ship(self, *, final: bool) -> bool:
-        """Upload the log if it changed since the last upload; False when the lease is gone."""
-        stamp = _stamp(self.log)
-        if stamp is None or stamp == self._sent:
-            return True
-        data = read_task_log(self.log)
-        if not data:  # none, or nothing written yet: the coordinator keeps no empty artifact
-            return True
-        try:
-            self._client.put_artifact(self.key, data, "text/plain; charset=utf-8", retry=final)
-        except CoordinatorHTTPError as exc:
-            logger.warning("log upload to %s refused: %s", self.key, exc)
-            return exc.status not in LOST_STATUSES
-        except CoordinatorUnavailable as exc:
-            logger.warning("log upload to %s failed: %s", self.key, exc)
-            return True
-        self._sent = stamp
-        return True
 
 
 def start_child(argv: list[str], env: dict[str, str], dirs: LeaseDirs, term_grace_s: float, *,

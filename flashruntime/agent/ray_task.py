@@ -24,13 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from flashruntime.agent.inputs import lease_dirs, prepare_inputs, write_spec
-from flashruntime.agent.lease_run import (
-    build_command,
-    child_env,
-    output_files,
-    read_task_log,
-    start_child,
-)
+from flashruntime.agent.lease_run import output_files, start_child
+from flashruntime.agent.log_shipper import read_task_log
+from flashruntime.agent.task_command import build_command, child_env
 from flashruntime.errors import TaskRefused
 from flashruntime.launchers.local import read_log_tail, stop_leftover_attempt
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
