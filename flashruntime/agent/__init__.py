@@ -3,7 +3,7 @@ claims leases, runs each task and reports the outcome, speaking only the coordin
 HTTP protocol through ``flashruntime.client``. Standard library (psutil when present).
 """
 
-from flashruntime.agent.command import main
 from flashruntime.agent.worker import WorkerAgent
+from flashruntime.agent.worker_cli import main
 
 __all__ = ["WorkerAgent", "main"]

@@ -1,5 +1,5 @@
 import sys
 
-from flashruntime.agent.command import main
+from flashruntime.agent.worker_cli import main
 
 sys.exit(main())

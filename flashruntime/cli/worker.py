@@ -1,11 +1,11 @@
 """``flashruntime worker``: run the worker agent against a coordinator (its options and
-handler live with the agent, in ``flashruntime.agent.command``)."""
+handler live with the agent, in ``flashruntime.agent.worker_cli``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from flashruntime.agent.command import DESCRIPTION, add_arguments, handle
+from flashruntime.agent.worker_cli import DESCRIPTION, add_arguments, handle
 
 __all__ = ["register"]
 

@@ -3,7 +3,7 @@ flashruntime.service.worker`` runs it as before."""
 
 import sys
 
-from flashruntime.agent.command import main
+from flashruntime.agent.worker_cli import main
 from flashruntime.agent.worker import WorkerAgent
 
 __all__ = ["WorkerAgent", "main"]

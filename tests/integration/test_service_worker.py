@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from flashruntime.agent import command as worker_command
+from flashruntime.agent import worker_cli as worker_command
 from flashruntime.agent.inputs import TaskRefused, extract_archive
 from flashruntime.agent.lease_run import heartbeat_interval
 from flashruntime.agent.worker import WorkerAgent, WorkerTiming

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flashruntime.agent import command as worker_command
+from flashruntime.agent import worker_cli as worker_command
 from flashruntime.agent.state import STATE_DIR, AttemptEntry, AttemptJournal, WorkDirLock, lock_holder
 from flashruntime.errors import WorkDirInUse
 from tests._support import pid_alive, wait_until

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from flashruntime.agent.command import build_parser, default_runner, resolve_token
 from flashruntime.agent.inputs import LeaseDirs
 from flashruntime.agent.node_token import forget_token_environment, read_token_file
 from flashruntime.agent.sandbox import (
@@ -28,6 +27,7 @@ from flashruntime.agent.sandbox import (
 )
 from flashruntime.agent.task_command import build_command, child_env, is_credential_name, is_loader_name
 from flashruntime.agent.worker import WorkerAgent
+from flashruntime.agent.worker_cli import build_parser, default_runner, resolve_token
 from flashruntime.errors import TaskRefused, WorkerConfigError
 from flashruntime.protocol.v1alpha1 import Lease
 from flashruntime.scheduler.gates import gate_argv
