@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from flashruntime.postgres_database import PostgresDatabase
+from flashruntime.db.postgres import PostgresDatabase
 from flashruntime.protocol.v1alpha1 import CheckpointManifest, CheckpointPart
 
 if TYPE_CHECKING:

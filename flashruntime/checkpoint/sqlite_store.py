@@ -17,8 +17,8 @@ from contextlib import contextmanager
 
 from flashruntime.errors import SchemaVersionError
 from flashruntime.protocol.v1alpha1 import CheckpointManifest, CheckpointPart
-from flashruntime.sqlite_database import SqliteDatabase, recorded_version
-from flashruntime.sqlite_errors import translate_sqlite_errors
+from flashruntime.db.sqlite import SqliteDatabase, recorded_version
+from flashruntime.db.sqlite_errors import translate_sqlite_errors
 
 __all__ = ["SCHEMA_VERSION", "SqliteManifestStore", "stored_schema_version"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from flashruntime.coordinator.node_store import StoredNode
-from flashruntime.postgres_database import PostgresDatabase
+from flashruntime.db.postgres import PostgresDatabase
 from flashruntime.protocol.v1alpha1 import NodeRegistration
 
 __all__ = ["SCHEMA_VERSION", "PostgresNodeStore", "stored_schema_version"]

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from flashruntime.coordinator.node_store import StoredNode
 from flashruntime.errors import SchemaVersionError
 from flashruntime.protocol.v1alpha1 import NodeRegistration
-from flashruntime.sqlite_database import SqliteDatabase, recorded_version
-from flashruntime.sqlite_errors import translate_sqlite_errors
+from flashruntime.db.sqlite import SqliteDatabase, recorded_version
+from flashruntime.db.sqlite_errors import translate_sqlite_errors
 
 __all__ = ["SCHEMA_VERSION", "SqliteNodeStore", "stored_schema_version"]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from flashruntime.checkpoint.sqlite_store import SqliteManifestStore
 from flashruntime.files import fsync_directory
 from flashruntime.leases.sqlite_store import SqliteLeaseStore
-from flashruntime.sqlite_database import SqliteDatabase
+from flashruntime.db.sqlite import SqliteDatabase
 
 __all__ = ["IMPORTED_SUFFIX", "import_store_files"]
 

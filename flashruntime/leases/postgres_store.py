@@ -29,7 +29,7 @@ from flashruntime.leases._models import (
 )
 from flashruntime.leases._stored_history import StoredHistory, load_history
 from flashruntime.leases.store import LeaseStore, TaskRecord
-from flashruntime.postgres_database import PostgresDatabase
+from flashruntime.db.postgres import PostgresDatabase
 from flashruntime.protocol.v1alpha1 import Lease, TaskState
 
 if TYPE_CHECKING:

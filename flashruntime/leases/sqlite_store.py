@@ -32,8 +32,8 @@ from flashruntime.leases._sqlite_migrate import migrate_single_document, single_
 from flashruntime.leases._stored_history import StoredHistory, load_history
 from flashruntime.leases.store import LeaseStore, TaskRecord
 from flashruntime.protocol.v1alpha1 import Lease, TaskState
-from flashruntime.sqlite_database import SqliteDatabase, has_table, recorded_version
-from flashruntime.sqlite_errors import translate_sqlite_errors
+from flashruntime.db.sqlite import SqliteDatabase, has_table, recorded_version
+from flashruntime.db.sqlite_errors import translate_sqlite_errors
 
 __all__ = ["SCHEMA_VERSION", "UNVERSIONED", "UPGRADES_FROM", "SqliteLeaseStore", "stored_schema_version"]
 
