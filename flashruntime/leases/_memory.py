@@ -17,7 +17,7 @@ from datetime import datetime
 from heapq import heapify, heappop, heappush
 
 from flashruntime.leases._models import UTC, coerce_now
-from flashruntime.leases.store import LeaseStore, TaskRecord
+from flashruntime.leases._record import TaskRecord
 from flashruntime.protocol.v1alpha1 import TaskState
 
 __all__ = ["InMemoryLeaseStore"]
@@ -125,8 +125,9 @@ class _Entry:
         self.deadline: datetime | None = None
 
 
-class InMemoryLeaseStore(LeaseStore):
-    """Insertion-ordered records keyed by ``(job_id, task_id)``, with indexes.
+class InMemoryLeaseStore:
+    """A ``LeaseStore`` (every operation of it): insertion-ordered records keyed by
+    ``(job_id, task_id)``, with indexes.
 
     ``save`` persists nothing (records are live objects) but brings the indexes
     up to date, so the manager's ``save`` after each mutation is what keeps

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from flashruntime.files import write_atomic
 from flashruntime.launchers import LaunchState
 from flashruntime.local.failure_summary import render_failure_summary
-from flashruntime.local.goodput import GoodputLedger, ledger_of_run
+from flashruntime.goodput.run import GoodputLedger, ledger_of_run
 from flashruntime.workloads.ranking import resolve_mode
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ class Run:
         return rows
 
     def goodput(self) -> GoodputLedger:
-        """The run's goodput ledger so far (see ``flashruntime.local.goodput``)."""
+        """The run's goodput ledger so far (see ``flashruntime.goodput.run``)."""
         return ledger_of_run(self.output_dir, now=time.time())
 
     def failure_summary(self) -> str | None:
