@@ -5,6 +5,6 @@
 from flashruntime.db.postgres import PostgresDatabase
 from flashruntime.db.postgres_errors import is_retryable, translate_postgres_errors
 from flashruntime.db.session_lock import SessionLock
-from flashruntime.errors import StoreError as StoreError  # reached as this module's attribute by earlier code
+from flashruntime.errors import StoreError
 
-__all__ = ["PostgresDatabase", "SessionLock", "is_retryable", "translate_postgres_errors"]
+__all__ = ["PostgresDatabase", "SessionLock", "StoreError", "is_retryable", "translate_postgres_errors"]

@@ -27,9 +27,9 @@ from flashruntime.coordinator.ledger_tables import (
     SqliteLedgerTables,
 )
 from flashruntime.db.postgres import PostgresDatabase
-from flashruntime.protocol.v1alpha1 import Event, ExecutionEvidence, JobRecord, JobState, utcnow
 from flashruntime.db.sqlite import SqliteDatabase
 from flashruntime.db.sqlite_errors import translate_sqlite_errors
+from flashruntime.protocol.v1alpha1 import Event, ExecutionEvidence, JobRecord, JobState, utcnow
 
 __all__ = ["Ledger"]
 

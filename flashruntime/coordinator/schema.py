@@ -20,9 +20,9 @@ from typing import Any
 from urllib.parse import quote
 
 from flashruntime.coordinator.settings import RuntimeSettings
+from flashruntime.db.sqlite import has_table
 from flashruntime.db.url import DatabaseURL
 from flashruntime.errors import SchemaVersionError
-from flashruntime.db.sqlite import has_table
 
 __all__ = ["ABSENT", "CURRENT", "NEEDS_UPGRADE", "NEWER", "UNKNOWN", "OldStoreFile", "SchemaReport",
            "StoreVersion", "Upgrade", "classify", "read_schema", "upgrade_schema"]

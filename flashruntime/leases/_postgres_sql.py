@@ -13,7 +13,7 @@ Pages offered to a policy are read without locks.
 from __future__ import annotations
 
 from flashruntime.leases import _sql
-from flashruntime.leases._sql import COLUMNS, COUNTS_ALL, CORDONS, META_TABLE, MUTABLE, pyformat
+from flashruntime.leases._sql import COLUMNS, CORDONS, COUNTS_ALL, META_TABLE, MUTABLE, pyformat
 
 __all__ = [
     "ALL", "ALL_HISTORY", "ALL_HISTORY_JOB", "ALL_JOB", "COLUMNS", "CORDONS", "CORDON_FOR", "COUNTS_ALL",

@@ -56,7 +56,7 @@ class _Using:
     """``with``: the store's connection (read when entered), under ``guard``: its database's
     lock for a read, its transaction for a write."""
 
-    __slots__ = ("_store", "_guard")
+    __slots__ = ("_guard", "_store")
 
     def __init__(self, store: SqliteLeaseStore, guard: Any) -> None:
         self._store = store
@@ -66,7 +66,7 @@ class _Using:
         self._guard.__enter__()
         return self._store._conn
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._guard.__exit__(*exc)
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flashruntime.files import write_atomic
+from flashruntime.goodput.run import GoodputLedger, ledger_of_run
 from flashruntime.launchers import LaunchState
 from flashruntime.local.failure_summary import render_failure_summary
-from flashruntime.goodput.run import GoodputLedger, ledger_of_run
 from flashruntime.workloads.ranking import resolve_mode
 
 if TYPE_CHECKING:

@@ -29,8 +29,8 @@ from flashruntime.leases import (
     SqliteLeaseStore,
     TaskRecord,
 )
-from flashruntime.leases.postgres_store import PostgresLeaseStore
 from flashruntime.leases._offer import PAGE_SIZE
+from flashruntime.leases.postgres_store import PostgresLeaseStore
 from flashruntime.protocol.v1alpha1 import Event, EventType, TaskSpec, TaskState
 from flashruntime.scheduler import FifoPlacement, IsolationAwarePlacement, PlacementPolicy
 
