@@ -282,6 +282,19 @@ class InMemoryLeaseStore:
         with self._lock:
             return dict(self._cordons)
 
+    # The class's own forms of the three lookups each instance answers with its index's
+    # C-level method (bound in ``__init__``): what ``issubclass(InMemoryLeaseStore,
+    # LeaseStore)`` and a subclass's ``super()`` find.
+
+    def find_lease(self, lease_id: str) -> TaskRecord | None:
+        return self._by_lease.get(lease_id)
+
+    def has_lease(self, lease_id: str) -> bool:
+        return lease_id in self._by_lease
+
+    def cordon_for(self, node_id: str) -> tuple[datetime | None, str] | None:
+        return self._cordons.get(node_id)
+
     # --- index maintenance ------------------------------------------------
 
     def _job_queue(self, job_id: str) -> _SeqSet | None:
