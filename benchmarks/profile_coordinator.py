@@ -37,9 +37,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("waiting (event loop poll, idle worker threads)", (
         "EpollSelector.select", "Condition.wait", "_worker (concurrent/futures/thread.py", "_read_from_self",
         "_write_to_self", "Condition.notify")),
-    ("database: transaction begin/commit", ("flashruntime/sqlite_database.py", "flashruntime/postgres_database.py")),
+    ("database: transaction begin/commit", ("flashruntime/db/",)),
     ("database: lease store statements", ("flashruntime/leases/sqlite_store.py", "flashruntime/leases/_sqlite",
-                                          "flashruntime/leases/postgres_store.py")),
+                                          "flashruntime/leases/postgres_store.py", "flashruntime/leases/_sql")),
     ("database: ledger (jobs, events, evidence)", ("flashruntime/coordinator/ledger",)),
     ("database: nodes", ("flashruntime/coordinator/sqlite_node_store.py", "flashruntime/coordinator/postgres_node")),
     ("database: checkpoint manifests", ("flashruntime/checkpoint/sqlite_store.py",

@@ -10,13 +10,11 @@ and the event that announces it commit together.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from flashruntime.postgres_database import PostgresDatabase
+from flashruntime.db.owned import DatabaseStore
+from flashruntime.db.postgres import PostgresDatabase
 from flashruntime.protocol.v1alpha1 import CheckpointManifest, CheckpointPart
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 __all__ = ["SCHEMA_VERSION", "PostgresManifestStore", "stored_schema_version"]
 
@@ -69,7 +67,7 @@ def stored_schema_version(database: PostgresDatabase) -> str | None:
     return database.recorded_version("checkpoint_meta")
 
 
-class PostgresManifestStore:
+class PostgresManifestStore(DatabaseStore[PostgresDatabase]):
     """``ManifestStore`` plus the part registry, in PostgreSQL.
 
     ``database`` is a URL (the store opens and owns a ``PostgresDatabase``) or a
@@ -79,33 +77,11 @@ class PostgresManifestStore:
     """
 
     def __init__(self, database: str | PostgresDatabase, **options: Any) -> None:
-        if isinstance(database, PostgresDatabase):
-            db, self._owns_db = database, False
-        else:
-            db, self._owns_db = PostgresDatabase(database, **options), True
-        self.database = db
+        db = self._open_database(
+            database, PostgresDatabase, lambda: PostgresDatabase(database, **options),  # type: ignore[arg-type]
+            lambda db: db.ensure_schema(meta_table="checkpoint_meta", version=SCHEMA_VERSION, statements=_SCHEMA,
+                                        what="checkpoint"))
         self.where = db.where
-        try:
-            db.ensure_schema(meta_table="checkpoint_meta", version=SCHEMA_VERSION, statements=_SCHEMA,
-                             what="checkpoint")
-        except BaseException:
-            if self._owns_db:
-                db.close()
-            raise
-
-    def close(self) -> None:
-        """Close the pool this store opened; one on a shared database is its owner's to close."""
-        if self._owns_db:
-            self.database.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"PostgresManifestStore({self.where!r})"
 
     # --- ManifestStore -----------------------------------------------------------
 

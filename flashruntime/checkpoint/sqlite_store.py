@@ -15,10 +15,10 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from flashruntime.errors import SchemaVersionError
+from flashruntime.db.owned import DatabaseStore
+from flashruntime.db.sqlite import SqliteDatabase, recorded_version
+from flashruntime.db.sqlite_errors import translate_sqlite_errors
 from flashruntime.protocol.v1alpha1 import CheckpointManifest, CheckpointPart
-from flashruntime.sqlite_database import SqliteDatabase, recorded_version
-from flashruntime.sqlite_errors import translate_sqlite_errors
 
 __all__ = ["SCHEMA_VERSION", "SqliteManifestStore", "stored_schema_version"]
 
@@ -50,7 +50,7 @@ def stored_schema_version(connection: sqlite3.Connection) -> str | None:
 
 
 @translate_sqlite_errors(lambda store: f"manifest store {store.path}")
-class SqliteManifestStore:
+class SqliteManifestStore(DatabaseStore[SqliteDatabase]):
     """``ManifestStore`` plus the part registry, in the SQLite file at ``path``, or in a
     ``SqliteDatabase`` shared with other stores (whose owner closes it).
 
@@ -59,38 +59,22 @@ class SqliteManifestStore:
     """
 
     def __init__(self, path: str | os.PathLike[str] | SqliteDatabase, *, busy_timeout_ms: int = 5000) -> None:
-        if isinstance(path, SqliteDatabase):
-            db, self._owns_db = path, False
-        else:
-            db, self._owns_db = SqliteDatabase(os.fspath(path), busy_timeout_ms=busy_timeout_ms), True
-        self._db = db
+        def open_file() -> SqliteDatabase:
+            return SqliteDatabase(os.fspath(path), busy_timeout_ms=busy_timeout_ms)  # type: ignore[arg-type]
+
+        db = self._open_database(
+            path, SqliteDatabase, open_file,
+            lambda db: db.ensure_schema(meta_table="checkpoint_meta", version=SCHEMA_VERSION, statements=_SCHEMA,
+                                        what="checkpoint"))
         self.path = os.fspath(db.path)
         self._lock = db.lock
         self._conn = db.connection
-        try:
-            with self._write() as cur:
-                for statement in _SCHEMA:
-                    cur.execute(statement)
-                cur.execute(
-                    "INSERT OR IGNORE INTO checkpoint_meta (key, value) VALUES ('schema_version', ?)",
-                    (SCHEMA_VERSION,),
-                )
-                stored = cur.execute("SELECT value FROM checkpoint_meta WHERE key = 'schema_version'").fetchone()[0]
-                if stored != SCHEMA_VERSION:
-                    raise SchemaVersionError(
-                        f"{self.path}: checkpoint schema version {stored!r} is not one this flashruntime reads (it "
-                        f"reads {SCHEMA_VERSION!r}); open it with the version that wrote it"
-                    )
-        except BaseException:
-            if self._owns_db:
-                db.close()
-            raise
 
     # --- plumbing -------------------------------------------------------------
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Cursor]:
-        with self._db.transaction():
+        with self.database.transaction():
             cur = self._conn.cursor()
             try:
                 yield cur
@@ -100,17 +84,6 @@ class SqliteManifestStore:
     def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
         with self._lock:
             return self._conn.execute(sql, params).fetchall()
-
-    def close(self) -> None:
-        """Close the connection this store opened; one on a shared database is its owner's to close."""
-        if self._owns_db:
-            self._db.close()
-
-    def __enter__(self) -> SqliteManifestStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # --- ManifestStore -----------------------------------------------------------
 

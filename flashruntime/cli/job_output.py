@@ -253,7 +253,7 @@ handle_tasks = _command("tasks", _tasks_body)
 
 
 def _goodput_body(api: str, client: CoordinatorClient, args: argparse.Namespace) -> int:
-    from flashruntime.job_goodput import job_goodput, job_goodput_lines
+    from flashruntime.goodput.job import job_goodput, job_goodput_lines
     from flashruntime.protocol.v1alpha1 import Event, utcnow
 
     rows = coordinator_call(api, lambda: client.events(args.job_id))

@@ -105,7 +105,7 @@ def find_runs(root: Path) -> list[dict[str, Any]]:
 
 def show(run: str, root: str | None, as_json: bool) -> int:
     """``--show RUN``: one run's row and its goodput ledger."""
-    from flashruntime.local.goodput import ledger_lines, ledger_of_run
+    from flashruntime.goodput.run import ledger_lines, ledger_of_run
     from flashruntime.local.run_dirs import runs_root
 
     directory = Path(run)

@@ -106,7 +106,7 @@ def coordinator_settings(data_dir: str | None, database_url: str | None, env: Ma
         from flashruntime.coordinator.settings import RuntimeSettings
     except ImportError as exc:
         raise CommandError(f"{exc}; {SERVICE_HINT}", EXIT_CONFIG) from None
-    from flashruntime.database_url import parse_database_url
+    from flashruntime.db.url import parse_database_url
     from flashruntime.errors import BadDatabaseURL
 
     try:

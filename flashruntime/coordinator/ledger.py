@@ -26,10 +26,10 @@ from flashruntime.coordinator.ledger_tables import (
     PostgresLedgerTables,
     SqliteLedgerTables,
 )
-from flashruntime.postgres_database import PostgresDatabase
+from flashruntime.db.postgres import PostgresDatabase
+from flashruntime.db.sqlite import SqliteDatabase
+from flashruntime.db.sqlite_errors import translate_sqlite_errors
 from flashruntime.protocol.v1alpha1 import Event, ExecutionEvidence, JobRecord, JobState, utcnow
-from flashruntime.sqlite_database import SqliteDatabase
-from flashruntime.sqlite_errors import translate_sqlite_errors
 
 __all__ = ["Ledger"]
 

@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+from flashruntime.db.postgres import PostgresDatabase
+from flashruntime.db.sqlite import SqliteDatabase, has_table
 from flashruntime.errors import SchemaVersionError
-from flashruntime.postgres_database import PostgresDatabase
-from flashruntime.sqlite_database import SqliteDatabase, has_table
 
 __all__ = ["POSTGRES_SCHEMA_VERSION", "SQLITE_SCHEMA_VERSION", "SQLITE_UPGRADES_FROM", "EventRow", "EvidenceRow",
            "JobRow", "LedgerTables", "PostgresLedgerTables", "SqliteLedgerTables", "stored_schema_version"]

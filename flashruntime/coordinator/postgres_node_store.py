@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from flashruntime.coordinator.node_store import StoredNode
-from flashruntime.postgres_database import PostgresDatabase
+from flashruntime.db.owned import DatabaseStore
+from flashruntime.db.postgres import PostgresDatabase
 from flashruntime.protocol.v1alpha1 import NodeRegistration
 
 __all__ = ["SCHEMA_VERSION", "PostgresNodeStore", "stored_schema_version"]
@@ -37,33 +38,18 @@ def stored_schema_version(database: PostgresDatabase) -> str | None:
     return database.recorded_version("node_meta")
 
 
-class PostgresNodeStore:
+class PostgresNodeStore(DatabaseStore[PostgresDatabase]):
     """Nodes in PostgreSQL. ``database`` is a URL (the store opens and owns a
     ``PostgresDatabase``) or a ``PostgresDatabase`` shared with other stores (whose owner
     closes it). The constructor creates the schema; another schema version is refused
     (``RuntimeError`` naming the database) rather than misread."""
 
     def __init__(self, database: str | PostgresDatabase, **options: Any) -> None:
-        if isinstance(database, PostgresDatabase):
-            db, self._owns_db = database, False
-        else:
-            db, self._owns_db = PostgresDatabase(database, **options), True
-        self.database = db
+        db = self._open_database(
+            database, PostgresDatabase, lambda: PostgresDatabase(database, **options),  # type: ignore[arg-type]
+            lambda db: db.ensure_schema(meta_table="node_meta", version=SCHEMA_VERSION, statements=_SCHEMA,
+                                        what="node"))
         self.where = db.where
-        try:
-            db.ensure_schema(meta_table="node_meta", version=SCHEMA_VERSION, statements=_SCHEMA, what="node")
-        except BaseException:
-            if self._owns_db:
-                db.close()
-            raise
-
-    def close(self) -> None:
-        """Close the pool this store opened; one on a shared database is its owner's to close."""
-        if self._owns_db:
-            self.database.close()
-
-    def __repr__(self) -> str:
-        return f"PostgresNodeStore({self.where!r})"
 
     # --- NodeStore ----------------------------------------------------------------
 

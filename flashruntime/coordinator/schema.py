@@ -20,9 +20,9 @@ from typing import Any
 from urllib.parse import quote
 
 from flashruntime.coordinator.settings import RuntimeSettings
-from flashruntime.database_url import DatabaseURL
+from flashruntime.db.sqlite import has_table
+from flashruntime.db.url import DatabaseURL
 from flashruntime.errors import SchemaVersionError
-from flashruntime.sqlite_database import has_table
 
 __all__ = ["ABSENT", "CURRENT", "NEEDS_UPGRADE", "NEWER", "UNKNOWN", "OldStoreFile", "SchemaReport",
            "StoreVersion", "Upgrade", "classify", "read_schema", "upgrade_schema"]
@@ -228,7 +228,7 @@ def _read_sqlite(database: DatabaseURL, files: Mapping[str, Path]) -> SchemaRepo
 
 def _read_postgres(database: DatabaseURL) -> SchemaReport:
     from flashruntime.coordinator.state import DATABASE_URL_SOURCE
-    from flashruntime.postgres_database import PostgresDatabase
+    from flashruntime.db.postgres import PostgresDatabase
 
     db = PostgresDatabase(database.url, min_size=0, max_size=1, source=DATABASE_URL_SOURCE)
     try:

@@ -21,7 +21,7 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from flashruntime.database_url import FORMS, DatabaseURL, mask_password, parse_database_url, sqlite_url
+from flashruntime.db.url import FORMS, DatabaseURL, mask_password, parse_database_url, sqlite_url
 from flashruntime.ray_backend.cluster import ADDRESS_FORMS, parse_ray_address
 
 __all__ = ["DEFAULT_RATE_LIMIT", "RuntimeSettings"]

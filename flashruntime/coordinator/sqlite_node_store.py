@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from flashruntime.coordinator.node_store import StoredNode
-from flashruntime.errors import SchemaVersionError
+from flashruntime.db.owned import DatabaseStore
+from flashruntime.db.sqlite import SqliteDatabase, recorded_version
+from flashruntime.db.sqlite_errors import translate_sqlite_errors
 from flashruntime.protocol.v1alpha1 import NodeRegistration
-from flashruntime.sqlite_database import SqliteDatabase, recorded_version
-from flashruntime.sqlite_errors import translate_sqlite_errors
 
 __all__ = ["SCHEMA_VERSION", "SqliteNodeStore", "stored_schema_version"]
 
@@ -40,47 +40,25 @@ def stored_schema_version(connection: sqlite3.Connection) -> str | None:
 
 
 @translate_sqlite_errors(lambda store: f"node store {store.path}")
-class SqliteNodeStore:
+class SqliteNodeStore(DatabaseStore[SqliteDatabase]):
     """Nodes in the SQLite file at ``path``, or in a ``SqliteDatabase`` shared with other
     stores (whose owner closes it). The constructor creates the schema; a newer one is
     refused rather than misread."""
 
     def __init__(self, path: str | os.PathLike[str] | SqliteDatabase, *, busy_timeout_ms: int = 5000) -> None:
-        if isinstance(path, SqliteDatabase):
-            db, self._owns_db = path, False
-        else:
-            db, self._owns_db = SqliteDatabase(os.fspath(path), busy_timeout_ms=busy_timeout_ms), True
-        self._db = db
+        def open_file() -> SqliteDatabase:
+            return SqliteDatabase(os.fspath(path), busy_timeout_ms=busy_timeout_ms)  # type: ignore[arg-type]
+
+        db = self._open_database(
+            path, SqliteDatabase, open_file,
+            lambda db: db.ensure_schema(meta_table="node_meta", version=SCHEMA_VERSION, statements=_SCHEMA,
+                                        what="node"))
         self.path = db.path
-        try:
-            with self._write() as conn:
-                for statement in _SCHEMA:
-                    conn.execute(statement)
-                row = conn.execute("SELECT value FROM node_meta WHERE key = 'schema_version'").fetchone()
-                if row is None:
-                    conn.execute("INSERT INTO node_meta (key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
-                elif row[0] != SCHEMA_VERSION:
-                    raise SchemaVersionError(
-                        f"{self.path}: node schema version {row[0]!r} is not one this flashruntime reads (it reads "
-                        f"{SCHEMA_VERSION!r}); open it with the version that wrote it"
-                    )
-        except BaseException:
-            if self._owns_db:
-                db.close()
-            raise
-
-    def close(self) -> None:
-        """Close the connection this store opened; one on a shared database is its owner's to close."""
-        if self._owns_db:
-            self._db.close()
-
-    def __repr__(self) -> str:
-        return f"SqliteNodeStore({str(self.path)!r})"
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._db.transaction():
-            yield self._db.connection
+        with self.database.transaction():
+            yield self.database.connection
 
     # --- NodeStore ----------------------------------------------------------------
 
@@ -94,14 +72,14 @@ class SqliteNodeStore:
             )
 
     def get(self, node_id: str) -> StoredNode | None:
-        with self._db.lock:
-            row = self._db.connection.execute(f"SELECT {_COLUMNS} FROM nodes WHERE node_id = ?",
+        with self.database.lock:
+            row = self.database.connection.execute(f"SELECT {_COLUMNS} FROM nodes WHERE node_id = ?",
                                               (node_id,)).fetchone()
         return None if row is None else _node(row)
 
     def all(self) -> list[StoredNode]:
-        with self._db.lock:
-            rows = self._db.connection.execute(f"SELECT {_COLUMNS} FROM nodes ORDER BY node_id").fetchall()
+        with self.database.lock:
+            rows = self.database.connection.execute(f"SELECT {_COLUMNS} FROM nodes ORDER BY node_id").fetchall()
         return [_node(row) for row in rows]
 
     def set_pools(self, node_id: str, pools: list[str]) -> bool:

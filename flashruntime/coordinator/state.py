@@ -26,10 +26,10 @@ from flashruntime.checkpoint.store import ManifestStore
 from flashruntime.coordinator.ledger import Ledger
 from flashruntime.coordinator.node_store import NodeStore
 from flashruntime.coordinator.settings import RuntimeSettings
-from flashruntime.database_url import DatabaseURL
+from flashruntime.db.postgres_errors import is_retryable
+from flashruntime.db.url import DatabaseURL
 from flashruntime.errors import StoreError
 from flashruntime.leases.store import LeaseStore
-from flashruntime.postgres_database import is_retryable
 
 __all__ = ["DATABASE_URL_SOURCE", "TRANSACTION_ATTEMPTS", "CoordinatorState", "InTransaction", "StateDatabase",
            "SweeperLock", "open_state", "run_in_transaction"]
@@ -163,8 +163,8 @@ def _open_sqlite(url: DatabaseURL, settings: RuntimeSettings) -> CoordinatorStat
     from flashruntime.checkpoint.sqlite_store import SqliteManifestStore
     from flashruntime.coordinator.sqlite_node_store import SqliteNodeStore
     from flashruntime.coordinator.store_files import import_store_files
+    from flashruntime.db.sqlite import SqliteDatabase
     from flashruntime.leases.sqlite_store import PAGE_SIZE, SqliteLeaseStore
-    from flashruntime.sqlite_database import SqliteDatabase
 
     assert url.path is not None  # a SQLite URL always names its file
     memory = str(url.path) == ":memory:"
@@ -185,8 +185,8 @@ def _open_sqlite(url: DatabaseURL, settings: RuntimeSettings) -> CoordinatorStat
 def _open_postgres(url: DatabaseURL) -> CoordinatorState:
     from flashruntime.checkpoint.postgres_store import PostgresManifestStore
     from flashruntime.coordinator.postgres_node_store import PostgresNodeStore
+    from flashruntime.db.postgres import PostgresDatabase
     from flashruntime.leases.postgres_store import PostgresLeaseStore
-    from flashruntime.postgres_database import PostgresDatabase
 
     database = PostgresDatabase(url.url, source=DATABASE_URL_SOURCE)
     try:

@@ -17,9 +17,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from flashruntime.checkpoint.sqlite_store import SqliteManifestStore
+from flashruntime.db.sqlite import SqliteDatabase
 from flashruntime.files import fsync_directory
 from flashruntime.leases.sqlite_store import SqliteLeaseStore
-from flashruntime.sqlite_database import SqliteDatabase
 
 __all__ = ["IMPORTED_SUFFIX", "import_store_files"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
-from flashruntime.leases.store import TaskRecord
+from flashruntime.leases._record import TaskRecord
 from flashruntime.protocol.lease_rules import LONGEST_LEASE_SECONDS, SHORTEST_LEASE_SECONDS
 from flashruntime.protocol.v1alpha1 import TaskSpec, TaskState
 

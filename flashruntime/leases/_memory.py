@@ -17,7 +17,7 @@ from datetime import datetime
 from heapq import heapify, heappop, heappush
 
 from flashruntime.leases._models import UTC, coerce_now
-from flashruntime.leases.store import LeaseStore, TaskRecord
+from flashruntime.leases._record import TaskRecord
 from flashruntime.protocol.v1alpha1 import TaskState
 
 __all__ = ["InMemoryLeaseStore"]
@@ -125,8 +125,9 @@ class _Entry:
         self.deadline: datetime | None = None
 
 
-class InMemoryLeaseStore(LeaseStore):
-    """Insertion-ordered records keyed by ``(job_id, task_id)``, with indexes.
+class InMemoryLeaseStore:
+    """A ``LeaseStore`` (every operation of it): insertion-ordered records keyed by
+    ``(job_id, task_id)``, with indexes.
 
     ``save`` persists nothing (records are live objects) but brings the indexes
     up to date, so the manager's ``save`` after each mutation is what keeps
@@ -280,6 +281,19 @@ class InMemoryLeaseStore(LeaseStore):
     def cordons(self) -> dict[str, tuple[datetime | None, str]]:
         with self._lock:
             return dict(self._cordons)
+
+    # The class's own forms of the three lookups each instance answers with its index's
+    # C-level method (bound in ``__init__``): what ``issubclass(InMemoryLeaseStore,
+    # LeaseStore)`` and a subclass's ``super()`` find.
+
+    def find_lease(self, lease_id: str) -> TaskRecord | None:
+        return self._by_lease.get(lease_id)
+
+    def has_lease(self, lease_id: str) -> bool:
+        return lease_id in self._by_lease
+
+    def cordon_for(self, node_id: str) -> tuple[datetime | None, str] | None:
+        return self._cordons.get(node_id)
 
     # --- index maintenance ------------------------------------------------
 

@@ -1,19 +1,30 @@
-"""Schema and statements of ``PostgresLeaseStore``.
+"""Schema and statements of ``PostgresLeaseStore`` (with those it shares with SQLite's, from
+``_sql``, written with psycopg's placeholders).
 
 The layout is the SQLite store's: one row per task (its spec as JSON text, the mutable
 columns), a lease history table, a cordon table. Ids are ``COLLATE "C"``: byte order,
-as Python sorts, whatever the database's locale. States are SQL literals, never
-parameters, so the planner can match the partial indexes' ``WHERE state = ...``. Each
-read that a transition acts on has a ``_LOCKED`` form for use inside a transaction:
-``FOR UPDATE`` where one task is named, ``FOR UPDATE SKIP LOCKED`` where the store picks
-tasks (claims, a policy's choice, expiries), so concurrent claimers never pick the same
-task and never wait on each other. Pages offered to a policy are read without locks.
+as Python sorts, whatever the database's locale. Each read that a transition acts on has
+a ``_LOCKED`` form for use inside a transaction: ``FOR UPDATE`` where one task is named,
+``FOR UPDATE SKIP LOCKED`` where the store picks tasks (claims, a policy's choice,
+expiries), so concurrent claimers never pick the same task and never wait on each other.
+Pages offered to a policy are read without locks.
 """
 
 from __future__ import annotations
 
+from flashruntime.leases import _sql
+from flashruntime.leases._sql import COLUMNS, CORDONS, COUNTS_ALL, META_TABLE, MUTABLE, pyformat
+
+__all__ = [
+    "ALL", "ALL_HISTORY", "ALL_HISTORY_JOB", "ALL_JOB", "COLUMNS", "CORDONS", "CORDON_FOR", "COUNTS_ALL",
+    "COUNTS_JOB", "EXPIRED", "EXPIRED_LOCKED", "FIND_LEASE", "FIND_LEASE_LOCKED", "GET", "GET_LOCKED", "HAS_LEASE",
+    "HISTORY", "HISTORY_OF", "HISTORY_OWNER", "INSERT", "INSERT_HISTORY", "LEASED", "LEASED_BY_NODE",
+    "LOCK_PENDING", "META_TABLE", "MUTABLE", "NEXT_PENDING", "NEXT_PENDING_JOB", "NEXT_PENDING_JOB_LOCKED",
+    "NEXT_PENDING_LOCKED", "PENDING_PAGE", "PENDING_PAGE_JOB", "PUT_CORDON", "REMOVE_CORDON", "SCHEMA",
+    "SCHEMA_VERSION", "UPDATE", "update",
+]
+
 SCHEMA_VERSION = "1"
-META_TABLE = "lease_meta"
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS lease_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -35,11 +46,8 @@ SCHEMA = (
         releases_seen BIGINT NOT NULL DEFAULT 0,
         PRIMARY KEY (job_id, task_id)
     )""",
-    "CREATE INDEX IF NOT EXISTS lease_tasks_pending ON lease_tasks (seq) WHERE state = 'PENDING'",
-    "CREATE INDEX IF NOT EXISTS lease_tasks_pending_job ON lease_tasks (job_id, seq) WHERE state = 'PENDING'",
+    *_sql.INDEXES,
     "CREATE INDEX IF NOT EXISTS lease_tasks_deadline ON lease_tasks (deadline, seq) WHERE state = 'LEASED'",
-    "CREATE INDEX IF NOT EXISTS lease_tasks_node ON lease_tasks (active_node_id) WHERE state = 'LEASED'",
-    "CREATE INDEX IF NOT EXISTS lease_tasks_job_state ON lease_tasks (job_id, state)",
     """CREATE TABLE IF NOT EXISTS lease_history (
         lease_id TEXT COLLATE "C" PRIMARY KEY,
         job_id TEXT COLLATE "C" NOT NULL,
@@ -55,28 +63,12 @@ SCHEMA = (
     )""",
 )
 
-# What a record is read from: the key, seq, spec, then MUTABLE in UPDATE order.
-MUTABLE = (
-    "state",
-    "attempts_used",
-    "failures_seen",
-    "expiries_seen",
-    "active_lease_id",
-    "active_node_id",
-    "deadline",
-    "active_lease_json",
-    "accepted_attempt_id",
-    "accepted_output_sha256",
-    "releases_seen",
-)
-COLUMNS = "job_id, task_id, seq, spec_json, " + ", ".join(MUTABLE)
-
 _LOCK_ONE = " FOR UPDATE"
 _LOCK_FREE = " FOR UPDATE SKIP LOCKED"
 
 # --- reads -----------------------------------------------------------------------
 
-GET = f"SELECT {COLUMNS} FROM lease_tasks WHERE job_id = %s AND task_id = %s"
+GET = pyformat(_sql.GET)
 GET_LOCKED = GET + _LOCK_ONE
 NEXT_PENDING = f"SELECT {COLUMNS} FROM lease_tasks WHERE state = 'PENDING' ORDER BY seq LIMIT 1"
 NEXT_PENDING_LOCKED = NEXT_PENDING + _LOCK_FREE
@@ -100,8 +92,8 @@ FIND_LEASE = (
 FIND_LEASE_LOCKED = FIND_LEASE + _LOCK_ONE
 LEASED_BY_NODE = f"SELECT {COLUMNS} FROM lease_tasks WHERE state = 'LEASED' AND active_node_id = %s ORDER BY seq"
 LEASED = f"SELECT {COLUMNS} FROM lease_tasks WHERE state = 'LEASED' ORDER BY seq"
-ALL = f"SELECT {COLUMNS} FROM lease_tasks ORDER BY seq"
-ALL_JOB = f"SELECT {COLUMNS} FROM lease_tasks WHERE job_id = %s ORDER BY seq"
+ALL = _sql.ALL
+ALL_JOB = pyformat(_sql.ALL_JOB)
 
 HISTORY = "SELECT lease_id, lease_json FROM lease_history WHERE job_id = %s AND task_id = %s ORDER BY position"
 # The histories of several tasks in one read: the keys as two parallel arrays.
@@ -112,43 +104,25 @@ HISTORY_OF = (
 )
 ALL_HISTORY = "SELECT job_id, task_id, lease_id, lease_json FROM lease_history ORDER BY position"
 ALL_HISTORY_JOB = "SELECT job_id, task_id, lease_id, lease_json FROM lease_history WHERE job_id = %s ORDER BY position"
-HISTORY_OWNER = "SELECT job_id, task_id FROM lease_history WHERE lease_id = %s"
-HAS_LEASE = "SELECT 1 FROM lease_history WHERE lease_id = %s"
-COUNTS_ALL = "SELECT state, COUNT(*) FROM lease_tasks GROUP BY state"
-COUNTS_JOB = "SELECT state, COUNT(*) FROM lease_tasks WHERE job_id = %s GROUP BY state"
+HISTORY_OWNER = pyformat(_sql.HISTORY_OWNER)
+HAS_LEASE = pyformat(_sql.HAS_LEASE)
+COUNTS_JOB = pyformat(_sql.COUNTS_JOB)
 
 # --- writes ----------------------------------------------------------------------
 
 # Nothing is inserted for a duplicate key, and no row comes back: the caller raises.
 INSERT = (
-    "INSERT INTO lease_tasks (job_id, task_id, spec_json, state, attempts_used, failures_seen, expiries_seen, "
-    "active_lease_id, active_node_id, deadline, active_lease_json, accepted_attempt_id, accepted_output_sha256, "
-    "releases_seen) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+    f"INSERT INTO lease_tasks (job_id, task_id, {_sql.INSERTED}) "
+    f"VALUES ({', '.join(['%s'] * (2 + len(_sql.INSERTED.split(','))))}) "
     "ON CONFLICT (job_id, task_id) DO NOTHING RETURNING seq"
 )
-_UPDATES: dict[tuple[int, ...], str] = {}
-
-
-def update(changed: tuple[int, ...]) -> str:
-    """``UPDATE`` of only the ``MUTABLE`` columns at ``changed``: fewer values to send, and one
-    statement text per kind of transition, which psycopg prepares once per connection."""
-    statement = _UPDATES.get(changed)
-    if statement is None:
-        assignments = ", ".join(f"{MUTABLE[i]} = %s" for i in changed)
-        statement = _UPDATES[changed] = f"UPDATE lease_tasks SET {assignments} WHERE job_id = %s AND task_id = %s"
-    return statement
-
-
+update = _sql.partial_updates("%s")
 UPDATE = update(tuple(range(len(MUTABLE))))
-INSERT_HISTORY = (
-    "INSERT INTO lease_history (lease_id, job_id, task_id, lease_json) VALUES (%s, %s, %s, %s) "
-    "ON CONFLICT (lease_id) DO NOTHING"
-)
+INSERT_HISTORY = pyformat(_sql.INSERT_HISTORY)
 
 PUT_CORDON = (
     "INSERT INTO lease_cordons (node_id, until, reason) VALUES (%s, %s, %s) "
     "ON CONFLICT (node_id) DO UPDATE SET until = EXCLUDED.until, reason = EXCLUDED.reason"
 )
-REMOVE_CORDON = "DELETE FROM lease_cordons WHERE node_id = %s"
-CORDONS = "SELECT node_id, until, reason FROM lease_cordons ORDER BY node_id"
-CORDON_FOR = "SELECT until, reason FROM lease_cordons WHERE node_id = %s"
+REMOVE_CORDON = pyformat(_sql.REMOVE_CORDON)
+CORDON_FOR = pyformat(_sql.CORDON_FOR)

@@ -1,6 +1,7 @@
-"""The lease store contract: ``TaskRecord``, the ``LeaseStore`` protocol (what each
-method MUST do, with defaults for the derived ones), and the in-memory implementation
-(defined in ``_memory`` and re-exported here).
+"""The lease store contract: the ``LeaseStore`` protocol (what each method MUST do, with
+defaults for the derived ones), with ``TaskRecord`` and the in-memory implementation
+(defined in ``_record`` and ``_memory``, which need nothing of this module, and re-exported
+here).
 
 A store keeps task records durable and findable; every decision about them is the
 manager's. Six methods are required of any store; the derived ones have defaults here
@@ -14,56 +15,11 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from flashruntime.protocol.v1alpha1 import Lease, TaskSpec, TaskState
+from flashruntime.leases._memory import InMemoryLeaseStore
+from flashruntime.leases._record import TaskRecord
+from flashruntime.protocol.v1alpha1 import TaskState
 
 __all__ = ["REQUIRED_METHODS", "InMemoryLeaseStore", "LeaseStore", "TaskRecord", "with_derived_operations"]
-
-
-class TaskRecord:
-    """One task's durable state: its spec, lifecycle state, counters and leases.
-
-    ``attempts_used`` counts claims (and numbers attempts); the two budgets are
-    ``failures_seen`` against ``spec.max_attempts`` and ``expiries_seen`` against
-    ``spec.max_expiries``. ``releases_seen`` counts leases given back by a worker that was
-    shutting down, which spend neither. ``lease_history`` keeps every lease as first
-    issued; ``active_lease`` is the current one, with its latest deadline.
-    """
-
-    __slots__ = (
-        "spec",
-        "state",
-        "attempts_used",
-        "failures_seen",
-        "expiries_seen",
-        "releases_seen",
-        "active_lease",
-        "accepted_attempt_id",
-        "accepted_output_sha256",
-        "lease_history",
-        "seq",
-    )
-
-    def __init__(self, spec: TaskSpec) -> None:
-        self.spec = spec
-        self.state: TaskState = TaskState.PENDING
-        self.attempts_used = 0
-        self.failures_seen = 0
-        self.expiries_seen = 0
-        self.releases_seen = 0
-        self.active_lease: Lease | None = None
-        self.accepted_attempt_id: str | None = None
-        self.accepted_output_sha256: str | None = None
-        self.lease_history: dict[str, Lease] = {}
-        self.seq: int | None = None
-
-    def __repr__(self) -> str:
-        lease = self.active_lease.lease_id if self.active_lease is not None else None
-        return (
-            f"TaskRecord(job_id={self.spec.job_id!r}, task_id={self.spec.task_id!r}, state={self.state.value}, "
-            f"seq={self.seq}, attempts_used={self.attempts_used}, failures_seen={self.failures_seen}, "
-            f"expiries_seen={self.expiries_seen}, releases_seen={self.releases_seen}, active_lease={lease!r}, "
-            f"accepted_attempt_id={self.accepted_attempt_id!r})"
-        )
 
 
 @runtime_checkable
@@ -230,14 +186,3 @@ def with_derived_operations(store: object) -> LeaseStore:
     if all(callable(getattr(store, name, None)) for name in (*_DERIVED, *_CORDONS, "cordon_for")):
         return store  # type: ignore[return-value]
     return _WithDerived(store)
-
-
-def __getattr__(name: str) -> object:
-    # InMemoryLeaseStore subclasses LeaseStore, so it is defined beside this module and found
-    # here on first use: importing it at the top would make the two modules import each other.
-    if name == "InMemoryLeaseStore":
-        from flashruntime.leases._memory import InMemoryLeaseStore
-
-        globals()[name] = InMemoryLeaseStore
-        return InMemoryLeaseStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -317,7 +317,7 @@ def compare_results(chaos: dict[str, Any] | None, reference: dict[str, Any] | No
 
 def render_report(report: dict[str, Any]) -> str:
     """The chaos report as text (``flashruntime chaos`` prints it)."""
-    from flashruntime.local.goodput import GoodputLedger, Recovery, ledger_lines
+    from flashruntime.goodput.run import GoodputLedger, Recovery, ledger_lines
 
     def line(label: str, text: str) -> str:
         return f"  {label.ljust(10)}{text}"

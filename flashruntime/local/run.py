@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flashruntime.files import write_atomic
+from flashruntime.goodput.run import GoodputLedger, ledger_of_run
 from flashruntime.launchers import LaunchState
 from flashruntime.local.failure_summary import render_failure_summary
-from flashruntime.local.goodput import GoodputLedger, ledger_of_run
 from flashruntime.recovery.budget import RestartBudget
 from flashruntime.workloads.ranking import resolve_mode
 
@@ -162,7 +162,7 @@ class Run:
         return rows
 
     def goodput(self) -> GoodputLedger:
-        """The run's goodput ledger so far (see ``flashruntime.local.goodput``)."""
+        """The run's goodput ledger so far (see ``flashruntime.goodput.run``)."""
         return ledger_of_run(self.output_dir, now=time.time())
 
     def failure_summary(self) -> str | None:

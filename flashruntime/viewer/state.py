@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flashruntime.checkpoint.local import MANIFEST_NAME, latest_valid_manifest, read_manifest, verify_manifest
-from flashruntime.local.goodput import goodput_ledger, step_records
+from flashruntime.goodput.run import goodput_ledger, step_records
 from flashruntime.monitor.progress import FRAMEWORK_METRICS_NAME
 from flashruntime.protocol.v1alpha1 import CheckpointValidation
 from flashruntime.viewer.series import MetricsCache, MetricsView, ReadBudget, strict_loads
@@ -111,7 +111,7 @@ _GOODPUT_CACHE: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
 
 
 def _goodput(run_dir: Path, doc: dict[str, Any], attempt_dirs: list[Path], now: float) -> dict[str, Any] | None:
-    """The run's goodput ledger (``flashruntime.local.goodput``), or None while a live run's
+    """The run's goodput ledger (``flashruntime.goodput.run``), or None while a live run's
     metrics are too large to read whole on every poll."""
     sizes = []
     for attempt_dir in attempt_dirs:

@@ -4,9 +4,8 @@ reopened from disk before every step, and ``PostgresLeaseStore`` on a fresh data
 the session's PostgreSQL cluster. Manager-level tests also run against a user store that
 implements only the required methods (the manager's fallbacks).
 
-Over an ``InMemoryLeaseStore`` the manager fuses claim, heartbeat and complete with the
-store's indexes (``leases._memory_fast``); ``memory_general`` runs every test over a
-subclass of the store, which the manager drives through its general path instead.
+``memory_general`` runs every test over a subclass of ``InMemoryLeaseStore``, as a
+store that extends the in-memory one would be.
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ from flashruntime.leases import (
     SqliteLeaseStore,
     TaskRecord,
 )
-from flashruntime.leases.postgres_store import PostgresLeaseStore
 from flashruntime.leases._offer import PAGE_SIZE
+from flashruntime.leases.postgres_store import PostgresLeaseStore
 from flashruntime.protocol.v1alpha1 import Event, EventType, TaskSpec, TaskState
 from flashruntime.scheduler import FifoPlacement, IsolationAwarePlacement, PlacementPolicy
 
@@ -88,7 +87,7 @@ class MinimalStore:
 
 
 class GeneralPathMemoryStore(InMemoryLeaseStore):
-    """The in-memory store, driven through the manager's general path (a subclass is never fused)."""
+    """The in-memory store, extended by a subclass that adds nothing."""
 
 
 class Harness:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from benchmarks.profile_coordinator import layer_of, read_collapsed
 
-COMMIT = "_Transaction.__exit__ (flashruntime/sqlite_database.py:60)"
+COMMIT = "_Transaction.__exit__ (flashruntime/db/sqlite.py:60)"
 MANAGER = "LeaseManager.complete (flashruntime/leases/manager.py:300)"
 ROUTE = "fleet_router.<locals>.complete (flashruntime/coordinator/routes_fleet.py:156)"
 POLL = "EpollSelector.select (selectors.py:468)"

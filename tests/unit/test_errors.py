@@ -112,11 +112,9 @@ def test_docstring_draws_the_tree() -> None:
 
 # Exceptions that are deliberately outside the family: control flow that no
 # ``except FlashRuntimeError`` may swallow (a signal, a lost lease ending the worker's
-# attempt, a fused lease transition handing its case to the general path inside the
-# method), and the simulated crash a task module raises as ``SystemExit``.
+# attempt), and the simulated crash a task module raises as ``SystemExit``.
 _OUTSIDE_THE_FAMILY = {
     "flashruntime.local.guard.Terminated",
-    "flashruntime.leases._memory_fast._TakeGeneralPath",
     "flashruntime.agent.lease_run._LeaseLost",
     "flashruntime.cli.plan._RequestError",
     "flashruntime.cli.serve._Terminated",

@@ -92,6 +92,17 @@ COMPAT: dict[str, tuple[str, tuple[str, ...]]] = {
     "flashruntime.service.worker": ("flashruntime.agent", ("WorkerAgent", "main")),
     "flashruntime.service.cli": ("flashruntime.cli", ("main",)),
     "flashruntime.service.dashboard": ("flashruntime.coordinator.dashboard", ("DASHBOARD_HTML",)),
+    "flashruntime.sqlite_database": ("flashruntime.db", ("SqliteDatabase", "has_table", "recorded_version")),
+    "flashruntime.sqlite_errors": ("flashruntime.db", ("translate_sqlite_errors",)),
+    "flashruntime.postgres_database": ("flashruntime.db", (
+        "PostgresDatabase", "SessionLock", "is_retryable", "translate_postgres_errors")),
+    "flashruntime.database_url": ("flashruntime.db.url", (
+        "FORMS", "DatabaseURL", "mask_password", "parse_database_url", "sqlite_url")),
+    "flashruntime.job_goodput": ("flashruntime.goodput", ("JobGoodput", "JobRecovery", "job_goodput",
+                                                          "job_goodput_lines")),
+    "flashruntime.local.goodput": ("flashruntime.goodput.run", (
+        "METRICS_FILE", "AttemptSteps", "GoodputLedger", "Recovery", "attempt_steps", "goodput_ledger",
+        "ledger_lines", "ledger_of_run", "step_records")),
 }
 
 

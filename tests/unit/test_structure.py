@@ -42,6 +42,8 @@ LAYOUT = {
     "providers": "resource requirements",
     "ray_backend": "running work on a Ray cluster",
     "service": "compatibility import paths",
+    "db": "the SQLite and PostgreSQL databases under every store",
+    "goodput": "the goodput ledgers of coordinator jobs and local runs",
 }
 CORE_LOGIC = ("leases", "scheduler", "checkpoint", "recovery", "planner")
 HEAVY = ("fastapi", "starlette", "uvicorn", "httpx", "torch", "numpy", "ray", "psycopg")
