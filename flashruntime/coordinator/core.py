@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import secrets
 import threading
 from collections.abc import Callable
@@ -23,10 +22,19 @@ from pathlib import Path
 from typing import Any, cast
 
 from flashruntime.checkpoint import CheckpointCatalog
-from flashruntime.coordinator.access import LiveLease, artifact_read_allowed, owns_job
+from flashruntime.coordinator.access import LiveLease, owns_job
 from flashruntime.coordinator.admission import JobBounds, SubmitterQuota, over_quota
+from flashruntime.coordinator.admission_checks import (
+    SUBMITTED_BY_KEY,
+    require_code_permission,
+    require_configured_backend,
+    require_finite_parameters,
+    require_ray_placement,
+    require_readable_inputs,
+    submitter_of,
+)
 from flashruntime.coordinator.artifacts import ArtifactStore, sha256_of
-from flashruntime.coordinator.auth import ARGV_SUBMITTERS_ENV, Identity, Role, authenticator_from_env
+from flashruntime.coordinator.auth import Identity, authenticator_from_env
 from flashruntime.coordinator.expansion import expand_tasks, require_task_bound
 from flashruntime.coordinator.failures import TASK_MODE, failure_classified, failure_reason
 from flashruntime.coordinator.lease_jobs import TERMINAL_JOB_STATES, refreshed
@@ -45,9 +53,7 @@ from flashruntime.coordinator.task_logs import (
     with_tail,
 )
 from flashruntime.errors import (
-    AuthFailure,
     CheckpointError,
-    CodeExecutionNotPermitted,
     ExpansionError,
     FlashRuntimeError,
     LeaseError,
@@ -66,17 +72,12 @@ from flashruntime.protocol.v1alpha1 import (
     SubmittedBy,
     TaskState,
 )
-from flashruntime.ray_backend.resources import ray_options, unplaceable_reason
 from flashruntime.recovery.verdict import judge_exit, judge_no_result
 from flashruntime.scheduler import IsolationAwarePlacement
 
 __all__ = ["SUBMITTED_BY_KEY", "Coordinator", "NoBackend"]
 
 SERVICE_SOURCE = "flashruntime.service"
-# The task payload key that tells a worker who submitted the job and whether that
-# submitter may have commands run: {"role", "name", "may_run_code"}.
-SUBMITTED_BY_KEY = "submitted_by"
-_OPEN_MODE_SUBMITTER = {"role": "anonymous", "name": None, "may_run_code": True}
 EVENTS_LOGGER = logging.getLogger("flashruntime.events")
 log = logging.getLogger("flashruntime.service")
 # The backends a coordinator may run. Both queue their tasks in the lease store: agents claim
@@ -199,35 +200,24 @@ class Coordinator:
         bounds have already sized, and the lease routes never wait behind an unbounded one."""
         identity = identity or Identity(None, False)
         if spec.spec.workload.type == "command":
-            self._require_code_permission(identity)  # before expansion: its errors describe the command
+            require_code_permission(identity)  # before expansion: its errors describe the command
         spec = _with_backend(spec, spec.spec.execution.backend or self.default_backend)
         backend = spec.spec.execution.backend
-        if backend not in self.backends:
-            raise NoBackend(
-                f"backend {backend!r} is not configured on this coordinator: set FLASHML_RAY_ADDRESS (or serve "
-                "--ray-address) to a Ray cluster's address to run jobs on Ray, or submit with "
-                f"spec.execution.backend = 'leases' (the default here) to run them on the agent fleet"
-            )
+        require_configured_backend(backend, self.backends)
         bounds = JobBounds.from_settings(self.settings)
         require_task_bound(spec, bounds)  # before anything walks the parameters: a count is cheap to refuse
-        where = _non_finite(spec.spec.workload.parameters, "spec.workload.parameters")
-        if where is not None:
-            raise ExpansionError(
-                f"{where[0]} is {where[1]}: workload parameters must be finite numbers (JSON has no NaN or "
-                "Infinity, and the job record would keep it as null); give a finite number, or a string such as "
-                "'nan' if your task reads one"
-            )
-        submitted_by, stamp = _submitter_of(identity)
+        require_finite_parameters(spec)
+        submitted_by, stamp = submitter_of(identity)
         self._require_quota(submitted_by, 0)  # a submitter already at its quota is refused before any expansion
         job_id = secrets.token_hex(6)
         tasks = expand_tasks(job_id, spec, bounds)
         if any("argv" in task.payload for task in tasks):
-            self._require_code_permission(identity)
-        self._require_readable_inputs(identity, tasks)
+            require_code_permission(identity)
+        require_readable_inputs(identity, tasks, self.job_owned_by(identity))
         for task in tasks:
             task.payload[SUBMITTED_BY_KEY] = dict(stamp)
         if backend == "ray":
-            self._require_ray_placement(tasks)
+            require_ray_placement(tasks, self.ray.nodes() if self.ray is not None else None)
             for task in tasks:
                 task.payload[BACKEND_KEY] = "ray"
         now = self.now()
@@ -280,42 +270,6 @@ class Coordinator:
         refusal = over_quota(who, len(mine), pending, new_tasks, quota)
         if refusal is not None:
             raise refusal
-
-    def _require_ray_placement(self, tasks: list[Any]) -> None:
-        """``ExpansionError`` (422) for the first task Ray cannot honour: a gate with no Ray
-        equivalent, or resources no node of the cluster has."""
-        nodes = self.ray.nodes() if self.ray is not None else None
-        for task in tasks:
-            options, why = ray_options(task.payload)
-            if why is None and nodes is not None:
-                why = unplaceable_reason(options or {}, nodes)
-            if why is not None:
-                raise ExpansionError(f"task {task.task_id!r} cannot run on Ray: {why}")
-
-    def _require_code_permission(self, identity: Identity) -> None:
-        if identity.role is None or identity.may_run_code:
-            return  # open mode checks nothing
-        who = f"{identity.role.value} {identity.name!r}" if identity.name else "this token"
-        raise CodeExecutionNotPermitted(
-            f"this job runs commands on the fleet, and {who} may not run code: running commands is a separate "
-            f"permission; ask the coordinator's operator to add the name to {ARGV_SUBMITTERS_ENV}"
-        )
-
-    def _require_readable_inputs(self, identity: Identity, tasks: list[Any]) -> None:
-        if identity.role is None or identity.role is Role.OPERATOR:
-            return  # open mode checks nothing; an operator reads everything
-        owned = self.job_owned_by(identity)
-        for task in tasks:
-            inputs = task.payload.get("inputs")
-            for name, uri in (inputs.items() if isinstance(inputs, dict) else ()):
-                if not (isinstance(uri, str) and uri.startswith("artifact://")):
-                    continue
-                key = uri[len("artifact://"):]
-                if not artifact_read_allowed(identity, key, live=[], job_owned=owned):
-                    raise AuthFailure(
-                        403, f"input {name!r} of task {task.task_id!r} is {uri}, which this token may not read: a "
-                             f"job may use as inputs only artifacts its submitter can read (users/{identity.name}/... "
-                             "or jobs/<job>/... of its own jobs)")
 
     def refresh(self, record: JobRecord) -> JobRecord:
         """The record with its derived state (from its tasks in the lease store, for either
@@ -605,31 +559,6 @@ def _last_node(record: Any) -> str | None:
     """The node of the task's active lease, else of its last one, else None."""
     last = record.active_lease or (next(reversed(record.lease_history.values())) if record.lease_history else None)
     return last.node_id if last is not None else None
-
-
-def _submitter_of(identity: Identity) -> tuple[SubmittedBy | None, dict[str, Any]]:
-    """(the job record's ``submitted_by``, the payload stamp) for a submitting identity."""
-    if identity.role is Role.SUBMITTER or identity.role is Role.OPERATOR:
-        name = identity.name or identity.role.value
-        return (SubmittedBy(role=identity.role.value, name=name),
-                {"role": identity.role.value, "name": name, "may_run_code": identity.may_run_code})
-    return None, dict(_OPEN_MODE_SUBMITTER)
-
-
-def _non_finite(value: Any, path: str) -> tuple[str, float] | None:
-    """(where, value) of the first NaN or infinity in a JSON-like ``value``, or None.
-    Iterative: a deeply nested body must not exhaust the stack here."""
-    stack: list[tuple[str, Any]] = [(path, value)]
-    while stack:
-        where, item = stack.pop()
-        if isinstance(item, float):
-            if not math.isfinite(item):
-                return where, item
-        elif isinstance(item, dict):
-            stack.extend(reversed([(f"{where}.{key}", inner) for key, inner in item.items()]))
-        elif isinstance(item, (list, tuple)):
-            stack.extend(reversed([(f"{where}[{i}]", inner) for i, inner in enumerate(item)]))
-    return None
 
 
 def _accepted_evidence(record: Any, row: dict[str, Any] | None) -> dict[str, Any] | None:
