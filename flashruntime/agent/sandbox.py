@@ -2,9 +2,9 @@
 
 Two confinements, both built on ``bwrap``. The sandbox (``--runner sandboxed``): fresh mount,
 pid, ipc, uts and (unless the job asks for the network) network namespaces, the whole
-filesystem read-only but the task's own directories (``task_writable``), ``/tmp`` private,
-the worker's work root and token file out of sight, no capabilities. The light namespace
-(``--runner trusted``): the filesystem read-write and the host network as before, but a pid
+filesystem read-only but the task's own directories (``task_writable``), ``/tmp``, ``/run``
+and ``/var`` emptied (``emptied_dirs``), the worker's work root and token file out of sight,
+no capabilities. The light namespace (``--runner trusted``): the filesystem read-write and the host network as before, but a pid
 namespace of its own (the worker's ``/proc`` entries are not there), the worker's token file
 and other leases' directories out of sight, its lease directory read-only but for the task's
 own directories, no capabilities. The argv builders are pure; ``probe_bwrap`` and
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flashruntime.agent.inputs import LeaseDirs
+from flashruntime.errors import WorkerConfigError
 
 __all__ = [
     "BwrapProbe",
@@ -32,6 +33,7 @@ __all__ = [
     "TaskUser",
     "as_task_user",
     "confine",
+    "emptied_dirs",
     "gpu_device_nodes",
     "namespace_argv",
     "network_requested",
@@ -44,19 +46,23 @@ __all__ = [
     "task_home",
     "task_tmp",
     "task_writable",
+    "uncover_problem",
 ]
 
 # What the sandbox is built from; the probe runs exactly these namespaces once at start.
 _SANDBOX_NAMESPACES = ("--unshare-pid", "--unshare-ipc", "--unshare-uts")
 _COMMON = ("--die-with-parent", "--new-session")
 _TMP = Path("/tmp")
-# Emptied in the sandbox: /run (and /var/run where it is its own directory) holds the host's
-# unix sockets (a container engine's, D-Bus, a user session's), which a read-only mount still
-# lets a process connect to.
-_RUN_DIRS = (Path("/run"), Path("/var/run"))
+# Emptied in the sandbox: /run and /var hold the host's unix sockets (a container engine's,
+# D-Bus, a user session's under /run; kubelet's, LXD's, snapd's under /var/lib and /var/snap),
+# which a read-only mount still lets a process connect to. /var/tmp comes back empty and
+# world-writable, as programs expect it.
+_SOCKET_DIRS = (Path("/run"), Path("/var"))
+_VAR_TMP = Path("/var/tmp")
 # Emptied too when the task itself is root (a root worker without --task-user): the homes of
-# the machine's users hold files that only their owners, root included, may read.
-_ROOT_TASK_HIDDEN = (Path("/root"), Path("/home"))
+# the machine's users, and the places where services, add-on software and mounted volumes keep
+# their files and sockets, which root may read and connect to whatever their modes say.
+_ROOT_TASK_HIDDEN = (Path("/root"), Path("/home"), Path("/srv"), Path("/opt"), Path("/mnt"), Path("/media"))
 # A task switching to --task-user keeps only what setgid/setuid need; they go with the switch.
 _USER_SWITCH_CAPS = ("--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID")
 # Run inside the confinement when the task has its own user: groups, then gid, then uid,
@@ -111,6 +117,10 @@ class Confinement:
     def __post_init__(self) -> None:
         if self.mode != "none" and not self.bwrap:
             raise ValueError(f"confinement mode {self.mode!r} needs the bwrap executable's path")
+        if self.mode == "sandbox":
+            problem = uncover_problem(self.readable, root_task=self.task_user is None and self.worker_is_root)
+            if problem is not None:
+                raise WorkerConfigError(problem)
 
 
 def task_home(dirs: LeaseDirs) -> Path:
@@ -180,8 +190,8 @@ def sandbox_argv(bwrap: str, argv: Sequence[str], *, work_root: Path, writable: 
                  devices: Sequence[Path] = (), network: bool = False, switch_user: bool = False,
                  root_task: bool = False) -> list[str]:
     """The bwrap command line of the full sandbox around ``argv``. Later mounts cover earlier
-    ones, so the order is: everything read-only, fresh /dev and /proc, /tmp and /run emptied
-    (and, for a ``root_task``, the users' homes), the ``readable`` paths under them bound
+    ones, so the order is: everything read-only, fresh /dev and /proc, ``emptied_dirs`` (for a
+    ``root_task`` the users' homes and the service directories too), the ``readable`` paths under them bound
     back, the work root emptied and the lease's ``writable`` directories bound back into it,
     the ``hidden`` files masked last."""
     command = [bwrap, *_COMMON, *_SANDBOX_NAMESPACES]
@@ -192,10 +202,12 @@ def sandbox_argv(bwrap: str, argv: Sequence[str], *, work_root: Path, writable: 
     command += ["--ro-bind", "/", "/", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"]
     for device in _unique(devices):
         command += ["--dev-bind", str(device), str(device)]
-    emptied = [_TMP, *_real_dirs(_RUN_DIRS), *(_real_dirs(_ROOT_TASK_HIDDEN) if root_task else ())]
+    emptied = emptied_dirs(root_task=root_task)
     command += ["--proc", "/proc"]
     for directory in emptied:
         command += ["--perms", "0755", "--tmpfs", str(directory)]
+    if _VAR_TMP.parent in emptied:
+        command += ["--perms", "1777", "--dir", str(_VAR_TMP)]
     if network:  # the resolver's configuration may live under /run (systemd-resolved)
         readable = [*readable, *_resolver_files()]
     for path in _unique(readable):
@@ -207,9 +219,30 @@ def sandbox_argv(bwrap: str, argv: Sequence[str], *, work_root: Path, writable: 
     return command
 
 
+def emptied_dirs(*, root_task: bool = False) -> list[Path]:
+    """The directories the sandbox replaces by an empty tmpfs (those of them that exist here as
+    directories of their own): /tmp, /run and /var always, and for a ``root_task`` the homes and
+    the service, add-on and mount directories as well."""
+    return [_TMP, *_real_dirs(_SOCKET_DIRS), *(_real_dirs(_ROOT_TASK_HIDDEN) if root_task else ())]
+
+
 def _real_dirs(paths: Iterable[Path]) -> list[Path]:
-    """Those of ``paths`` that are directories of their own (/var/run is often a link to /run)."""
+    """Those of ``paths`` that are directories of their own, not links to one."""
     return [path for path in paths if path.is_dir() and not path.is_symlink()]
+
+
+def uncover_problem(readable: Iterable[Path], *, root_task: bool = False) -> str | None:
+    """Why ``readable`` would undo the sandbox, or None: a path bound back that is one of the
+    emptied directories, or holds one, shows all of it again."""
+    emptied = emptied_dirs(root_task=root_task)
+    for path in _unique(readable):
+        resolved = Path(os.path.realpath(path))
+        for directory in emptied:
+            if resolved == directory or resolved in directory.parents:
+                return (f"{path} is readable in the sandbox, but the sandbox empties {directory} (it holds the "
+                        f"host's sockets and other users' files): name the directory inside {directory} that the "
+                        "tasks need instead")
+    return None
 
 
 def _resolver_files() -> list[Path]:

@@ -199,8 +199,9 @@ class WorkerAgent:
             worker_is_root = os.geteuid() == 0
             if worker_is_root and self.task_user is None:
                 logger.warning("this worker runs as root without --task-user, so its sandboxed tasks run as root: they "
-                               "cannot see /root, /home, /run or the worker's files, but they can read root's files "
-                               "elsewhere on the read-only filesystem; name an unprivileged user with --task-user")
+                               "cannot see /root, /home, /run, /var, /srv, /opt, /mnt, /media or the worker's files, but "
+                               "they can read root's files elsewhere on the read-only filesystem; name an unprivileged "
+                               "user with --task-user")
             return Confinement("sandbox", work_root, bwrap, hidden=hidden, readable=readable,
                                devices=gpu_device_nodes(), task_user=self.task_user, worker_is_root=worker_is_root)
         if self.runner == "trusted" and bwrap:
@@ -320,6 +321,11 @@ class WorkerAgent:
 
     def _run_locked(self, work_root: Path) -> int:
         try:
+            confinement = self.confinement(work_root)
+        except WorkerConfigError as exc:
+            logger.error("%s", exc)
+            return EXIT_REFUSED
+        try:
             contained = containment_in_force()  # probed once, before any attempt starts
         except LaunchError as exc:
             logger.error("%s", exc)
@@ -357,7 +363,7 @@ class WorkerAgent:
         runner = LeaseRunner(self.client, work_root=work_root, runner=self.runner, datasets=self.datasets,
                              timing=self.timing, stopping=self._stopping,
                              require_code_grant=self.client.authenticates, journal=journal,
-                             confinement=self.confinement(work_root),
+                             confinement=confinement,
                              trusted_submitter_keys=self.trusted_submitter_keys)
         try:
             self._report_abandoned(journal, leftovers)

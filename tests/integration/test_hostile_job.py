@@ -107,8 +107,9 @@ def test_a_hostile_command_job_finds_no_credential_and_cannot_take_another_job(t
     hints.mkdir()
     outside = tmp_path / "outside"
     outside.mkdir()
-    # One probe under /tmp (the sandbox's /tmp is its own), one on the disk the sandbox shows read-only.
-    probes = [outside / "written-by-a-task", Path(f"/var/tmp/flashruntime-hostile-{secrets.token_hex(4)}")]
+    # One probe under /tmp (the sandbox's /tmp is its own), one on the disk the sandbox shows
+    # read-only: beside the Python installation, which every sandbox binds back read-only.
+    probes = [outside / "written-by-a-task", Path(sys.prefix) / f"flashruntime-hostile-{secrets.token_hex(4)}"]
     (tmp_path / "secrets").mkdir()
     secret_file = token_file(tmp_path / "secrets" / "node-token", NODE_TOKEN)
     try:

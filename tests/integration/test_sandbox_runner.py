@@ -22,6 +22,7 @@ import pytest
 from flashruntime.agent.inputs import lease_dirs, write_spec
 from flashruntime.agent.sandbox import Confinement, probe_bwrap, python_paths, resolve_task_user
 from flashruntime.agent.task_command import build_command, child_env
+from flashruntime.errors import WorkerConfigError
 from flashruntime.protocol.v1alpha1 import Lease
 
 BWRAP = probe_bwrap()
@@ -99,24 +100,27 @@ json.dump(results, open(os.path.join(out, "metrics.json"), "w"))
 
 def test_a_sandboxed_task_writes_only_inside_its_lease(tmp_path: Path) -> None:
     beside = tmp_path / "beside"  # under /tmp: the sandbox's /tmp is its own
-    disk = Path("/var/tmp") / f"flashruntime-sandbox-{os.getpid()}"  # read-only in the sandbox
+    var_tmp = Path("/var/tmp") / f"flashruntime-sandbox-{os.getpid()}"  # the sandbox's /var/tmp is its own too
+    disk = Path.home() / f"flashruntime-sandbox-{os.getpid()}"  # read-only in the sandbox
     other_lease = tmp_path / "work" / "job-0" / "task-000" / "ls-0" / "out"
     other_lease.mkdir(parents=True)
+    outside = (str(beside), str(var_tmp), str(disk), str(other_lease / "x"))
     try:
-        code = WRITES.replace("sys.argv[1:]", repr([str(beside), str(disk), str(other_lease / "x")]))
+        code = WRITES.replace("sys.argv[1:]", repr(list(outside)))
         result, dirs = run_task(tmp_path, code)
         assert result.returncode == 0, result.stderr
         written = json.loads((dirs.out / "metrics.json").read_text())
         assert written[str(disk)] == "EROFS"
         assert written[str(other_lease / "x")] == "ENOENT"  # the work root is empty but for this lease
-        assert not beside.exists() and not disk.exists() and not (other_lease / "x").exists()
-        inside = {key: value for key, value in written.items() if key not in (str(beside), str(disk),
-                                                                               str(other_lease / "x"))}
+        assert written[str(beside)] == written[str(var_tmp)] == "written"  # in the sandbox's own, emptied ones
+        assert not any(Path(path).exists() for path in (beside, var_tmp, disk, other_lease / "x"))
+        inside = {key: value for key, value in written.items() if key not in outside}
         assert set(inside.values()) == {"written"}
         for target in inside:
             assert Path(target).read_text() == "x"  # on the host: the lease's directories are the real ones
     finally:
         disk.unlink(missing_ok=True)
+        var_tmp.unlink(missing_ok=True)
 
 
 UNIX_CONNECT = """
@@ -135,34 +139,57 @@ json.dump(found, open(os.path.join(os.environ["FLASHML_OUTPUT_DIR"], "metrics.js
 """
 
 
-def test_a_sandboxed_task_cannot_reach_the_host_s_unix_sockets_under_run(tmp_path: Path) -> None:
-    # A container engine's socket (/run/docker.sock) is root on the host to whoever connects.
-    engine = Path("/run") / f"flashruntime-test-{os.getpid()}.sock"
+def _listening(path: Path) -> socket.socket:
+    path.parent.mkdir(parents=True, exist_ok=True)
     server = socket.socket(socket.AF_UNIX)
-    server.bind(str(engine))
+    server.bind(str(path))
     server.listen(1)
+    return server
+
+
+@pytest.mark.parametrize("where", ["/run", "/var/lib", "/var/snap"])
+def test_a_sandboxed_task_cannot_reach_the_host_s_unix_sockets(tmp_path: Path, where: str) -> None:
+    # A container engine's socket (/run/docker.sock), kubelet's (/var/lib/kubelet/...) or LXD's
+    # (/var/snap/lxd/...) is root on the host, or near it, to whoever connects.
+    service = Path(where) / f"flashruntime-test-{os.getpid()}"
+    engine = service / "api.sock"
+    server = _listening(engine)
     try:
         result, dirs = run_task(tmp_path, "", argv=[sys.executable, "-c", UNIX_CONNECT, str(engine)])
         assert result.returncode == 0, result.stderr
         assert json.loads((dirs.out / "metrics.json").read_text()) == {str(engine): "FileNotFoundError"}
     finally:
         server.close()
-        engine.unlink()
+        shutil.rmtree(service)
+
+
+def test_a_readable_path_that_would_show_an_emptied_directory_again_is_refused(tmp_path: Path) -> None:
+    for readable in (Path("/var"), Path("/")):
+        with pytest.raises(WorkerConfigError, match=r"the sandbox empties /(var|tmp|run)"):
+            Confinement("sandbox", tmp_path, BWRAP.path, readable=(*python_paths(), readable))
+    Confinement("sandbox", tmp_path, BWRAP.path, readable=(*python_paths(), Path("/var/lib/datasets")))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a root task exists only under a root worker")
-def test_a_root_task_sees_no_home_of_the_machine_s_users(tmp_path: Path) -> None:
+def test_a_root_task_sees_no_home_of_the_machine_s_users_and_no_service_s_socket(tmp_path: Path) -> None:
     secret = Path("/root") / f"flashruntime-test-{os.getpid()}.secret"
     secret.write_text("root's own")
     secret.chmod(0o600)
+    services = [Path(top) / f"flashruntime-test-{os.getpid()}" for top in ("/srv", "/opt")]
+    servers = [_listening(service / "api.sock") for service in services]
     try:
-        code = ("import json, os, sys\ntry:\n    seen = open(sys.argv[1]).read()\nexcept OSError as exc:\n"
+        code = ("import json, os, socket, sys\ntry:\n    seen = open(sys.argv[1]).read()\nexcept OSError as exc:\n"
                 "    seen = type(exc).__name__\n"
-                f"json.dump({{'seen': seen, 'python': sys.version_info[:2] == {tuple(sys.version_info[:2])}}}, "
+                "sockets = []\nfor path in sys.argv[2:]:\n    try:\n        socket.socket(socket.AF_UNIX).connect(path)\n"
+                "        sockets.append('connected')\n    except OSError as exc:\n"
+                "        sockets.append(type(exc).__name__)\n"
+                f"json.dump({{'seen': seen, 'sockets': sockets, "
+                f"'python': sys.version_info[:2] == {tuple(sys.version_info[:2])}}}, "
                 "open(os.path.join(os.environ['FLASHML_OUTPUT_DIR'], 'metrics.json'), 'w'))")
         work = tmp_path / "work"
         dirs = lease_dirs(work, "job-1", "task-000", "ls-1")
-        payload = {"argv": [sys.executable, "-c", code, str(secret)], "submitted_by": GRANTED,
+        payload = {"argv": [sys.executable, "-c", code, str(secret), *(str(service / "api.sock") for service in services)],
+                   "submitted_by": GRANTED,
                    "isolation": {"tier": "sandboxed"}}
         confinement = Confinement("sandbox", work, BWRAP.path, readable=python_paths(), worker_is_root=True)
         argv, env = build_command(payload, "sandboxed", dirs, confinement=confinement)
@@ -173,9 +200,13 @@ def test_a_root_task_sees_no_home_of_the_machine_s_users(tmp_path: Path) -> None
                                 capture_output=True, text=True, timeout=120, check=False)
         assert result.returncode == 0, result.stderr
         # The worker's Python (here under /root) is bound back; root's other files are not there.
-        assert json.loads((dirs.out / "metrics.json").read_text()) == {"seen": "FileNotFoundError", "python": True}
+        assert json.loads((dirs.out / "metrics.json").read_text()) == {
+            "seen": "FileNotFoundError", "sockets": ["FileNotFoundError"] * 2, "python": True}
     finally:
         secret.unlink()
+        for server, service in zip(servers, services):
+            server.close()
+            shutil.rmtree(service)
 
 
 def test_the_trusted_runner_s_namespace_masks_the_token_file_and_hides_the_worker(tmp_path: Path) -> None:

@@ -361,3 +361,13 @@ def test_handing_the_checkpoints_to_the_task_user_never_goes_through_a_link(tmp_
     assert (outside.stat().st_uid, outside.stat().st_gid) == (0, 0)
     assert (dirs.ckpt / "mine.pt").stat().st_uid == 65534 and dirs.ckpt.stat().st_uid == 65534
     assert os.lstat(dirs.ckpt / "to-outside").st_uid == 65534  # the link itself, not what it names
+
+
+def test_a_worker_whose_dataset_would_show_var_again_stops_before_it_registers(tmp_path: Path, caplog: Any) -> None:
+    # The coordinator's address answers nothing: the worker must stop before it ever calls it.
+    agent = WorkerAgent("http://127.0.0.1:1", runner="sandboxed", sandbox_probe=WORKS, work_dir=tmp_path / "work",
+                        datasets={"everything": "/var"})
+    with caplog.at_level("ERROR", logger="flashruntime"):
+        assert agent.run() == 1
+    assert "/var is readable in the sandbox, but the sandbox empties /var" in caplog.text
+    assert "registration" not in caplog.text and "unreachable" not in caplog.text
