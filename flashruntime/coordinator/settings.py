@@ -131,14 +131,18 @@ class RuntimeSettings(BaseSettings):
     @classmethod
     def _proxy_networks(cls, value: Any) -> Any:
         if isinstance(value, str):
-            entries = [entry.strip() for entry in value.split(",") if entry.strip()]
-            for entry in entries:
+            networks = []
+            for entry in (entry.strip() for entry in value.split(",")):
+                if not entry:
+                    continue
                 try:
-                    ipaddress.ip_network(entry, strict=False)
+                    # Canonical form: the server takes a network with host bits set (10.1.0.5/16)
+                    # for a literal name that no address ever equals.
+                    networks.append(str(ipaddress.ip_network(entry, strict=False)))
                 except ValueError:
                     raise ValueError(f"{entry!r} is not an IP address or network (e.g. 10.0.0.5 or "
                                      "10.1.0.0/16)") from None
-            return ",".join(entries)
+            return ",".join(networks)
         return value
 
     @field_validator("join_code", mode="before")

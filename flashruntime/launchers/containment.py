@@ -217,6 +217,18 @@ def _remove_abandoned(parent: Path) -> None:
             os.rmdir(entry.path)
 
 
+def _another_live_agent(pid: int) -> bool:
+    """Whether ``pid`` is a live flashruntime process other than this one. A pid the kernel
+    has given to another program since its agent died is not: its cgroups are leftovers."""
+    if pid == os.getpid():
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return _alive(pid)  # no /proc to read: a live pid may be the agent
+    return b"flashruntime" in cmdline
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -406,7 +418,8 @@ def end_leftover_cgroup(path: str | os.PathLike[str], grace_s: float, *,
     ``<cgroup>/flashruntime`` directory (``own``: that cgroup, found when None), is touched:
     a damaged journal must never name a cgroup that holds anyone else's processes, another
     agent's attempts on this machine included. An agent restarted in the same cgroup (the
-    same service) finds what its predecessor left."""
+    same service) finds what its predecessor left. One whose creator (the pid in its name)
+    is another live flashruntime process is that agent's, and is left alone."""
     candidate = Path(os.path.realpath(path))
     if own is None:
         found = _own_cgroup_dir(Path("/proc/self/mountinfo"), Path("/proc/self/cgroup"))
@@ -415,6 +428,9 @@ def end_leftover_cgroup(path: str | os.PathLike[str], grace_s: float, *,
         own = found
     if (candidate.parent != Path(os.path.realpath(own / CGROUP_PARENT)) or not _NAME.fullmatch(candidate.name)
             or not (candidate / "cgroup.procs").is_file()):
+        return set()
+    creator = _CREATOR.search(candidate.name)
+    if creator is None or _another_live_agent(int(creator.group(1))):
         return set()
     cgroup = AttemptCgroup(candidate)
     held = cgroup.members()

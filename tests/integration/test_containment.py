@@ -229,7 +229,22 @@ def test_a_recorded_cgroup_is_ended_only_where_the_agent_makes_them(tmp_path: Pa
         wait_until(lambda: not AttemptCgroup(stray).populated(), "the bystander to leave")
         with contextlib.suppress(OSError):
             stray.rmdir()
-    # Inside one: its processes are stopped and it is removed.
+    # Inside one but made by another live agent (a second worker of the same service): left
+    # alone. Its creator here is the process it holds, started as a worker is.
+    keeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "-m", "flashruntime.cli",
+                               "worker"])
+    live_agents = AttemptCgroup(parent / f"live-agent-{keeper.pid}-1")
+    live_agents.path.mkdir()
+    try:
+        (live_agents.path / "cgroup.procs").write_text(str(keeper.pid))
+        assert end_leftover_cgroup(live_agents.path, 0.0) == set()
+        assert keeper.poll() is None and live_agents.path.exists()
+    finally:
+        keeper.kill()
+        keeper.wait()
+        wait_until(lambda: not live_agents.populated(), "the live agent's attempt to end")
+        live_agents.path.rmdir()
+    # Inside one, made by this process or one that is gone: its processes are stopped and it is removed.
     leftover = AttemptCgroup.create(parent, "leftover")
     sleeper = start_in(leftover, "import time; print('up', flush=True); time.sleep(600)")
     assert sleeper.stdout is not None and sleeper.stdout.readline() == b"up\n"

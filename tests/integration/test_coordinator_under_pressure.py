@@ -273,14 +273,15 @@ def test_a_forwarded_address_is_believed_only_from_a_trusted_proxy(tmp_path: Pat
             httpx.Client(base_url=server.url, timeout=30) as api:
         assert guesses(api) == [401] * 5 + [429]
     # Behind a named proxy each forwarded client has its own count: one blocked client does
-    # not lock out the next one the proxy forwards.
-    env = {**TOKENS, "FLASHML_TRUSTED_PROXIES": "127.0.0.1"}
+    # not lock out the next one the proxy forwards. The proxies' network may be written with
+    # host bits set, as an address of it with its prefix length.
+    env = {**TOKENS, "FLASHML_TRUSTED_PROXIES": "127.0.0.9/8"}
     with serving(tmp_path / "proxied", tmp_path / "logs-proxied", env=env) as server, \
             httpx.Client(base_url=server.url, timeout=30) as api:
         assert guesses(api, "198.51.100.7") == [401] * 5 + [429]
         good = {"Authorization": "Bearer tok-alice-7f3e9a", "X-Forwarded-For": "198.51.100.8"}
         assert api.get("/v1alpha1/jobs", headers=good).status_code == 200
-        assert "proxies    127.0.0.1" in server.log_text()
+        assert "proxies    127.0.0.0/8" in server.log_text()
 
 
 def test_a_trusted_proxy_that_is_no_address_stops_the_coordinator_with_the_fix(tmp_path: Path) -> None:
