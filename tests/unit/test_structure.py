@@ -39,7 +39,6 @@ LAYOUT = {
     "integrations": "framework helpers",
     "torch": "the in-script torch helper",
     "demo": "the demo's training script",
-    "providers": "resource requirements",
     "ray_backend": "running work on a Ray cluster",
     "service": "compatibility import paths",
     "db": "the SQLite and PostgreSQL databases under every store",
