@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 
 from flashruntime.errors import NonFiniteWeights, WeightShapeMismatch
 
+Blob = dict[str, dict[str, Any]]
+
 COMPACT_ENCODING = "f64le-b64"
 _LIST_TYPES = (list, tuple, array.array)
 _BIG_ENDIAN = sys.byteorder == "big"

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from flashml_workloads import _fedavg_blob as _blob
-from flashml_workloads.fedavg_weights import Blob, ClipEvent, clip_decisions
+from flashml_workloads._fedavg_blob import Blob
+from flashml_workloads._fedavg_clip import ClipEvent, clip_decisions
 
 _EXACT_DTYPES = (np.dtype(np.float64), np.dtype(np.int64), np.dtype(np.bool_))
 

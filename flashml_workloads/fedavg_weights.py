@@ -14,13 +14,14 @@ import functools
 import importlib
 import math
 import numbers
-import statistics
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 from operator import add, mul
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from flashml_workloads import _fedavg_blob as _blob
+from flashml_workloads._fedavg_blob import Blob
+from flashml_workloads._fedavg_clip import ClipEvent, clip_decisions
 from flashruntime.errors import NonFiniteWeights, WeightShapeMismatch
 
 __all__ = [
@@ -37,20 +38,10 @@ __all__ = [
     "subtract",
 ]
 
-Blob = dict[str, dict[str, Any]]
 Accel = Literal["auto", "numpy", "pure"]
 
 # Honest per-shard variation sits well inside 3x the median norm, so honest rounds are never altered.
 CLIP_FACTOR: float = 3.0
-
-
-class ClipEvent(NamedTuple):
-    """One capped contribution. ``index`` is its position in the caller's list, not a node id."""
-
-    index: int
-    norm: float
-    cap: float
-    scale: float
 
 
 def encode(state: Mapping[str, tuple[Sequence[int], Sequence[float]]], *, compact: bool = False) -> Blob:
@@ -233,13 +224,6 @@ def _use_numpy(accel: Any) -> bool:
             ) from None
         return False
     return True
-
-
-def clip_decisions(norms: Sequence[float], clip_factor: float) -> tuple[float, list[ClipEvent]]:
-    """Cap = median(norms) × clip_factor; a norm strictly above it is scaled down to it."""
-    cap = statistics.median(norms) * clip_factor
-    events = [ClipEvent(i, norm, cap, cap / norm) for i, norm in enumerate(norms) if norm > cap]
-    return cap, events
 
 
 def _pure_reduce(blobs: list[Any], weights: list[float], clip_factor: float) -> tuple[Blob, list[ClipEvent]]:

@@ -106,7 +106,7 @@ def find_runs(root: Path) -> list[dict[str, Any]]:
 def show(run: str, root: str | None, as_json: bool) -> int:
     """``--show RUN``: one run's row and its goodput ledger."""
     from flashruntime.goodput.run import ledger_lines, ledger_of_run
-    from flashruntime.local.run_dirs import runs_root
+    from flashruntime.run_dirs import runs_root
 
     directory = Path(run)
     if not (directory / "run.json").is_file():
@@ -131,7 +131,7 @@ def show(run: str, root: str | None, as_json: bool) -> int:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from flashruntime.local.run_dirs import runs_root
+    from flashruntime.run_dirs import runs_root
 
     if args.show is not None:
         return show(args.show, args.root, args.json)

@@ -32,9 +32,9 @@ from flashruntime.local.guard import (
 )
 from flashruntime.local.live_output import LiveOutput
 from flashruntime.local.run import Run
-from flashruntime.local.run_dirs import new_run_dir
 from flashruntime.local.sweep import Sweep, run_sweep
 from flashruntime.recovery.policy import COORDINATED
+from flashruntime.run_dirs import new_run_dir
 from flashruntime.strategies.command import compile_workload
 from flashruntime.workloads.command import CommandWorkload, collect_pattern_problem, task_params_problem
 from flashruntime.workloads.ranking import resolve_mode

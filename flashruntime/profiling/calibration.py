@@ -20,6 +20,7 @@ from pathlib import Path
 from flashruntime.errors import InvalidProfileRequest, StoreError
 from flashruntime.monitor.records import finite_number, step_records
 from flashruntime.protocol.profile_v1alpha1 import ProfileResult
+from flashruntime.run_dirs import runs_root
 
 __all__ = ["CalibrationLedger", "LedgerRun", "RunFigures", "default_ledger_path", "ledger_disabled", "plan_key",
            "run_figures"]
@@ -41,8 +42,6 @@ def default_ledger_path() -> Path:
     configured = os.environ.get(LEDGER_ENV, "").strip()
     if configured and configured.lower() not in _OFF:
         return Path(os.path.expanduser(configured))
-    from flashruntime.local.run_dirs import runs_root
-
     return runs_root() / LEDGER_FILE
 
 

@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import json
 import numbers
-import os
-import shutil
 import time
-from pathlib import Path
 from typing import Any
 
 from flashruntime.errors import InvalidProfileRequest
-from flashruntime.torch import _auto, _heartbeat, _profile, _rng, _state
-from flashruntime.torch._prepare import unwrap
+from flashruntime.torch import _auto, _heartbeat, _profile, _rng, _state, _step
 
 
 def checkpoint_due(step: int, every: int | None) -> bool:
@@ -26,36 +22,6 @@ def checkpoint_due(step: int, every: int | None) -> bool:
     if every is None:
         return True
     return every > 0 and step != 0 and step % every == 0
-
-
-def _framework_tag(version: str) -> str:
-    return "pytorch-" + version.split("+", 1)[0]
-
-
-def _cpu_state(module: Any) -> dict[str, Any]:
-    return {
-        key: value.detach().cpu() if hasattr(value, "detach") else value
-        for key, value in module.state_dict().items()
-    }
-
-
-def _clear_unverified(step_dir: Path) -> None:
-    """Make ``step_dir`` safe to (re)write: an unverified leftover is removed; a
-    verified one loses its manifest first so it is never a checkpoint while parts change."""
-    from flashruntime.checkpoint.local import MANIFEST_NAME, latest_valid_manifest
-
-    if not step_dir.exists() and not step_dir.is_symlink():
-        return
-    if step_dir.is_dir() and latest_valid_manifest(step_dir.parent, pattern=step_dir.name) is not None:
-        (step_dir / MANIFEST_NAME).unlink()
-        return
-    if step_dir.is_dir() and not step_dir.is_symlink():
-        shutil.rmtree(step_dir)
-    else:
-        step_dir.unlink()
-
-
-RESUME_PART = "resume.pt"
 
 
 def _resume_state() -> list[dict[str, Any]] | None:
@@ -69,39 +35,6 @@ def _resume_state() -> list[dict[str, Any]] | None:
             dist.gather_object(mine, gathered, dst=0)
             return gathered
     return [mine]
-
-
-def _write_step(model: Any, optimizer: Any, step: int, ranks: list[dict[str, Any]] | None = None) -> None:
-    import torch
-
-    from flashruntime.checkpoint.local import open_part, write_manifest
-
-    step_dir = _state.checkpoint_root() / f"step-{step:06d}"
-    _clear_unverified(step_dir)
-    step_dir.mkdir(parents=True, exist_ok=True)
-    digests: dict[str, tuple[str, int]] = {}
-    with open_part(step_dir, "model.pt") as part:
-        torch.save(_cpu_state(unwrap(model)), part)
-    digests["model.pt"] = part.digest
-    if optimizer is not None:
-        with open_part(step_dir, "optimizer.pt") as part:
-            torch.save(optimizer.state_dict(), part)
-        digests["optimizer.pt"] = part.digest
-    if ranks is not None:
-        loader = _state.STATE.loader
-        resume = {"ranks": ranks, "loader": loader.state_dict() if loader is not None else None}
-        with open_part(step_dir, RESUME_PART) as part:
-            torch.save(resume, part)
-        digests[RESUME_PART] = part.digest
-    write_manifest(
-        step_dir,
-        job_id=os.environ.get("FLASHML_JOB_ID") or "local",
-        attempt_id=os.environ.get("FLASHML_ATTEMPT_ID") or "local",
-        step=step,
-        world_size=_state.world_size(),
-        framework=_framework_tag(torch.__version__),
-        digests=digests,
-    )
 
 
 def checkpoint(model: Any, optimizer: Any = None, *, step: int, every: int | str | None = None,
@@ -130,7 +63,7 @@ def checkpoint(model: Any, optimizer: Any = None, *, step: int, every: int | str
     ranks = _resume_state()  # every rank's, before rank 0 writes: a collective like the barrier below
     if _state.is_main():
         started = time.perf_counter()
-        _write_step(model, optimizer, step, ranks)
+        _step.write_step(model, optimizer, step, ranks)
         save_s = time.perf_counter() - started
     if _state.world_size() > 1:
         import torch.distributed as dist

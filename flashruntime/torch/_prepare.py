@@ -14,12 +14,7 @@ from typing import Any
 from flashruntime.errors import CheckpointError
 from flashruntime.torch import _heartbeat, _profile, _rng, _state
 from flashruntime.torch._loader import ResumableLoader, is_loader
-
-
-def unwrap(model: Any) -> Any:
-    """The module inside a DistributedDataParallel (or similar ``.module``) wrapper."""
-    inner = getattr(model, "module", None)
-    return inner if inner is not None and hasattr(model, "require_backward_grad_sync") else model
+from flashruntime.torch._step import unwrap
 
 
 def _destroy_group_at_exit() -> None:

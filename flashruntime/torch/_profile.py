@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flashruntime.torch import _state
+from flashruntime.torch import _state, _step
 
 ENV_WARMUP = "FLASHML_PROFILE_WARMUP_STEPS"
 ENV_MEASURED = "FLASHML_PROFILE_MEASURED_STEPS"
@@ -134,15 +134,12 @@ def _measure_checkpoint(profile: ProfileState, step: int) -> dict[str, float]:
     checkpoint directory (never the job's)."""
     import torch
 
-    from flashruntime.torch._checkpoint import _write_step
-    from flashruntime.torch._prepare import unwrap
-
     started = time.perf_counter()
-    _write_step(profile.model, profile.optimizer, step)
+    _step.write_step(profile.model, profile.optimizer, step)
     saved = time.perf_counter()
-    step_dir = _state.checkpoint_root() / f"step-{step:06d}"
+    step_dir = _step.step_dir(step)
     device = _state.device()
-    unwrap(profile.model).load_state_dict(torch.load(step_dir / "model.pt", map_location=device))
+    _step.unwrap(profile.model).load_state_dict(torch.load(step_dir / "model.pt", map_location=device))
     optimizer_part = step_dir / "optimizer.pt"
     if profile.optimizer is not None and optimizer_part.is_file():
         profile.optimizer.load_state_dict(torch.load(optimizer_part, map_location=device))

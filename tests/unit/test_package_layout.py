@@ -100,6 +100,7 @@ COMPAT: dict[str, tuple[str, tuple[str, ...]]] = {
         "FORMS", "DatabaseURL", "mask_password", "parse_database_url", "sqlite_url")),
     "flashruntime.job_goodput": ("flashruntime.goodput", ("JobGoodput", "JobRecovery", "job_goodput",
                                                           "job_goodput_lines")),
+    "flashruntime.local.run_dirs": ("flashruntime.run_dirs", ("RUNS_DIR_ENV", "new_run_dir", "runs_root")),
     "flashruntime.local.goodput": ("flashruntime.goodput.run", (
         "METRICS_FILE", "AttemptSteps", "GoodputLedger", "Recovery", "attempt_steps", "goodput_ledger",
         "ledger_lines", "ledger_of_run", "step_records")),

@@ -2,14 +2,18 @@
 reaching into another package's private modules or names.
 
 Read from the source with ``ast`` (nothing is imported): every ``import`` and ``from ...
-import`` of ``flashruntime`` and ``flashml_workloads``, with the line it is on.
+import`` of ``flashruntime`` and ``flashml_workloads`` (relative ones resolved), with the
+line it is on and whether it runs at import time, later, or never (``TYPE_CHECKING``).
 """
 
 from __future__ import annotations
 
 import ast
 import re
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -39,7 +43,6 @@ LAYOUT = {
     "integrations": "framework helpers",
     "torch": "the in-script torch helper",
     "demo": "the demo's training script",
-    "providers": "resource requirements",
     "ray_backend": "running work on a Ray cluster",
     "service": "compatibility import paths",
     "db": "the SQLite and PostgreSQL databases under every store",
@@ -56,16 +59,17 @@ class Import:
     name: str | None  # for ``from a import name``
     line: int
     top_level: bool  # executed when the module is imported (not inside a function or TYPE_CHECKING)
+    type_checking: bool = False  # under ``if TYPE_CHECKING:``: read by type checkers, never executed
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+def _module_name(path: Path, root: Path = REPO_ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _modules() -> dict[str, Path]:
-    return {_module_name(path): path for package in PACKAGES for path in (REPO_ROOT / package).rglob("*.py")
-            if "__pycache__" not in path.parts}
+def _modules(root: Path = REPO_ROOT) -> dict[str, Path]:
+    return {_module_name(path, root): path for package in PACKAGES if (root / package).is_dir()
+            for path in (root / package).rglob("*.py") if "__pycache__" not in path.parts}
 
 
 MODULES = _modules()
@@ -97,20 +101,43 @@ def _top_level_nodes(tree: ast.Module) -> set[int]:
     return found
 
 
-def _imports() -> list[Import]:
+def _type_checking_nodes(tree: ast.Module) -> set[int]:
+    """ids of the nodes inside an ``if TYPE_CHECKING:`` body, at any depth (its ``else`` runs)."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and (
+                isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                or isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING"):
+            found.update(id(inner) for statement in node.body for inner in ast.walk(statement))
+    return found
+
+
+def _from_module(module: str, path: Path, node: ast.ImportFrom) -> str | None:
+    """The absolute module a ``from ... import`` names; relative forms resolved against ``module``."""
+    if node.level == 0:
+        return node.module
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    base = package[:len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else [])) or None
+
+
+def _imports(modules: dict[str, Path] = MODULES) -> list[Import]:
     found: list[Import] = []
-    for module, path in MODULES.items():
+    for module, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         top = _top_level_nodes(tree)
+        typing_only = _type_checking_nodes(tree)
         for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            at = {"line": node.lineno, "top_level": id(node) in top, "type_checking": id(node) in typing_only}
             if isinstance(node, ast.Import):
+                found += [Import(module, alias.name, None, **at) for alias in node.names]
+            elif named := _from_module(module, path, node):
                 for alias in node.names:
-                    found.append(Import(module, alias.name, None, node.lineno, id(node) in top))
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                for alias in node.names:
-                    candidate = f"{node.module}.{alias.name}"
-                    target = candidate if candidate in MODULES else node.module
-                    found.append(Import(module, target, alias.name, node.lineno, id(node) in top))
+                    candidate = f"{named}.{alias.name}"
+                    target = candidate if candidate in modules else named
+                    found.append(Import(module, target, alias.name, **at))
     return found
 
 
@@ -136,30 +163,166 @@ def test_the_layout_by_program_exists() -> None:
     assert (REPO_ROOT / "flashruntime" / "errors.py").is_file()
 
 
+# --- import cycles ---------------------------------------------------------------------------
+# A deferred import (inside a function or a try block) closes a circle as surely as one at the
+# top: the two modules still cannot be understood, tested or moved apart. Only imports under
+# ``if TYPE_CHECKING:`` are exempt, as they never run.
+
+Graph = dict[str, dict[str, list[Import]]]  # node -> the nodes it imports -> the import lines
+
+
+def _graph(imports: list[Import], modules: Iterable[str], node: Callable[[str], str] = lambda module: module) -> Graph:
+    """The runtime import graph over ``node(module)``: a module's own name, or its package."""
+    known = set(modules)
+    graph: Graph = {node(module): {} for module in known}
+    for edge in imports:
+        if edge.type_checking or edge.target not in known:
+            continue
+        source, target = node(edge.source), node(edge.target)
+        if source != target:
+            graph[source].setdefault(target, []).append(edge)
+    return graph
+
+
+def _reachable(graph: Graph, start: str) -> set[str]:
+    """The nodes reachable from ``start`` in one step or more (``start`` itself when on a cycle)."""
+    seen: set[str] = set()
+    todo = list(graph[start])
+    while todo:
+        current = todo.pop()
+        if current not in seen:
+            seen.add(current)
+            todo.extend(graph[current])
+    return seen
+
+
+def _shortest_cycle(graph: Graph, start: str, group: set[str]) -> list[str]:
+    """``[start, ..., start]``, breadth first through ``group`` (a strongly connected one)."""
+    parent: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        current = queue.popleft()
+        for target in sorted(graph[current]):
+            if target == start:
+                path = [current]
+                while path[-1] != start:
+                    path.append(parent[path[-1]])
+                return [start, *reversed(path[:-1]), start]
+            if target in group and target not in parent:
+                parent[target] = current
+                queue.append(target)
+    raise AssertionError(f"{start} is on no cycle")
+
+
+def _circles(graph: Graph) -> list[tuple[list[str], set[str]]]:
+    """Every group of nodes that import each other, directly or not, with one shortest cycle through it."""
+    reach = {node: _reachable(graph, node) for node in graph}
+    placed: set[str] = set()
+    circles = []
+    for node in sorted(graph):
+        if node in placed or node not in reach[node]:
+            continue
+        group = {other for other in reach[node] if node in reach[other]}
+        placed |= group
+        circles.append((_shortest_cycle(graph, node, group), group))
+    return circles
+
+
+def _cycles(graph: Graph) -> list[list[str]]:
+    return [cycle for cycle, _ in _circles(graph)]
+
+
+def _cycle_report(graph: Graph, shown_per_step: int = 5) -> list[str]:
+    """Each cycle as ``a -> b -> a`` followed by the import lines that form it."""
+    report = []
+    for cycle, group in _circles(graph):
+        lines = [" -> ".join(cycle)]
+        for source, target in pairwise(cycle):
+            edges = list(dict.fromkeys(  # one line per statement, not per name it imports
+                f"    {edge.source}:{edge.line} imports {edge.target}"
+                f" ({'at import time' if edge.top_level else 'deferred'})" for edge in graph[source][target]))
+            lines += edges[:shown_per_step]
+            if len(edges) > shown_per_step:
+                lines.append(f"    ... and {len(edges) - shown_per_step} more from {source} to {target}")
+        if len(group) > len(cycle) - 1:
+            lines.append(f"    (one cycle among {len(group)} that import each other: {', '.join(sorted(group))})")
+        report.append("\n".join(lines))
+    return report
+
+
 def test_no_import_cycle() -> None:
-    graph: dict[str, set[str]] = {module: set() for module in MODULES}
-    for edge in IMPORTS:
-        if edge.top_level and edge.target in MODULES and edge.target != edge.source:
-            graph[edge.source].add(edge.target)
-    cycles: list[list[str]] = []
-    state: dict[str, int] = {}  # 1 visiting, 2 done
-    stack: list[str] = []
+    report = _cycle_report(_graph(IMPORTS, MODULES))
+    assert not report, ("import cycles (deferred imports count; move what both sides need into a module of "
+                        "its own):\n" + "\n".join(report))
 
-    def visit(module: str) -> None:
-        state[module] = 1
-        stack.append(module)
-        for target in sorted(graph[module]):
-            if state.get(target) == 1:
-                cycles.append(stack[stack.index(target):] + [target])
-            elif target not in state:
-                visit(target)
-        stack.pop()
-        state[module] = 2
 
-    for module in sorted(graph):
-        if module not in state:
-            visit(module)
-    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in cycles[:10])
+def test_no_import_cycle_between_packages() -> None:
+    """Package A depends on B when any module of A imports one of B; top-level modules
+    (``flashruntime.errors``) are nodes of their own."""
+    report = _cycle_report(_graph(IMPORTS, MODULES, _package))
+    assert not report, ("import cycles between packages (deferred imports count; move what both need into a "
+                        "package or top-level module of its own):\n" + "\n".join(report))
+
+
+_PLANTED = {
+    "flashruntime/__init__.py": "",
+    "flashruntime/alpha/__init__.py": "",
+    "flashruntime/alpha/one.py": "from flashruntime.beta.two import helper\n",
+    "flashruntime/beta/__init__.py": "",
+    "flashruntime/beta/two.py": (
+        "from typing import TYPE_CHECKING\n"
+        "\n"
+        "if TYPE_CHECKING:\n"
+        "    from flashruntime.gamma import three\n"
+        "\n"
+        "\n"
+        "def helper():\n"
+        "    from flashruntime.alpha import one\n"
+        "\n"
+        "    return one\n"
+    ),
+    "flashruntime/gamma/__init__.py": "",
+    "flashruntime/gamma/three.py": "try:\n    from flashruntime.beta import two\nexcept ImportError:\n    two = None\n",
+    "flashruntime/gamma/four.py": "try:\n    from . import five\nexcept ImportError:\n    five = None\n",
+    "flashruntime/gamma/five.py": "def back():\n    from .four import five\n\n    return five\n",
+}
+
+
+def test_the_cycle_detector_finds_circles_closed_by_deferred_imports(tmp_path: Path) -> None:
+    for relative, text in _PLANTED.items():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(text, encoding="utf-8")
+    modules = _modules(tmp_path)
+    imports = _imports(modules)
+
+    assert _cycles(_graph(imports, modules)) == [
+        ["flashruntime.alpha.one", "flashruntime.beta.two", "flashruntime.alpha.one"],
+        ["flashruntime.gamma.five", "flashruntime.gamma.four", "flashruntime.gamma.five"],
+    ]
+    # beta -> gamma only under TYPE_CHECKING: gamma's try-block import of beta closes no circle
+    assert _cycles(_graph(imports, modules, _package)) == [
+        ["flashruntime.alpha", "flashruntime.beta", "flashruntime.alpha"]]
+    report = _cycle_report(_graph(imports, modules))
+    assert report[0] == ("flashruntime.alpha.one -> flashruntime.beta.two -> flashruntime.alpha.one\n"
+                         "    flashruntime.alpha.one:1 imports flashruntime.beta.two (at import time)\n"
+                         "    flashruntime.beta.two:8 imports flashruntime.alpha.one (deferred)")
+    assert "flashruntime.gamma.five:2 imports flashruntime.gamma.four (deferred)" in report[1]
+    assert "flashruntime.gamma.four:2 imports flashruntime.gamma.five (at import time)" in report[1]
+
+
+def test_the_cycle_detector_finds_a_deferred_edge_planted_in_the_real_graph() -> None:
+    """One function-level import back along a real edge between packages closes a circle at both levels."""
+    graph = _graph(IMPORTS, MODULES)
+    source, target = next((source, target) for source in sorted(graph) for target in sorted(graph[source])
+                          if _package(source) != _package(target))
+    planted = [*IMPORTS, Import(target, source, None, line=1, top_level=False)]
+    closing = f"{target}:1 imports {source} (deferred)"
+
+    module_cycles = [cycle for cycle in _cycle_report(_graph(planted, MODULES)) if closing in cycle]
+    package_cycles = [cycle for cycle in _cycle_report(_graph(planted, MODULES, _package)) if closing in cycle]
+
+    assert len(module_cycles) == 1
+    assert len(package_cycles) == 1
 
 
 @pytest.mark.parametrize(("importer", "forbidden"), [
