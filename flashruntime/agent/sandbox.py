@@ -371,6 +371,8 @@ def probe_bwrap(executable: str | None = None, *, timeout_s: float = 15.0) -> Bw
     """Try the sandbox's namespaces once (``bwrap ... true``): unprivileged user namespaces may
     be off, or bwrap missing. Never raises."""
     path = executable or shutil.which("bwrap")
+    if path:  # a relative PATH entry must not let the task's working directory choose the launcher
+        path = os.path.abspath(path)
     if not path:
         return BwrapProbe(None, False, "bwrap (bubblewrap) is not installed; install it (Debian/Ubuntu: "
                                        "apt-get install bubblewrap) to sandbox tasks")
