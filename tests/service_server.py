@@ -56,12 +56,20 @@ def settings_for(data_dir: Path, **overrides: Any) -> Any:
 @contextlib.contextmanager
 def serve_in_thread(settings: Any) -> Iterator[str]:
     """Serve ``create_app(settings)`` until the block ends; yields the base URL."""
-    import uvicorn
-
     from flashruntime.coordinator.app import create_app
 
+    with serve_app_in_thread(create_app(settings)) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve_app_in_thread(app: Any) -> Iterator[str]:
+    """Serve ``app``, one ``create_app`` built (a test may have added routes to it), until
+    the block ends; yields the base URL."""
+    import uvicorn
+
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="test-coordinator", daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

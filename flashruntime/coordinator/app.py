@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -23,10 +24,9 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flashruntime.coordinator.access import ROUTE_ACCESS
-from flashruntime.coordinator.auth import AuthFailure
 from flashruntime.coordinator.body_limit import BodyLimit
 from flashruntime.coordinator.core import Coordinator
-from flashruntime.coordinator.disk_space import RETRY_AFTER_S, is_disk_full
+from flashruntime.coordinator.disk_space import is_disk_full
 from flashruntime.coordinator.guard import Guard, client_address, route_key
 from flashruntime.coordinator.openapi import add_security, add_value_rules
 from flashruntime.coordinator.rate_limit import FailureCounter, RateLimiter
@@ -35,7 +35,7 @@ from flashruntime.coordinator.routes_jobs import jobs_router
 from flashruntime.coordinator.routes_meta import meta_router
 from flashruntime.coordinator.settings import RuntimeSettings
 from flashruntime.coordinator.url_tokens import RefuseURLTokens, install_access_log_redaction
-from flashruntime.errors import EmptyArtifact, StoreError
+from flashruntime.errors import FlashRuntimeError, PersistenceError, StorageFull
 
 __all__ = ["create_app"]
 
@@ -92,32 +92,17 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
     guard = Guard(coordinator, rate_limiter=RateLimiter(rate) if rate > 0 else None, auth_failures=auth_failures,
                   metrics_public=settings.metrics_public)
 
-    @app.exception_handler(AuthFailure)
-    async def _auth_failure(_: Request, exc: AuthFailure) -> JSONResponse:
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(StoreError)
-    async def _store_failed(request: Request, exc: StoreError) -> JSONResponse:
-        # The file and SQLite's words go to the log, not to the caller: a 503 it may retry.
-        if is_disk_full(exc):
-            log.error("%s %s: %s", request.method, request.url.path, exc)
-            return _disk_full()
-        log.error("%s %s: %s", request.method, request.url.path, exc, exc_info=exc.__cause__)
-        return JSONResponse({"detail": "the coordinator's database did not answer; retry shortly"}, status_code=503,
-                            headers={"Retry-After": "1"})
+    @app.exception_handler(FlashRuntimeError)
+    async def _refused(request: Request, exc: FlashRuntimeError) -> JSONResponse:
+        return _refusal(request, exc)
 
     @app.exception_handler(OSError)
     async def _os_error(request: Request, exc: OSError) -> JSONResponse:
-        # ENOSPC and EDQUOT (StorageFull among them) are an outage to wait out; any other
-        # OSError is a fault of the server, answered 500 as it was raised.
+        # ENOSPC and EDQUOT are an outage to wait out; any other OSError is a fault of the
+        # server, answered 500 as it was raised.
         if not is_disk_full(exc):
             raise exc
-        log.error("%s %s: the disk is full: %s", request.method, request.url.path, exc)
-        return _disk_full()
-
-    @app.exception_handler(EmptyArtifact)
-    async def _empty_artifact(_: Request, exc: EmptyArtifact) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=400)
+        return _refusal(request, _disk_full(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -150,10 +135,24 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
     return app
 
 
-def _disk_full() -> JSONResponse:
-    return JSONResponse({"detail": "the coordinator's disk is full: nothing was stored; retry later (an operator "
-                                   "frees space on its data directory)"},
-                        status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+def _refusal(request: Request, exc: FlashRuntimeError) -> JSONResponse:
+    """The one map from the error family to answers: ``http_status``, ``{"detail": ...}`` and
+    the error's headers. An error without a status is no refusal: raised on, it is a 500."""
+    if isinstance(exc, PersistenceError) and not isinstance(exc, StorageFull) and is_disk_full(exc):
+        exc = _disk_full(exc)  # a database that says the disk is full: the outage StorageFull is
+    if exc.http_status is None:
+        raise exc
+    if exc.public_detail is not None:
+        # What the caller is not told (the file, the database's own words) is the operator's.
+        log.error("%s %s: %s", request.method, request.url.path, exc,
+                  exc_info=None if is_disk_full(exc) else exc.__cause__)
+    return JSONResponse({"detail": exc.http_detail()}, status_code=exc.http_status, headers=exc.http_headers())
+
+
+def _disk_full(cause: BaseException) -> StorageFull:
+    full = StorageFull(errno.ENOSPC, f"the disk is full: {cause}")
+    full.__cause__ = cause
+    return full
 
 
 def _throttle_accept_errors(interval_s: float) -> None:

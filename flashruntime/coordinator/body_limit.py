@@ -7,8 +7,8 @@ limit. Artifact uploads have their own, larger limit; every other body is JSON. 
 that needs content (an artifact upload) refuses an empty body when it reads it
 (``EmptyArtifact``, answered 400 by the app).
 
-The refusal is an ``HTTPException``, the one kind of error FastAPI passes on unchanged
-while it reads a body, so the app's own handler writes the usual ``{"detail": ...}``.
+A body cut off as it is read raises ``BodyTooLarge``, which the app answers like every
+refusal of the family; one refused by its length is answered here, before the app runs.
 """
 
 from __future__ import annotations
@@ -17,19 +17,11 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from flashruntime.errors import EmptyArtifact, FlashRuntimeError
+from flashruntime.errors import BodyTooLarge, EmptyArtifact  # BodyTooLarge is defined there, re-exported here
 
 __all__ = ["BodyLimit", "BodyTooLarge"]
-
-
-class BodyTooLarge(FlashRuntimeError, HTTPException):
-    """A request body over its route's limit (413); ``detail`` names the limit and its setting."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(413, detail)
 
 
 class BodyLimit:
@@ -79,8 +71,8 @@ def _content_length(scope: Scope) -> int | None:
 
 
 async def _refuse(send: Send, message: str) -> None:
-    body = json.dumps({"detail": message}).encode("utf-8")
+    body = json.dumps({"detail": BodyTooLarge(message).http_detail()}).encode("utf-8")
     headers: list[Any] = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                           (b"connection", b"close")]
-    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.start", "status": BodyTooLarge.http_status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -14,12 +14,14 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from flashruntime.errors import StorageFull
+
 __all__ = ["DISK_FULL_ERRNOS", "RETRY_AFTER_S", "free_bytes", "is_disk_full", "space_problem"]
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 _SQLITE_FULL = 13  # "database or disk is full"
 _POSTGRES_FULL = "53100"  # SQLSTATE disk_full
-RETRY_AFTER_S = 5  # what a 503 for a full disk asks: long enough for an operator or a cleanup to act
+RETRY_AFTER_S = StorageFull.retry_after_s  # what a 503 for a full disk asks
 
 
 def is_disk_full(exc: BaseException) -> bool:

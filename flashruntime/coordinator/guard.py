@@ -18,13 +18,14 @@ import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import Depends, HTTPException, Request, Response
+from fastapi import Depends, Request, Response
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 
 from flashruntime.coordinator.access import ROUTE_ACCESS, RouteAccess
 from flashruntime.coordinator.auth import ON_BEHALF_OF_HEADER, AuthFailure, Identity, require_role, resolve_identity
-from flashruntime.errors import BodyProblem, FlashRuntimeError, RateLimited  # noqa: F401  (defined there, re-exported here)
+from flashruntime.errors import BodyProblem, FlashRuntimeError, RateLimited  # BodyProblem, RateLimited: re-exported
 
 __all__ = ["AUTH_FAILURES_REASON", "BodyProblem", "Guard", "RateLimited", "StrictJSONRoute", "client_address",
            "parse_strict_json", "route_key"]
@@ -134,23 +135,30 @@ def _certainly_clean(value: Any) -> bool:
 class _StrictJSONRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            try:
-                # On a worker thread: walking a large body is CPU work the event loop must not wait
-                # on, or every other request (the nodes' heartbeats among them) waits with it.
-                self._json = await run_in_threadpool(parse_strict_json, await self.body())
-            except BodyProblem as problem:  # an HTTPException is the one kind FastAPI passes on as it is
-                raise HTTPException(422, [problem.as_issue()]) from None
+            # On a worker thread: walking a large body is CPU work the event loop must not wait
+            # on, or every other request (the nodes' heartbeats among them) waits with it.
+            self._json = await run_in_threadpool(parse_strict_json, await self.body())
         return self._json
 
 
 class StrictJSONRoute(APIRoute):
-    """An ``APIRoute`` whose JSON bodies are parsed by ``parse_strict_json``."""
+    """An ``APIRoute`` whose JSON bodies are parsed by ``parse_strict_json``, and whose
+    refusals raised while FastAPI reads the body (``BodyProblem``, ``BodyTooLarge``) reach
+    the app's handler as themselves."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def strict(request: Request) -> Response:
-            return await handler(_StrictJSONRequest(request.scope, request.receive))
+            try:
+                return await handler(_StrictJSONRequest(request.scope, request.receive))
+            except HTTPException as exc:
+                # FastAPI answers any error but its own raised while it reads a body with a bare
+                # 400, the error as its cause: a refusal of ours is raised again to be answered.
+                refusal = exc.__cause__
+                if isinstance(refusal, FlashRuntimeError) and refusal.http_status is not None:
+                    raise refusal from refusal.__cause__
+                raise
 
         return strict
 

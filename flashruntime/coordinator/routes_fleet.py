@@ -1,6 +1,7 @@
 """Routes of the machines and their leases: node registration, heartbeats, cordons,
-claim and the attempt lifecycle. Who may call each is in ``access.ROUTE_ACCESS``; auth
-refusals are ``AuthFailure``s, which ``app.py`` turns into their status codes."""
+claim and the attempt lifecycle. Who may call each is in ``access.ROUTE_ACCESS``. A refusal
+is an error of the ``flashruntime.errors`` family (``AuthFailure``, ``NotFound``, a
+``LeaseError`` of a lease that is gone ...), which ``app.py`` answers with its status."""
 
 from __future__ import annotations
 
@@ -8,22 +9,16 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from flashruntime.coordinator.auth import (
-    AuthFailure,
-    Identity,
-    join_code_valid,
-    require_acting_node,
-    require_node,
-)
+from flashruntime.coordinator.auth import Identity, join_code_valid, require_acting_node, require_node
 from flashruntime.coordinator.core import Coordinator
 from flashruntime.coordinator.guard import Guard, StrictJSONRoute
 from flashruntime.coordinator.node_grants import grant_statement
 from flashruntime.coordinator.nodes import node_id_problem
 from flashruntime.coordinator.openapi import ERRORS
-from flashruntime.errors import LeaseError
+from flashruntime.errors import AuthFailure, InvalidRequest, NotFound
 from flashruntime.protocol.api_v1alpha1 import (
     CompleteResult,
     CordonResult,
@@ -71,18 +66,18 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
                 raise AuthFailure(403, f"lease {lease_id} is not held by node {acting!r}")
             return lease
         if lease is None:
-            raise HTTPException(404, f"unknown lease id {lease_id!r}")
+            raise NotFound(f"unknown lease id {lease_id!r}")
         return lease
 
     @router.post("/v1alpha1/nodes/register", response_model=RegisterResult, response_model_exclude_none=True)
     def register(registration: NodeRegistration, request: Request, identity: Identity = caller) -> dict[str, Any]:
         if not join_code_valid(coordinator.settings.join_code, request.headers.get(JOIN_CODE_HEADER)):
-            raise HTTPException(403, f"missing or wrong join code: send the coordinator's code in {JOIN_CODE_HEADER}")
+            raise AuthFailure(403, f"missing or wrong join code: send the coordinator's code in {JOIN_CODE_HEADER}")
         if enforcing:
             registration = registration.model_copy(update={"node_id": require_acting_node(identity)})
         problem = node_id_problem(registration.node_id)
         if problem is not None:
-            raise HTTPException(422, f"node_id {registration.node_id[:64]!r}: {problem}")
+            raise InvalidRequest(f"node_id {registration.node_id[:64]!r}: {problem}")
         granted = coordinator.nodes.register(registration, coordinator.node_grants.for_node(registration.node_id))
         answer: dict[str, Any] = {"node_id": registration.node_id, "status": "registered"}
         if granted.withheld:
@@ -102,7 +97,7 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
             if granted.withheld:
                 logger.warning("heartbeat: %s", coordinator.node_grants.describe_withheld(node_id, granted))
         if not coordinator.nodes.heartbeat(node_id, heartbeat, grant):
-            raise HTTPException(404, f"node {node_id!r} is not registered; register it again")
+            raise NotFound(f"node {node_id!r} is not registered; register it again")
         return {"status": "ok"}
 
     @router.get("/v1alpha1/nodes", response_model=list[NodeRow])
@@ -113,24 +108,23 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
     @router.post("/v1alpha1/nodes/{node_id}/cordon", response_model=CordonResult)
     def cordon(node_id: str, body: CordonRequest) -> dict[str, Any]:
         if coordinator.nodes.get(node_id) is None:
-            raise HTTPException(404, f"node {node_id!r} is not registered")
+            raise NotFound(f"node {node_id!r} is not registered")
         now = coordinator.now()
         if body.seconds is not None and body.until is not None:
-            raise HTTPException(422, "give either seconds or until, not both")
+            raise InvalidRequest("give either seconds or until, not both")
         until = body.until
         if body.seconds is not None:
             if not body.seconds > 0:
-                raise HTTPException(422, f"seconds must be > 0, got {body.seconds}")
+                raise InvalidRequest(f"seconds must be > 0, got {body.seconds}")
             try:
                 until = now + timedelta(seconds=body.seconds)
             except OverflowError:  # beyond timedelta's range, or past year 9999
-                raise HTTPException(
-                    422,
+                raise InvalidRequest(
                     f"seconds {body.seconds:g} puts the cordon's end past the last date the coordinator can hold "
                     "(year 9999); give fewer seconds, or neither seconds nor until to cordon until uncordoned",
                 ) from None
         if until is not None and until <= now:
-            raise HTTPException(422, f"until {until.isoformat()} is not in the future")
+            raise InvalidRequest(f"until {until.isoformat()} is not in the future")
         coordinator.manager.cordon(node_id, until=until, reason=body.reason, now=now)
         return {"node_id": node_id, "cordoned_until": until.isoformat() if until else None, "reason": body.reason}
 
@@ -146,7 +140,7 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
             node_id = require_acting_node(identity)
         view = coordinator.nodes.claim_view(node_id, coordinator.node_grants.for_node(node_id))
         if view is None:
-            raise HTTPException(403, f"node {node_id!r} is not registered; register before claiming")
+            raise AuthFailure(403, f"node {node_id!r} is not registered; register before claiming")
         lease = coordinator.manager.claim(
             node_id, job_id=body.job_id, now=coordinator.now(), policy=coordinator.placement, node=view
         )
@@ -159,10 +153,8 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
     @router.post("/v1alpha1/attempts/{lease_id}/heartbeat", response_model=Lease)
     def lease_heartbeat(lease_id: str, identity: Identity = caller) -> Response:
         held_lease(identity, lease_id)
-        try:
-            return _lease_json(coordinator.manager.heartbeat(lease_id, now=coordinator.now()))
-        except LeaseError as exc:
-            raise HTTPException(410, str(exc)) from None
+        # A lease no longer live raises LeaseError: 410, its attempt ends (here and in fail, release).
+        return _lease_json(coordinator.manager.heartbeat(lease_id, now=coordinator.now()))
 
     @router.post("/v1alpha1/attempts/{lease_id}/complete", response_model=CompleteResult,
                  response_model_exclude_none=True)
@@ -171,11 +163,7 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
 
     @router.post("/v1alpha1/attempts/{lease_id}/fail", response_model=FailResult)
     def fail(lease_id: str, body: FailRequest, identity: Identity = caller) -> dict[str, str]:
-        lease = held_lease(identity, lease_id)
-        try:
-            coordinator.fail_attempt(lease, body.reason, body.exit_code)
-        except LeaseError as exc:
-            raise HTTPException(410, str(exc)) from None
+        coordinator.fail_attempt(held_lease(identity, lease_id), body.reason, body.exit_code)
         return {"status": "requeued-or-exhausted"}
 
     @router.post("/v1alpha1/attempts/{lease_id}/release", response_model=ReleaseResult)
@@ -184,14 +172,11 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
         (requeued, no budget spent), or died (``abandoned``: counted as an expiry)."""
         held_lease(identity, lease_id)
         now = coordinator.now()
-        try:
-            if body.abandoned:
-                state = coordinator.manager.abandon(lease_id, body.reason, now=now)
-            else:
-                coordinator.manager.release(lease_id, body.reason, now=now)
-                state = TaskState.PENDING
-        except LeaseError as exc:
-            raise HTTPException(410, str(exc)) from None
+        if body.abandoned:
+            state = coordinator.manager.abandon(lease_id, body.reason, now=now)
+        else:
+            coordinator.manager.release(lease_id, body.reason, now=now)
+            state = TaskState.PENDING
         return {"status": "requeued" if state is TaskState.PENDING else "exhausted"}
 
     return router

@@ -1,13 +1,14 @@
 """Routes of jobs, artifacts and checkpoints. Who may call each is in
 ``access.ROUTE_ACCESS``; the handlers narrow it to the caller's own jobs, leases and
-artifact prefixes."""
+artifact prefixes. A refusal is an error of the ``flashruntime.errors`` family, raised
+here or by the coordinator, which ``app.py`` answers with the error's status."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 
 from flashruntime.coordinator.access import (
@@ -16,20 +17,14 @@ from flashruntime.coordinator.access import (
     checkpoint_read_allowed,
     owns_job,
 )
-from flashruntime.coordinator.artifacts import ArtifactConflict, ArtifactTooLarge, BadArtifactKey, check_key
+from flashruntime.coordinator.artifacts import check_key
+from flashruntime.coordinator.auth import Identity, task_write_allowed
 from flashruntime.coordinator.checkpoint_paths import checkpoint_path_problem
-from flashruntime.coordinator.auth import AuthFailure, Identity, task_write_allowed
-from flashruntime.coordinator.core import Coordinator, NoBackend
+from flashruntime.coordinator.core import Coordinator
 from flashruntime.coordinator.guard import Guard, StrictJSONRoute
 from flashruntime.coordinator.openapi import BYTES_RESPONSE, ERRORS
 from flashruntime.coordinator.task_logs import job_logs_text
-from flashruntime.errors import (
-    CheckpointError,
-    CodeExecutionNotPermitted,
-    ExpansionError,
-    JobTooLarge,
-    SubmitterOverQuota,
-)
+from flashruntime.errors import ArtifactTooLarge, AuthFailure, InvalidRequest, NotFound
 from flashruntime.protocol.api_v1alpha1 import ArtifactListing, ErrorBody, JobLogs, LostWork, PartRegistered, TaskRow
 from flashruntime.protocol.task_logs import JOB_LOGS_MAX_BYTES, MAX_TAIL_LINES, TASK_LOG_MAX_BYTES, TASK_LOG_NAME
 from flashruntime.protocol.v1alpha1 import (
@@ -59,7 +54,7 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
         answered exactly like an unknown one."""
         record = coordinator.job(job_id)
         if record is None or not owns_job(identity, record.submitted_by):
-            raise HTTPException(404, f"unknown job {job_id!r}")
+            raise NotFound(f"unknown job {job_id!r}")
         return record
 
     def scope_of(identity: Identity) -> dict[str, Any]:
@@ -86,7 +81,7 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
     def check_task_read(identity: Identity, job_id: str, task_id: str) -> None:
         if enforcing and not checkpoint_read_allowed(identity, job_id, task_id, **scope_of(identity)):
             if identity.submitter:
-                raise HTTPException(404, f"unknown job {job_id!r}")
+                raise NotFound(f"unknown job {job_id!r}")
             raise AuthFailure(403, f"reading the checkpoints of {job_id}/{task_id} needs a live lease on that task")
 
     @router.post("/v1alpha1/jobs", status_code=201, response_model=JobRecord,
@@ -98,19 +93,7 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
                                                                      "or FLASHML_MAX_PENDING_TASKS (see Retry-After)"},
                             503: {"model": ErrorBody, "description": "the job's backend is not configured"}})
     def submit(spec: JobSpec, identity: Identity = caller) -> JSONResponse:
-        try:
-            record = coordinator.submit(spec, identity)
-        except CodeExecutionNotPermitted as exc:
-            raise HTTPException(403, str(exc)) from None
-        except SubmitterOverQuota as exc:
-            raise HTTPException(429, exc.detail, headers={"Retry-After": str(exc.retry_after_s)}) from None
-        except JobTooLarge as exc:
-            raise HTTPException(413, str(exc)) from None
-        except ExpansionError as exc:
-            raise HTTPException(422, str(exc)) from None
-        except NoBackend as exc:
-            raise HTTPException(503, str(exc)) from None
-        return _record_json(record, 201)
+        return _record_json(coordinator.submit(spec, identity), 201)
 
     @router.get("/v1alpha1/jobs", response_model=list[JobRecord])
     def jobs(identity: Identity = caller) -> JSONResponse:
@@ -137,8 +120,7 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
         job_or_404(job_id, identity)
         entries = coordinator.task_logs(job_id, task=task, tail=tail)
         if task is not None and not entries:
-            raise HTTPException(404, f"job {job_id!r} has no task {task!r}; GET /v1alpha1/jobs/{job_id}/tasks "
-                                     "lists its tasks")
+            raise NotFound(f"job {job_id!r} has no task {task!r}; GET /v1alpha1/jobs/{job_id}/tasks lists its tasks")
         return {"logs": job_logs_text(entries), "tasks": [entry.as_json() for entry in entries]}
 
     @router.post("/v1alpha1/jobs/{job_id}/cancel", response_model=JobRecord)
@@ -146,7 +128,7 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
         job_or_404(job_id, identity)
         record = coordinator.cancel(job_id)
         if record is None:
-            raise HTTPException(404, f"unknown job {job_id!r}")
+            raise NotFound(f"unknown job {job_id!r}")
         return _record_json(record)
 
     @router.get("/v1alpha1/jobs/{job_id}/tasks", response_model=list[TaskRow])
@@ -157,10 +139,7 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
     @router.get("/v1alpha1/jobs/{job_id}/artifacts", response_model=list[ArtifactListing])
     def job_artifacts(job_id: str, identity: Identity = caller) -> list[dict[str, Any]]:
         job_or_404(job_id, identity)  # only a job's own directory: an id like '..' is no job
-        try:
-            listed = coordinator.artifacts.list(f"jobs/{job_id}/")
-        except BadArtifactKey as exc:
-            raise HTTPException(400, str(exc)) from None
+        listed = coordinator.artifacts.list(f"jobs/{job_id}/")
         return [{"uri": f"artifact://{key}", "key": key, "size_bytes": size, "sha256": coordinator.artifacts.sha256(key)}
                 for key, size in listed]
 
@@ -168,43 +147,29 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
                 openapi_extra={"requestBody": {"required": True, "content": {
                     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
     async def put_artifact(key: str, request: Request, identity: Identity = caller) -> JSONResponse:
-        try:
-            check_key(key)
-        except BadArtifactKey as exc:
-            raise HTTPException(400, str(exc)) from None
+        check_key(key)
         check_artifact_write(identity, key)  # before reading the body ...
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > coordinator.artifacts.max_bytes:
-            raise HTTPException(413, f"artifact {key!r} ({declared} bytes) is over the coordinator's limit of "
-                                     f"{coordinator.settings.max_artifact_mb} MiB")
-        try:  # ... and after, before the rename: the lease may have ended during the upload
-            sha256, size = await coordinator.artifacts.write(
-                key, request.stream(), commit_check=lambda: check_artifact_write(identity, key, received=True)
-            )
-        except ArtifactTooLarge as exc:
-            raise HTTPException(413, str(exc)) from None
-        except ArtifactConflict as exc:
-            raise HTTPException(409, str(exc)) from None
-        except BadArtifactKey as exc:  # a path the file system refuses, e.g. too long as a whole
-            raise HTTPException(400, str(exc)) from None
+            raise ArtifactTooLarge(f"artifact {key!r} ({declared} bytes) is over the coordinator's limit of "
+                                   f"{coordinator.settings.max_artifact_mb} MiB")
+        # ... and after, before the rename: the lease may have ended during the upload. The write
+        # refuses a key the file system will not take (too long as a whole) as a BadArtifactKey.
+        sha256, size = await coordinator.artifacts.write(
+            key, request.stream(), commit_check=lambda: check_artifact_write(identity, key, received=True)
+        )
         record = ArtifactRecord(uri=f"artifact://{key}", backend="local", bucket=str(coordinator.artifacts.root),
                                 object_key=key, sha256=sha256, size_bytes=size)
         return JSONResponse(record.model_dump(mode="json"))
 
     @router.get("/v1alpha1/artifacts/{key:path}", response_class=FileResponse, responses=BYTES_RESPONSE)
     def get_artifact(key: str, identity: Identity = caller) -> FileResponse:
-        try:
-            check_key(key)
-        except BadArtifactKey as exc:
-            raise HTTPException(400, str(exc)) from None
+        check_key(key)
         if enforcing and not artifact_read_allowed(identity, key, **scope_of(identity)):
             raise AuthFailure(403, f"reading {key!r} is outside what this token may read")
-        try:
-            path = coordinator.artifacts.read_path(key)
-        except BadArtifactKey as exc:
-            raise HTTPException(400, str(exc)) from None
+        path = coordinator.artifacts.read_path(key)
         if path is None:
-            raise HTTPException(404, f"no artifact {key!r}")
+            raise NotFound(f"no artifact {key!r}")
         return FileResponse(path, media_type="application/octet-stream")
 
     @router.post("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/parts", response_model=PartRegistered)
@@ -212,14 +177,14 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
                       identity: Identity = caller) -> dict[str, str]:
         check_task_write(identity, job_id, task_id)
         if coordinator.job(job_id) is None:  # a checkpoint belongs to a job: none is kept for an unknown id
-            raise HTTPException(404, f"unknown job {job_id!r}")
+            raise NotFound(f"unknown job {job_id!r}")
         misplaced = checkpoint_path_problem([body.part.key])
         if misplaced is not None:
-            raise HTTPException(422, misplaced)
+            raise InvalidRequest(misplaced)
         try:
             coordinator.catalog.register_part(f"{job_id}::{task_id}", body.attempt_id, body.step, body.part)
         except ValueError as exc:  # a value the registry cannot hold (beyond SQLite's 64-bit integers)
-            raise HTTPException(422, str(exc)) from None
+            raise InvalidRequest(str(exc)) from None
         return {"status": "registered", "key": body.part.key}
 
     @router.post("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/commit", response_model=CheckpointManifest)
@@ -227,20 +192,18 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
                           identity: Identity = caller) -> JSONResponse:
         check_task_write(identity, job_id, task_id)
         if coordinator.job(job_id) is None:
-            raise HTTPException(404, f"unknown job {job_id!r}")
+            raise NotFound(f"unknown job {job_id!r}")
         misplaced = checkpoint_path_problem([part.key for part in body.expected_parts], body.storage_prefix)
         if misplaced is not None:
-            raise HTTPException(422, misplaced)
-        try:
+            raise InvalidRequest(misplaced)
+        try:  # a refused commit raises CheckpointError (409)
             manifest = coordinator.catalog.commit(
                 job_id=f"{job_id}::{task_id}", attempt_id=body.attempt_id, step=body.step,
                 expected_parts=body.expected_parts, storage_prefix=body.storage_prefix, world_size=body.world_size,
                 framework=body.framework, strategy_family=body.strategy_family,
             )
-        except CheckpointError as exc:
-            raise HTTPException(409, str(exc)) from None
         except ValueError as exc:  # a value the catalog cannot hold
-            raise HTTPException(422, str(exc)) from None
+            raise InvalidRequest(str(exc)) from None
         return JSONResponse(manifest.model_dump(mode="json"))
 
     @router.get("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/latest", response_model=CheckpointManifest)
@@ -248,10 +211,10 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
                           identity: Identity = caller) -> JSONResponse:
         check_task_read(identity, job_id, task_id)
         if coordinator.job(job_id) is None:
-            raise HTTPException(404, f"unknown job {job_id!r}")
+            raise NotFound(f"unknown job {job_id!r}")
         manifest = coordinator.catalog.latest_valid(f"{job_id}::{task_id}", world_size=world_size)
         if manifest is None:
-            raise HTTPException(404, f"no selectable checkpoint for {job_id}/{task_id}")
+            raise NotFound(f"no selectable checkpoint for {job_id}/{task_id}")
         return JSONResponse(manifest.model_dump(mode="json"))
 
     @router.get("/v1alpha1/jobs/{job_id}/tasks/{task_id}/checkpoints/lost-work", response_model=LostWork)
@@ -259,7 +222,7 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
                   identity: Identity = caller) -> dict[str, int | None]:
         check_task_read(identity, job_id, task_id)
         if coordinator.job(job_id) is None:
-            raise HTTPException(404, f"unknown job {job_id!r}")
+            raise NotFound(f"unknown job {job_id!r}")
         scope = f"{job_id}::{task_id}"
         latest = coordinator.catalog.latest_valid(scope)
         return {

@@ -1,63 +1,75 @@
-"""The error family: one root, documented built-in bases kept."""
+"""The error family: one root, one group per class, documented built-in bases kept, and
+the HTTP answer of every refusal."""
 
 from __future__ import annotations
+
+import inspect
+import re
 
 import pytest
 
 from flashruntime import errors
 
-EXPECTED_BASES = {
-    "LeaseError": (),
-    "CheckpointError": (),
-    "LaunchError": (),
-    "InvalidSubmission": (ValueError,),
-    "CompileError": (),
-    "WeightShapeMismatch": (ValueError,),
-    "NonFiniteWeights": (ValueError,),
-    "QuorumNotMet": (RuntimeError,),
-    "CoordinatorUnavailable": (RuntimeError,),
-    "CoordinatorHTTPError": (RuntimeError,),
-    "ArtifactNotFound": (LookupError,),
-    "ExpansionError": (ValueError,),
-    "TooManyTasks": (),
-    "JobTooLarge": (),
-    "SubmitterOverQuota": (),
-    "AuthConfigError": (ValueError,),
-    "CodeExecutionNotPermitted": (PermissionError,),
-    "StoreError": (RuntimeError,),
-    "StorageFull": (OSError,),
-    "BadDatabaseURL": (ValueError,),
-    "BadRayAddress": (ValueError,),
-    "SigningError": (ValueError,),
-    "SchemaVersionError": (RuntimeError,),
-    "UnplannableRequest": (ValueError,),
-    "ModuleUnavailable": (ImportError,),
-    "ProfileError": (RuntimeError,),
-    "InvalidProfileRequest": (ValueError,),
-    "BadArtifactKey": (ValueError,),
-    "ArtifactTooLarge": (ValueError,),
-    "ArtifactConflict": (ValueError,),
-    "EmptyArtifact": (ValueError,),
-    "NoBackend": (RuntimeError,),
-    "BodyProblem": (ValueError,),
-    "AuthFailure": (),
-    "RateLimited": (),
-    "TaskRefused": (),
-    "TaskInterrupted": (),
-    "WorkDirInUse": (),
-    "WorkerConfigError": (ValueError,),
-    "CommandError": (),
+# Each class: (its parent, the built-ins it keeps). The groups hang on the root; every other
+# class on a group or on a kind of one.
+EXPECTED_BASES: dict[str, tuple[str, tuple[type, ...]]] = {
+    "ConfigurationError": ("FlashRuntimeError", ()),
+    "InputError": ("FlashRuntimeError", ()),
+    "ArtifactError": ("FlashRuntimeError", ()),
+    "NotFound": ("FlashRuntimeError", (LookupError,)),
+    "AccessDenied": ("FlashRuntimeError", ()),
+    "CoordinatorError": ("FlashRuntimeError", ()),
+    "PersistenceError": ("FlashRuntimeError", ()),
+    "RunError": ("FlashRuntimeError", ()),
+    "AuthConfigError": ("ConfigurationError", (ValueError,)),
+    "BadDatabaseURL": ("ConfigurationError", (ValueError,)),
+    "BadRayAddress": ("ConfigurationError", (ValueError,)),
+    "SigningError": ("ConfigurationError", (ValueError,)),
+    "WorkerConfigError": ("ConfigurationError", (ValueError,)),
+    "ModuleUnavailable": ("ConfigurationError", (ImportError,)),
+    "NoBackend": ("ConfigurationError", (RuntimeError,)),
+    "InvalidSubmission": ("InputError", (ValueError,)),
+    "CompileError": ("InputError", ()),
+    "UnplannableRequest": ("InputError", (ValueError,)),
+    "WeightShapeMismatch": ("InputError", (ValueError,)),
+    "NonFiniteWeights": ("InputError", (ValueError,)),
+    "ExpansionError": ("InputError", (ValueError,)),
+    "TooManyTasks": ("ExpansionError", ()),
+    "JobTooLarge": ("ExpansionError", ()),
+    "BodyProblem": ("InputError", (ValueError,)),
+    "BodyTooLarge": ("InputError", ()),
+    "InvalidRequest": ("InputError", (ValueError,)),
+    "BadArtifactKey": ("ArtifactError", (ValueError,)),
+    "ArtifactTooLarge": ("ArtifactError", (ValueError,)),
+    "ArtifactConflict": ("ArtifactError", (ValueError,)),
+    "EmptyArtifact": ("ArtifactError", (ValueError,)),
+    "AuthFailure": ("AccessDenied", ()),
+    "RateLimited": ("AuthFailure", ()),
+    "CodeExecutionNotPermitted": ("AccessDenied", (PermissionError,)),
+    "SubmitterOverQuota": ("AccessDenied", ()),
+    "CoordinatorUnavailable": ("CoordinatorError", (RuntimeError,)),
+    "CoordinatorHTTPError": ("CoordinatorError", (RuntimeError,)),
+    "ArtifactNotFound": ("CoordinatorHTTPError", (LookupError,)),
+    "StoreError": ("PersistenceError", (RuntimeError,)),
+    "StorageFull": ("PersistenceError", (OSError,)),
+    "SchemaVersionError": ("PersistenceError", (RuntimeError,)),
+    "LaunchError": ("RunError", ()),
+    "LeaseError": ("RunError", ()),
+    "CheckpointError": ("RunError", ()),
+    "QuorumNotMet": ("RunError", (RuntimeError,)),
+    "ProfileError": ("RunError", (RuntimeError,)),
+    "InvalidProfileRequest": ("ProfileError", (ValueError,)),
+    "TaskRefused": ("RunError", ()),
+    "TaskInterrupted": ("RunError", ()),
+    "WorkDirInUse": ("RunError", ()),
+    "CommandError": ("RunError", ()),
 }
+GROUPS = {name for name, (parent, _) in EXPECTED_BASES.items() if parent == "FlashRuntimeError"}
 
 
 def test_root() -> None:
     assert issubclass(errors.FlashRuntimeError, Exception)
     assert errors.FlashRuntimeError.__bases__ == (Exception,)
-
-
-PARENTS = {"ArtifactNotFound": "CoordinatorHTTPError", "RateLimited": "AuthFailure",
-           "InvalidProfileRequest": "ProfileError", "TooManyTasks": "ExpansionError",
-           "JobTooLarge": "ExpansionError"}  # else FlashRuntimeError
 
 
 def _raise(cls: type[Exception], message: str) -> None:
@@ -78,15 +90,32 @@ def _raise(cls: type[Exception], message: str) -> None:
     raise cls(message)
 
 
-@pytest.mark.parametrize("name, builtins", sorted(EXPECTED_BASES.items()))
-def test_each_error_is_rooted_and_keeps_its_builtin(name: str, builtins: tuple[type, ...]) -> None:
+@pytest.mark.parametrize("name, expected", sorted(EXPECTED_BASES.items()))
+def test_each_error_keeps_its_parent_and_its_builtins(name: str, expected: tuple[str, tuple[type, ...]]) -> None:
+    parent, builtins = expected
     cls = getattr(errors, name)
-    assert cls.__bases__ == (getattr(errors, PARENTS.get(name, "FlashRuntimeError")), *builtins)
+    assert cls.__bases__ == (getattr(errors, parent), *builtins)
     with pytest.raises(errors.FlashRuntimeError, match="why and how to fix"):
         _raise(cls, "why and how to fix")
     for builtin in builtins:
         with pytest.raises(builtin):
             _raise(cls, "caught by existing except clauses")
+
+
+def _family() -> list[type[errors.FlashRuntimeError]]:
+    return [value for value in vars(errors).values()
+            if inspect.isclass(value) and issubclass(value, errors.FlashRuntimeError)]
+
+
+def test_every_class_but_the_groups_derives_from_exactly_one_group() -> None:
+    root = errors.FlashRuntimeError
+    groups = [cls for cls in _family() if root in cls.__bases__]
+    assert sorted(group.__name__ for group in groups) == sorted(GROUPS)
+    for cls in _family():
+        if cls is not root and cls not in groups:
+            assert len([group for group in groups if issubclass(cls, group)]) == 1, cls.__name__
+    for group in groups:  # no group is a kind of another
+        assert [other for other in groups if other is not group and issubclass(group, other)] == []
 
 
 def test_http_errors_carry_what_the_coordinator_answered() -> None:
@@ -100,14 +129,33 @@ def test_http_errors_carry_what_the_coordinator_answered() -> None:
     assert str(plain) == "artifact 'a' not found" and plain.status == 404
 
 
+def test_a_refusal_says_its_message_unless_its_message_is_the_operators() -> None:
+    assert errors.BadArtifactKey("'..' is not a safe key").http_detail() == "'..' is not a safe key"
+    assert errors.BodyProblem(["a", 0], "not finite", "finite_number").http_detail() == [
+        {"loc": ["body", "a", 0], "msg": "not finite", "type": "finite_number"}]
+    store = errors.StoreError("/var/lib/flashruntime/flashruntime.db is locked")
+    assert "flashruntime.db" not in str(store.http_detail()) and store.http_headers() == {"Retry-After": "1"}
+    assert errors.AuthFailure(401, "authentication required").headers == {"WWW-Authenticate": "Bearer"}
+    assert errors.AuthFailure(403, "not yours").http_headers() == {}
+    assert errors.SubmitterOverQuota("over", 30).http_headers() == {"Retry-After": "30"}
+    assert errors.CompileError("no").http_status is None and errors.CompileError("no").http_headers() == {}
+
+
 def test_all_lists_exactly_the_family() -> None:
     assert sorted(errors.__all__) == sorted([*EXPECTED_BASES, "FlashRuntimeError"])
+    assert sorted(cls.__name__ for cls in _family()) == sorted(errors.__all__)
 
 
 def test_docstring_draws_the_tree() -> None:
-    doc = errors.__doc__ or ""
-    for name in EXPECTED_BASES:
-        assert f"── {name}" in doc
+    lines = (errors.__doc__ or "").splitlines()
+    column: dict[str, int] = {}
+    for name, (_, builtins) in EXPECTED_BASES.items():
+        drawn = re.compile(rf"── {name}" + (rf"\({', '.join(b.__name__ for b in builtins)}\)" if builtins else r"\b"))
+        found = [(line, match.start()) for line in lines if (match := drawn.search(line))]
+        assert len(found) == 1, name
+        column[name] = found[0][1]
+    for name, (parent, _) in EXPECTED_BASES.items():  # each class drawn one level under its parent
+        assert column[name] == (column[parent] + 4 if parent in column else column["ConfigurationError"]), name
 
 
 # Exceptions that are deliberately outside the family: control flow that no
@@ -125,7 +173,6 @@ _OUTSIDE_THE_FAMILY = {
 def test_every_exception_the_project_defines_is_rooted() -> None:
     """``FlashRuntimeError`` roots every exception this project defines."""
     import importlib
-    import inspect
     import pkgutil
 
     import flashml_workloads
@@ -133,6 +180,7 @@ def test_every_exception_the_project_defines_is_rooted() -> None:
 
     pytest.importorskip("fastapi")  # the service modules define some of them
     found: list[str] = []
+    walked: list[str] = []
     unrooted: list[str] = []
     for package in (flashruntime, flashml_workloads):
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
@@ -142,6 +190,7 @@ def test_every_exception_the_project_defines_is_rooted() -> None:
                 module = importlib.import_module(info.name)
             except errors.ModuleUnavailable:
                 continue  # an import path kept for earlier releases whose code is yet to come: it defines nothing
+            walked.append(info.name)
             for name, value in vars(module).items():
                 if not (inspect.isclass(value) and issubclass(value, BaseException)):
                     continue
@@ -151,10 +200,12 @@ def test_every_exception_the_project_defines_is_rooted() -> None:
                 found.append(qualified)
                 if not issubclass(value, errors.FlashRuntimeError) and qualified not in _OUTSIDE_THE_FAMILY:
                     unrooted.append(qualified)
-    assert "flashruntime.coordinator.body_limit.BodyTooLarge" in found  # the walk reaches the service
+    assert "flashruntime.coordinator.body_limit" in walked  # the walk reaches the service
     assert unrooted == [], f"exceptions outside FlashRuntimeError: {unrooted}"
-    # Every member of the family is defined in errors.py, but for the one that must also be
-    # FastAPI's HTTPException (errors.py imports nothing but the standard library).
+    # Every member of the family is defined in errors.py; other modules re-export them.
     elsewhere = [name for name in found if not name.startswith("flashruntime.errors.")
                  and name not in _OUTSIDE_THE_FAMILY]
-    assert elsewhere == ["flashruntime.coordinator.body_limit.BodyTooLarge"]
+    assert elsewhere == []
+    from flashruntime.coordinator.body_limit import BodyTooLarge
+
+    assert BodyTooLarge is errors.BodyTooLarge
