@@ -17,7 +17,11 @@ STEPS, CHECKPOINT_EVERY, CRASH_AT = 60, 10, 25
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("demo", help="see a crash, the recovery decision and the resume, in seconds")
+    parser = subparsers.add_parser(
+        "demo", help="see a crash, the recovery decision and the resume, in seconds",
+        description="Train a tiny model (the core install is enough; --ddp uses torch on 2 CPU ranks), crash "
+                    "it on purpose, and watch the recovery: the failure's class, the decision, the relaunch "
+                    "resuming from the last verified checkpoint.")
     parser.add_argument("--output-dir", default=None, help="run directory (default: a new directory under the runs root; see `flashruntime runs`)")
     parser.add_argument("--ddp", action="store_true", help="train with torch DDP on 2 CPU ranks (needs torch)")
     parser.add_argument("--no-crash", action="store_true", help="do not inject the crash")

@@ -7,9 +7,11 @@ it needs inside its handler, keeping ``flashruntime --help`` fast.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import select
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 
@@ -75,9 +77,42 @@ def _accept_global_options(parser: argparse.ArgumentParser) -> None:
 EXIT_STDOUT_CLOSED = 1
 
 
+def _subparser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser | None:
+    """The parser of the command ``args`` were parsed for, None before a command."""
+    command = getattr(args, "command", None)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command:
+            return action.choices.get(command)
+    return None
+
+
+def unrecognised_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: Sequence[str]) -> str:
+    """argparse's "unrecognized arguments" with what was probably meant: the closest option
+    of the command for a misspelt one, or, after ``submit``, the command in quotes (a command
+    is one argument: ``submit python train.py`` leaves ``train.py`` over)."""
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    command = getattr(args, "command", None)
+    subparser = _subparser(parser, args)
+    options = [option for each in (parser, subparser) if each is not None
+               for action in each._actions for option in action.option_strings if option.startswith("--")]
+    hints = []
+    for extra in extras:
+        if extra.startswith("--"):
+            close = difflib.get_close_matches(extra.partition("=")[0], options, n=1, cutoff=0.6)
+            if close:
+                hints.append(f"{extra.partition('=')[0]}: did you mean {close[0]}?")
+    if not hints and command == "submit" and isinstance(getattr(args, "cmd", None), str):
+        quoted = shlex.join([args.cmd, *extras])
+        hints.append(f"quote the command, so it is one argument: flashruntime submit {shlex.quote(quoted)}")
+    where = f"flashruntime {command} --help" if command else "flashruntime --help"
+    return "; ".join([message, *hints]) + f" (see {where})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # told with the usage of the command they were given to
+        (_subparser(parser, args) or parser).error(unrecognised_arguments(parser, args, extras))
     handler: Handler | None = getattr(args, "handler", None)
     try:
         if handler is None:

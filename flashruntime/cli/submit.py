@@ -115,7 +115,7 @@ def handle(args: argparse.Namespace) -> int:
     from flashruntime.cli._progress import Terminal, watch
     from flashruntime.errors import LaunchError, ModuleUnavailable
     from flashruntime.local.submit import submit
-    from flashruntime.workloads.command import CommandWorkload, Source
+    from flashruntime.workloads.command import CommandWorkload, Source, unfilled_placeholders
 
     try:
         task_params = parse_task_params(args.task_params)
@@ -123,6 +123,12 @@ def handle(args: argparse.Namespace) -> int:
         print(f"error: invalid --task-params: {exc}", file=sys.stderr)
         return EXIT_BAD_PARAMS
     workload = CommandWorkload(command=args.cmd, source=Source(path=args.source), task_params=task_params)
+    unfilled = unfilled_placeholders(workload)
+    if unfilled:
+        example = ", ".join(f'"{name[1:-1]}": 0.1' for name in unfilled[:2])
+        print(f"warning: the command has the placeholder{'s' if len(unfilled) > 1 else ''} {' '.join(unfilled)} "
+              f"but no --task-params to fill {'them' if len(unfilled) > 1 else 'it'}, so it runs as written; to "
+              f"sweep, add --task-params '[{{{example}}}]'", file=sys.stderr)
     # --json promises one JSON object on stdout: the job's output, and what submit itself
     # prints (the viewer's address), go to stderr then.
     lines = sys.stderr if args.json else sys.stdout

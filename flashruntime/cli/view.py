@@ -15,7 +15,10 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("view", help="serve the live run page of a run directory")
+    parser = subparsers.add_parser(
+        "view", help="serve the live run page of a run directory",
+        description="Serve the live run page of a run on 127.0.0.1 and open it in a browser: its attempts, "
+                    "events, metric curves and output, updated as the run goes on. The page stops with Ctrl-C.")
     parser.add_argument("run_dir", help="a run directory holding run.json (`flashruntime runs` lists them)")
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free port)")
     parser.add_argument("--no-open", action="store_true", help="print the URL without opening a browser")

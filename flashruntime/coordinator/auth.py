@@ -59,7 +59,8 @@ NODE_TOKENS_ENV = "FLASHML_NODE_TOKENS"
 OPERATOR_TOKENS_ENV = "FLASHML_OPERATOR_TOKENS"
 SUBMITTER_TOKENS_ENV = "FLASHML_SUBMITTER_TOKENS"
 ARGV_SUBMITTERS_ENV = "FLASHML_ARGV_SUBMITTERS"
-TOKEN_HINT = "send 'Authorization: Bearer <token>' (the CLI: --token or FLASHML_TOKEN)"
+TOKEN_HINT = ("send 'Authorization: Bearer <token>' (the CLI's job commands: --token or FLASHML_TOKEN; "
+              "a worker: --token-file, FLASHML_NODE_TOKEN_FILE or FLASHML_NODE_TOKEN)")
 
 
 class Role(StrEnum):

@@ -149,6 +149,21 @@ def _fill_problem(template: str, params: dict[str, Any], index: int, where: str)
             f"fix the placeholder or that parameter set, or {_LITERAL_BRACES}")
 
 
+def unfilled_placeholders(workload: CommandWorkload) -> list[str]:
+    """The named placeholders (``{lr}``) in the command of a workload that fans out over no
+    parameter sets, where they are passed on as written (pure)."""
+    if workload.task_params:
+        return []
+    found: list[str] = []
+    for token in workload.argv():
+        try:
+            fields = [field for _, field, _, _ in _FORMATTER.parse(token) if field]
+        except ValueError:  # a lone brace: no placeholder
+            continue
+        found += ["{" + field + "}" for field in fields if re.match(r"[A-Za-z_]", field)]
+    return list(dict.fromkeys(found))
+
+
 def task_params_problem(workload: CommandWorkload) -> str | None:
     """Why a parameter set of ``workload`` cannot fill a placeholder of its command or env
     (task index, token, missing key, fix), or None (pure). Only a fan-out formats; without
