@@ -1,4 +1,5 @@
-"""What a job leaves, from a shell: ``logs`` (its tasks' logs, ``--follow`` until the job
+"""The coordinator's jobs and what each leaves, from a shell: ``jobs`` (the jobs the token
+may see, newest first), ``logs`` (its tasks' logs, ``--follow`` until the job
 ends), ``tasks`` (a table of its tasks), ``goodput`` (its goodput ledger, from its events)
 and ``artifacts`` (a listing; ``--download DIR`` fetches each file and checks its sha256).
 ``--json`` prints the coordinator's answer (for ``goodput``, the ledger) instead.
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -51,6 +53,7 @@ _ANCHOR_LINES = 64  # the most final lines of the last answer looked for in the 
 
 
 def register(subparsers: Any) -> None:
+    _register_jobs(subparsers)
     parser = subparsers.add_parser(
         "logs", help="print a job's task logs (--follow: until the job ends)",
         description="Print the logs of a job's tasks, as their workers uploaded them (the last MiB of each "
@@ -100,6 +103,23 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print the coordinator's listing as JSON")
     add_token_option(parser)
     parser.set_defaults(handler=handle_artifacts)
+
+
+def _register_jobs(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "jobs", help="list the coordinator's jobs: state, owner, tasks done, age",
+        description="List the jobs the token may see, newest first: their id, name, state, who submitted them, "
+                    "how many of their tasks are done, and their age (GET /v1alpha1/jobs on the coordinator at "
+                    "--api, and each listed job's tasks).",
+    )
+    parser.add_argument("--state", default=None, metavar="STATE[,STATE]",
+                        help="only jobs in these states, e.g. RUNNING or failed,cancelled")
+    parser.add_argument("--owner", default=None, metavar="NAME", help="only jobs this submitter submitted")
+    parser.add_argument("--limit", type=whole_number("--limit", 1), default=JOB_LIST_LIMIT, metavar="N",
+                        help=f"at most N jobs, the newest (default {JOB_LIST_LIMIT})")
+    parser.add_argument("--json", action="store_true", help="print the listed job records as JSON")
+    add_token_option(parser)
+    parser.set_defaults(handler=handle_jobs)
 
 
 def _command(name: str, body: Callable[[str, CoordinatorClient, argparse.Namespace], int]) -> Callable[
@@ -247,6 +267,66 @@ def _tasks_body(api: str, client: CoordinatorClient, args: argparse.Namespace) -
 
 
 handle_tasks = _command("tasks", _tasks_body)
+
+
+# --- jobs ------------------------------------------------------------------------
+
+JOB_LIST_LIMIT = 20
+
+
+def age(created_at: str | None, now: datetime) -> str:
+    """How long ago ``created_at`` (ISO 8601) was, as ``kubectl get`` says it: 45s, 12m, 3h, 2d."""
+    try:
+        created = datetime.fromisoformat(str(created_at))
+    except ValueError:
+        return "-"
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=timezone.utc)
+    seconds = max(0, int((now - created).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def listed_jobs(records: list[dict[str, Any]], *, states: str | None, owner: str | None,
+                limit: int) -> list[dict[str, Any]]:
+    """The records ``jobs`` shows: in one of ``states`` (comma-separated, any case) and submitted
+    by ``owner`` when given, newest first, at most ``limit``."""
+    wanted = {state.strip().upper() for state in states.split(",") if state.strip()} if states else None
+    chosen = [record for record in records
+              if (wanted is None or str(record.get("state")).upper() in wanted)
+              and (owner is None or (record.get("submitted_by") or {}).get("name") == owner)]
+    chosen.sort(key=lambda record: str(record.get("created_at") or ""), reverse=True)
+    return chosen[:limit]
+
+
+def _jobs_body(api: str, client: CoordinatorClient, args: argparse.Namespace) -> int:
+    records = listed_jobs(coordinator_call(api, client.jobs), states=args.state, owner=args.owner,
+                          limit=args.limit)
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return EXIT_OK
+    if not records:
+        filters = " ".join(part for part in (f"in state {args.state}" if args.state else "",
+                                             f"of {args.owner}" if args.owner else "") if part)
+        print(f"no jobs{' ' + filters if filters else ''} on {api}")
+        return EXIT_OK
+    now = datetime.now(timezone.utc)
+    rows = []
+    for record in records:
+        job_id = str(record.get("job_id"))
+        tasks = coordinator_call(api, lambda job_id=job_id: client.tasks(job_id))
+        done = sum(1 for task in tasks if task.get("state") == "COMPLETED")
+        owner = (record.get("submitted_by") or {}).get("name") or "-"
+        name = str(((record.get("spec") or {}).get("metadata") or {}).get("name") or "-")
+        rows.append((job_id, name, str(record.get("state")), owner, f"{done}/{len(tasks)}",
+                     age(record.get("created_at"), now)))
+    sys.stdout.write(_table(("JOB", "NAME", "STATE", "OWNER", "TASKS", "AGE"), rows))
+    return EXIT_OK
+
+
+handle_jobs = _command("jobs", _jobs_body)
 
 
 # --- goodput ---------------------------------------------------------------------
