@@ -32,7 +32,7 @@ def _describe(directory: Path) -> dict[str, Any] | None:
     path = directory / "run.json"
     if not path.is_file():
         return None
-    row: dict[str, Any] = {"path": str(directory), "state": UNKNOWN, "mode": None, "attempts": None,
+    row: dict[str, Any] = {"name": directory.name, "path": str(directory), "state": UNKNOWN, "mode": None, "attempts": None,
                            "started": None, "duration_s": None, "command": None, "_sort": path.stat().st_mtime}
     try:
         doc = json.loads(path.read_text())
@@ -103,31 +103,85 @@ def find_runs(root: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def show(run: str, root: str | None, as_json: bool) -> int:
-    """``--show RUN``: one run's row and its goodput ledger."""
-    from flashruntime.goodput.run import ledger_lines, ledger_of_run
+def resolve_run(run: str, root: str | None = None) -> Path | None:
+    """The run directory ``run`` names: a directory holding a run.json, else a run's name under
+    ``root`` (default: the runs root); None when neither is one."""
     from flashruntime.run_dirs import runs_root
 
-    directory = Path(run)
-    if not (directory / "run.json").is_file():
-        directory = (Path(root) if root else runs_root()) / run
-    row = _describe(directory) if (directory / "run.json").is_file() else None
-    if row is None or row["state"] == UNKNOWN:
+    for directory in (Path(run).expanduser(), (Path(root) if root else runs_root()) / run):
+        if (directory / "run.json").is_file():
+            return directory
+    return None
+
+
+def show(run: str, root: str | None, as_json: bool) -> int:
+    """``--show RUN``: one run's row, its sweep's trials (best first), why it failed, and its
+    goodput ledger."""
+    from flashruntime.goodput.run import ledger_lines, ledger_of_run, logged_steps
+
+    directory = resolve_run(run, root)
+    row = _describe(directory) if directory is not None else None
+    if directory is None or row is None or row["state"] == UNKNOWN:
         print(f"error: {run!r} is not a run directory (no readable run.json there or under the runs root); "
               "`flashruntime runs` lists them", file=sys.stderr)
         return 2
     del row["_sort"]
     ledger = ledger_of_run(directory)
+    document = json.loads((directory / "run.json").read_text())
+    trials, failure = _trials_of(document), _failure_of(document)
     if as_json:
-        print(json.dumps({**row, "goodput": ledger.as_json()}, indent=1))
+        print(json.dumps({**row, "trials": trials, "failure": failure, "goodput": ledger.as_json()}, indent=1))
         return 0
-    print(f"run       {row['path']}")
+    print(f"run       {row['name']} ({row['path']})")
     print(f"state     {row['state']} ({row['mode'] or '-'}; {row['attempts']} attempts; started {row['started'] or '-'}; "
           f"{_duration(row['duration_s'])})")
     print(f"command   {row['command'] or '-'}")
-    for line in ledger_lines(ledger, label_width=10):
+    if trials:
+        from flashruntime.cli.submit import trial_table_text
+
+        metric = (document.get("sweep") or {}).get("metric")
+        print()
+        print(trial_table_text(trials, metric))
+        best = next((trial for trial in trials if trial["best"]), None)
+        print(f"best      {best['trial_id']} ({metric} {best['metric']:.6g})" if best is not None
+              else f"best      - (no trial reported {metric or 'a metric'})")
+    if failure:
+        print()
+        print(failure)
+        print()
+    for line in ledger_lines(ledger, label_width=10, steps_logged=logged_steps(document)):
         print(line[2:])
     return 0
+
+
+def _trials_of(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sweep's rows, best first, from run.json; [] for a single command or a sweep in a
+    shape no flashruntime writes."""
+    from flashruntime.local.run import trial_rows
+
+    sweep = document.get("sweep")
+    try:
+        return trial_rows(sweep) if isinstance(sweep, dict) else []
+    except (KeyError, TypeError, ValueError):
+        return []
+
+
+def _failure_of(document: dict[str, Any]) -> str | None:
+    """The failure summary of a run that ended FAILED, from its run.json."""
+    from flashruntime.local.failure_summary import render_failure_summary
+    from flashruntime.recovery import RestartBudget
+
+    if document.get("state") != "FAILED":
+        return None
+    attempts, events, sweep = document.get("attempts"), document.get("events"), document.get("sweep")
+    restarts = document.get("max_restarts")
+    try:
+        return render_failure_summary(attempts if isinstance(attempts, list) else [],
+                                      events if isinstance(events, list) else [],
+                                      sweep if isinstance(sweep, dict) else None,
+                                      RestartBudget(restarts if isinstance(restarts, int) and restarts >= 0 else 0))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -153,11 +207,12 @@ def handle(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no runs under {root}")
         return 0
-    headers = ("path", "state", "mode", "attempts", "started", "duration", "command")
-    table = [(r["path"], r["state"], r["mode"] or "-", "-" if r["attempts"] is None else str(r["attempts"]),
+    print(f"runs under {root} (`flashruntime runs --show RUN` for one; `flashruntime view RUN` for its page)")
+    headers = ("run", "state", "mode", "attempts", "started", "duration", "command")
+    table = [(r["name"], r["state"], r["mode"] or "-", "-" if r["attempts"] is None else str(r["attempts"]),
               r["started"] or "-", _duration(r["duration_s"]), _shortened(r["command"] or "-")) for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     return 0

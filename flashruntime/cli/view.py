@@ -10,7 +10,6 @@ import argparse
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 
@@ -19,19 +18,23 @@ def register(subparsers: Any) -> None:
         "view", help="serve the live run page of a run directory",
         description="Serve the live run page of a run on 127.0.0.1 and open it in a browser: its attempts, "
                     "events, metric curves and output, updated as the run goes on. The page stops with Ctrl-C.")
-    parser.add_argument("run_dir", help="a run directory holding run.json (`flashruntime runs` lists them)")
+    parser.add_argument("run_dir", metavar="RUN",
+                        help="a run directory holding run.json, or a run's name under the runs root "
+                             "(`flashruntime runs` lists them)")
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free port)")
     parser.add_argument("--no-open", action="store_true", help="print the URL without opening a browser")
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
+    from flashruntime.cli.runs import resolve_run
     from flashruntime.viewer.server import RunViewerServer
 
-    run_dir = Path(args.run_dir).expanduser()
-    if not (run_dir / "run.json").is_file():
-        print(f"flashruntime view: {run_dir} holds no run.json, so it is not a run directory; "
-              "`flashruntime runs --root DIR` lists the run directories under DIR", file=sys.stderr)
+    run_dir = resolve_run(args.run_dir)
+    if run_dir is None:
+        print(f"flashruntime view: {args.run_dir} is no run directory (it holds no run.json) and no run of that "
+              "name is under the runs root; `flashruntime runs` lists the runs (`--root DIR`: those under DIR)",
+              file=sys.stderr)
         return 2
     try:
         server = RunViewerServer(run_dir, port=args.port)

@@ -195,8 +195,18 @@ def ledger_of_run(run_dir: str | Path, *, now: float | None = None) -> GoodputLe
     return goodput_ledger(document, records, now=now)
 
 
-def ledger_lines(ledger: GoodputLedger, label_width: int = 10) -> list[str]:
-    """The ledger as the report lines ``flashruntime runs --show`` and ``chaos`` print."""
+def logged_steps(document: dict[str, Any]) -> bool:
+    """Whether any attempt of the run in ``document`` (its run.json) wrote a ``metrics.jsonl``."""
+    attempts = document.get("attempts")
+    return any(isinstance(row, dict) and isinstance(row.get("output_dir"), str)
+               and (Path(row["output_dir"]) / METRICS_FILE).is_file()
+               for row in (attempts if isinstance(attempts, list) else ()))
+
+
+def ledger_lines(ledger: GoodputLedger, label_width: int = 10, *, steps_logged: bool = True) -> list[str]:
+    """The ledger as the report lines ``flashruntime runs --show`` and ``chaos`` print.
+    ``steps_logged``: whether the run wrote a ``metrics.jsonl`` at all (else the goodput line
+    says that, not that its steps lack times)."""
     lines = []
     for recovery in ledger.recoveries:
         resumed = "-" if recovery.resumed_from_step is None else str(recovery.resumed_from_step)
@@ -210,6 +220,9 @@ def ledger_lines(ledger: GoodputLedger, label_width: int = 10) -> list[str]:
             f"{ledger.goodput:.1%} (useful step time {seconds(ledger.useful_s)} of {seconds(ledger.wall_s)} wall; "
             f"lost work {seconds(ledger.lost_work_s)}; {ledger.steps} steps kept, "
             f"{ledger.steps_recomputed} recomputed, {ledger.restarts} restart{'' if ledger.restarts == 1 else 's'})"), label_width))
+    elif not steps_logged:
+        lines.append(line("goodput", "not timed: the run logged no steps (a metrics.jsonl line per step, with its "
+                                     "step and ts; flashruntime.torch's log_metrics writes them)", label_width))
     else:
         lines.append(line("goodput", "not timed: the steps in metrics.jsonl carry no ts (flashruntime.torch's "
                                      "log_metrics adds it)", label_width))

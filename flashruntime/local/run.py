@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from flashruntime.launchers import LaunchHandle
     from flashruntime.workloads.command import CommandWorkload
 
-__all__ = ["Run", "metric_value", "trial_id"]
+__all__ = ["Run", "metric_value", "trial_id", "trial_rows"]
 
 RUN_JSON = "run.json"
 CONTRACT = "viewer_v1"
@@ -145,21 +145,7 @@ class Run:
         """One row per trial of a sweep, best first when the metric is known (trials without
         it after, in trial order): ``trial_id``, ``index``, ``params``, ``state``, ``metric``
         (its value or None), ``duration_s``, ``attempts``, ``best``. Empty for a single command."""
-        sweep = self.sweep
-        if sweep is None:
-            return []
-        rows = []
-        for trial in sweep["trials"]:
-            started, finished = trial.get("started_at"), trial.get("finished_at")
-            rows.append({
-                "trial_id": trial["trial_id"], "index": trial["index"], "params": trial["params"],
-                "state": trial["state"], "metric": trial["metric"],
-                "duration_s": None if started is None or finished is None else round(finished - started, 3),
-                "attempts": len(trial["attempt_ids"]), "best": trial["trial_id"] == sweep["best_trial_id"],
-            })
-        sign = -1.0 if sweep["mode"] == "max" else 1.0
-        rows.sort(key=lambda r: (r["metric"] is None, 0.0 if r["metric"] is None else sign * r["metric"], r["index"]))
-        return rows
+        return trial_rows(self.sweep)
 
     def goodput(self) -> GoodputLedger:
         """The run's goodput ledger so far (see ``flashruntime.goodput.run``)."""
@@ -456,3 +442,21 @@ class RunRecorder:
     def write(self) -> None:
         """Write ``run.json`` again (the caller holds ``lock``)."""
         self._run._write()
+
+
+def trial_rows(sweep: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The rows of ``Run.trial_table`` from a sweep as run.json keeps it (``[]`` without one)."""
+    if sweep is None:
+        return []
+    rows = []
+    for trial in sweep["trials"]:
+        started, finished = trial.get("started_at"), trial.get("finished_at")
+        rows.append({
+            "trial_id": trial["trial_id"], "index": trial["index"], "params": trial["params"],
+            "state": trial["state"], "metric": trial["metric"],
+            "duration_s": None if started is None or finished is None else round(finished - started, 3),
+            "attempts": len(trial["attempt_ids"]), "best": trial["trial_id"] == sweep["best_trial_id"],
+        })
+    sign = -1.0 if sweep["mode"] == "max" else 1.0
+    rows.sort(key=lambda r: (r["metric"] is None, 0.0 if r["metric"] is None else sign * r["metric"], r["index"]))
+    return rows

@@ -13,9 +13,9 @@ from tests._support import REPO_ROOT
 PY = sys.executable
 
 
-def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([PY, "-m", "flashruntime.cli", *args], capture_output=True, text=True,
-                          cwd=cwd or REPO_ROOT, timeout=120, check=False)
+                          cwd=cwd or REPO_ROOT, timeout=120, check=False, env={**os.environ, **(env or {})})
 
 
 def test_submit_success_prints_summary(tmp_path: Path) -> None:
@@ -137,11 +137,13 @@ def test_runs_lists_newest_first_and_marks_unreadable(tmp_path: Path) -> None:
     assert by_name["broken"]["state"] == "?"
     ordered = [Path(r["path"]).name for r in rows if r["state"] != "?"]
     assert ordered == ["new", "old"]
-    assert by_name["new"] == {"path": str(tmp_path / "new"), "state": "SUCCEEDED", "mode": "local", "attempts": 2,
-                              "started": "1970-01-01T00:33:20Z", "duration_s": 12.5, "command": "x"}
-    table = _cli("runs", "--root", str(tmp_path))
-    assert table.stdout.splitlines()[0].split() == ["path", "state", "mode", "attempts", "started", "duration",
-                                                    "command"]
+    assert by_name["new"] == {"name": "new", "path": str(tmp_path / "new"), "state": "SUCCEEDED", "mode": "local",
+                              "attempts": 2, "started": "1970-01-01T00:33:20Z", "duration_s": 12.5, "command": "x"}
+    table = _cli("runs", "--root", str(tmp_path)).stdout.splitlines()
+    # The root once, above the table; each run by the short name that --show and view take.
+    assert table[0].startswith(f"runs under {tmp_path} (`flashruntime runs --show RUN` for one;")
+    assert table[1].split() == ["run", "state", "mode", "attempts", "started", "duration", "command"]
+    assert sorted(line.split()[0] for line in table[2:]) == ["broken", "new", "old"]
 
 
 def test_runs_shows_malformed_fields_as_question_marks_and_exits_0(tmp_path: Path) -> None:
@@ -160,8 +162,9 @@ def test_runs_shows_malformed_fields_as_question_marks_and_exits_0(tmp_path: Pat
     result = _cli("runs", "--root", str(tmp_path), "--json")
     assert result.returncode == 0, result.stderr
     by_name = {Path(r.pop("path")).name: r for r in json.loads(result.stdout)}
-    for row in by_name.values():
+    for name, row in by_name.items():
         assert row.pop("command") is None  # none of them names its command
+        assert row.pop("name") == name
     assert by_name == {
         "workload_str": {"state": "SUCCEEDED", "mode": "?", "attempts": 0, "started": None, "duration_s": None},
         "attempts_int": {"state": "RUNNING", "mode": None, "attempts": "?", "started": "1970-01-01T00:16:40Z",
@@ -173,7 +176,7 @@ def test_runs_shows_malformed_fields_as_question_marks_and_exits_0(tmp_path: Pat
     }
     table = _cli("runs", "--root", str(tmp_path))
     assert table.returncode == 0 and table.stderr == ""
-    rows = {Path(line.split()[0]).name: line.split()[1:] for line in table.stdout.splitlines()[1:]}
+    rows = {line.split()[0]: line.split()[1:] for line in table.stdout.splitlines()[2:]}
     assert rows["huge_start"] == ["RUNNING", "-", "0", "?", "?", "-"]
     assert rows["attempts_int"] == ["RUNNING", "-", "?", "1970-01-01T00:16:40Z", "10s", "-"]
     assert rows["good"] == ["SUCCEEDED", "local", "1", "1970-01-01T00:33:20Z", "12.5s", "-"]
@@ -213,4 +216,46 @@ def test_view_serves_a_finished_run_until_sigterm(tmp_path: Path) -> None:
 
 def test_view_of_a_directory_without_run_json_exit_2(tmp_path: Path) -> None:
     result = _cli("view", str(tmp_path), "--no-open")
-    assert result.returncode == 2 and "holds no run.json" in result.stderr and "flashruntime runs" in result.stderr
+    assert result.returncode == 2
+    assert (f"flashruntime view: {tmp_path} is no run directory (it holds no run.json) and no run of that name is "
+            "under the runs root; `flashruntime runs` lists the runs") in result.stderr
+
+
+TRIAL = ("import json, os, sys\n"
+         "json.dump({'loss': float(sys.argv[1])}, open(os.path.join(os.environ['FLASHML_OUTPUT_DIR'], 'metrics.json'), 'w'))\n"
+         "raise SystemExit(0 if float(sys.argv[1]) < 1 else 3)\n")
+
+
+def test_runs_show_of_a_sweep_has_its_trials_best_first_and_why_one_failed(tmp_path: Path) -> None:
+    src, runs = tmp_path / "src", tmp_path / "runs"
+    src.mkdir()
+    (src / "trial.py").write_text(TRIAL)
+    params = json.dumps([{"lr": 0.5}, {"lr": 0.2}, {"lr": 7}])
+    ran = _cli("submit", f"{PY} trial.py {{lr}}", "--source", str(src), "--task-params", params, "--metric", "loss",
+               "--no-watch", "--quiet", env={"FLASHML_RUNS_DIR": str(runs)})
+    assert ran.returncode == 1, ran.stderr
+    (name,) = [path.name for path in runs.iterdir()]
+    shown = _cli("runs", "--show", name, env={"FLASHML_RUNS_DIR": str(runs)})
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"run       {name} ({runs / name})"
+    table = [line.split() for line in lines if line.lstrip("* ").startswith("local-")]
+    assert table == [["*", "local-001", "0.2", "SUCCEEDED", "0.2", table[0][5], "1"],
+                     ["local-000", "0.5", "SUCCEEDED", "0.5", table[1][4], "1"],
+                     ["local-002", "7", "FAILED", "7", table[2][4], "1"]]
+    assert "best      local-001 (loss 0.2)" in lines
+    assert "Run FAILED: 1 of 3 trials failed." in shown.stdout
+    assert "trial local-002 (lr=7)\n  attempt   task-002 (1 of 1), exit 3" in shown.stdout
+    assert lines[-1].startswith("goodput   not timed: the run logged no steps")
+    as_json = json.loads(_cli("runs", "--show", name, "--json", env={"FLASHML_RUNS_DIR": str(runs)}).stdout)
+    assert [trial["trial_id"] for trial in as_json["trials"]] == ["local-001", "local-000", "local-002"]
+    assert as_json["failure"].startswith("Run FAILED: 1 of 3 trials failed.")
+    # view takes the same name
+    viewer = subprocess.Popen([PY, "-m", "flashruntime.cli", "view", name, "--no-open"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                              env={**os.environ, "FLASHML_RUNS_DIR": str(runs)})
+    try:
+        assert viewer.stdout.readline().startswith("viewer: http://127.0.0.1:")  # type: ignore[union-attr]
+    finally:
+        viewer.kill()
+        viewer.wait()
