@@ -5,6 +5,7 @@ only their compute times, which ``ft.prepare`` measures, tell them apart."""
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import sys
@@ -51,7 +52,7 @@ def _torchrun() -> list[str]:
     return [str(beside)] if beside.exists() else [sys.executable, "-m", "torch.distributed.run"]
 
 
-def _run(tmp_path: Path, name: str, slowdown: float) -> flash.Run:
+def _run(tmp_path: Path, name: str, slowdown: float, stream: io.StringIO | None = None) -> flash.Run:
     source = tmp_path / "src"
     source.mkdir(exist_ok=True)
     (source / "train.py").write_text(SCRIPT)
@@ -60,7 +61,7 @@ def _run(tmp_path: Path, name: str, slowdown: float) -> flash.Run:
     workload = CommandWorkload(command=command, source=Source(path=str(source)),
                                env={"PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"},
                                outputs=OutputSpec(collect=[]))
-    return flash.submit(workload, output_dir=tmp_path / name, watch=False, quiet=True)
+    return flash.submit(workload, output_dir=tmp_path / name, watch=False, quiet=stream is None, stream=stream)
 
 
 def _stragglers(run: flash.Run) -> tuple[list[dict], list[dict]]:
@@ -71,10 +72,12 @@ def _stragglers(run: flash.Run) -> tuple[list[dict], list[dict]]:
 
 def test_a_rank_twice_as_slow_is_reported_as_a_straggler_within_20_steps(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    run = _run(tmp_path, "slowed", slowdown=2.0)
+    terminal = io.StringIO()
+    run = _run(tmp_path, "slowed", slowdown=2.0, stream=terminal)
     assert run.state is LaunchState.SUCCEEDED, run.logs(60)
     events, episodes = _stragglers(run)
     assert len(events) == 1, events  # once for the episode, not once per step
+    assert f"flashruntime: {events[0]['message']}" in terminal.getvalue().splitlines()  # also said as it runs
     assert events[0]["message"].startswith(f"task-000: rank 1 on {socket.gethostname()} is a straggler: it computes ")
     [episode] = episodes
     assert (episode["rank"], episode["host"]) == (1, socket.gethostname())
