@@ -24,6 +24,7 @@ from flashruntime.local.guard import (
 )
 from flashruntime.local.output_metrics import OutputMetrics
 from flashruntime.local.run import Run
+from flashruntime.local.straggler_watch import StragglerWatch
 from flashruntime.local.trial_workdir import is_shared
 from flashruntime.monitor.exits import ExitWatch, ProcessSighting, first_exit
 from flashruntime.monitor.framework_metrics import final_figures
@@ -93,6 +94,8 @@ def run_param_set(
         exits = ExitWatch(handle.processes).start() if isinstance(handle, LocalLaunchHandle) else None
         saves = CheckpointWatch(framework, run.record_event).start()
         curves = OutputMetrics(handle.output_dir).start()
+        stragglers = StragglerWatch(handle.output_dir, attempt_id, run.record_event,
+                                    run.recorder.update_attempt).start()
         try:
             try:
                 state = handle.wait()
@@ -104,6 +107,7 @@ def run_param_set(
         finally:
             saves.stop()
             curves.stop()
+            stragglers.stop()
         _collect_outputs(run, source_dir, handle.output_dir, started_ns, attempt_id=attempt_id, view=view,
                          shared_writers=shared_writers)
         candidate = _read_metrics(handle.output_dir / "metrics.json", started_ns)

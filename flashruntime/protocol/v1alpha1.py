@@ -252,6 +252,8 @@ class EventType(StrEnum):
     LEASE_RENEWAL_REFUSED = "LEASE_RENEWAL_REFUSED"
     NODE_CORDONED = "NODE_CORDONED"
     LEASE_RELEASED = "LEASE_RELEASED"
+    # training health
+    STRAGGLER_DETECTED = "STRAGGLER_DETECTED"
 
 
 class Event(WireModel):

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from flashruntime.errors import InvalidProfileRequest
-from flashruntime.torch import _auto, _heartbeat, _profile, _rng, _state, _step
+from flashruntime.torch import _auto, _compute_time, _heartbeat, _profile, _rng, _state, _step
 
 
 def checkpoint_due(step: int, every: int | None) -> bool:
@@ -37,6 +37,7 @@ def _resume_state() -> list[dict[str, Any]] | None:
     return [mine]
 
 
+@_compute_time.boundary
 def checkpoint(model: Any, optimizer: Any = None, *, step: int, every: int | str | None = None,
                mtbf_s: float | None = None) -> None:
     """Save ``model`` (and ``optimizer``) as checkpoint ``step`` when the gate allows.
@@ -95,6 +96,7 @@ def _profile_step(step: int, metrics: dict[str, Any]) -> None:
     _profile.on_step(step, metrics)
 
 
+@_compute_time.boundary
 def log_metrics(metrics: dict[str, Any]) -> None:
     """Heartbeat with ``metrics["step"]`` when it is an integer; rank 0 appends the
     metrics as one JSON line to ``<output dir>/metrics.jsonl``, with ``ts`` (seconds since

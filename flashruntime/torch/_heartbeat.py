@@ -1,7 +1,8 @@
 """Per-rank heartbeat files ``<output dir>/ranks/rank-<rank>.json``.
 
-Each rank says who it is and the last step it reached, so a viewer or an operator can
-tell a slow rank from a dead one. Writes are atomic (temp file + replace), throttled
+Each rank says who it is, on which host, the last step it reached and its recent compute
+times (see ``_compute_time``), so a viewer or an operator can tell a slow rank from a dead one
+and a straggler from its peers. Writes are atomic (temp file + replace), throttled
 to one per second unless forced, and never raise into the training loop.
 """
 
@@ -9,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 
 from flashruntime.files import write_atomic
-from flashruntime.torch import _state
+from flashruntime.torch import _compute_time, _state
 
 THROTTLE_SECONDS = 1.0
 
@@ -33,6 +35,8 @@ def heartbeat_record(step: int | None, *, ts: float) -> dict[str, object]:
         "world_size": _state.world_size(),
         "step": step,
         "ts": ts,
+        "host": socket.gethostname(),
+        "compute_s": _compute_time.recent(),
     }
 
 
@@ -47,7 +51,7 @@ def beat(step: int | None = None, *, force: bool = False, now: float | None = No
         if step is not None:
             state.last_step = int(step)
         moment = time.monotonic() if now is None else now
-        if not heartbeat_due(state.last_beat, moment, force=force):
+        if not heartbeat_due(state.last_beat, moment, force=force or _compute_time.take_first_full()):
             return False
         record = heartbeat_record(state.last_step, ts=time.time())
         directory = _state.output_dir() / "ranks"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flashruntime.errors import CheckpointError
-from flashruntime.torch import _heartbeat, _profile, _rng, _state
+from flashruntime.torch import _compute_time, _heartbeat, _profile, _rng, _state
 from flashruntime.torch._loader import ResumableLoader, is_loader
 from flashruntime.torch._step import unwrap
 
@@ -171,6 +171,8 @@ def prepare(model: Any, optimizer: Any = None, dataloader: Any = _NOT_GIVEN) -> 
     multi_node = world > _state.local_world_size()
     state.start_step = _restore(model, optimizer, device, multi_node)
     state.last_step = state.start_step
+    if world > 1:  # each rank's compute time, which the straggler watch compares
+        _compute_time.attach(model, optimizer)
     _heartbeat.beat(state.start_step, force=True)
     _apply_resume(state.loader)
     dataloader = _profile.attach(model, optimizer, dataloader)  # unchanged unless the profiler runs this

@@ -44,8 +44,8 @@ STATE_COLOURS: dict[str, str] = {
 SERIES_COLOURS: tuple[str, ...] = (TOKENS["accent"], TOKENS["warn"], TOKENS["ok"], TOKENS["info"], TOKENS["bad"],
                                    "#39c5cf", "#db6d28", "#db61a2")
 
-# Log-event types that mark a recovery decision; the feed highlights them.
-_HIGHLIGHT_EVENTS = ("FAILURE_CLASSIFIED", "RECOVERY_ACTION_SELECTED")
+# Log-event types the feed highlights: a recovery decision, a rank that holds the others back.
+_HIGHLIGHT_EVENTS = ("FAILURE_CLASSIFIED", "RECOVERY_ACTION_SELECTED", "STRAGGLER_DETECTED")
 
 
 def _tint(hex_colour: str, alpha: float) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import flashruntime.torch as ft
-from flashruntime.torch import _heartbeat, _state
+from flashruntime.torch import _compute_time, _heartbeat, _state
 from flashruntime.torch._checkpoint import checkpoint_due
 from tests._support import REPO_ROOT
 
@@ -25,6 +26,7 @@ _ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "FLASHML_OUTPUT_
 def fresh_helper(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """A new per-process state and a clean environment, as a new process would have."""
     monkeypatch.setattr(_state, "STATE", _state.HelperState())
+    monkeypatch.setattr(_compute_time, "CLOCK", _compute_time.ComputeClock())
     for name in _ENV:
         monkeypatch.delenv(name, raising=False)
     out = tmp_path / "job" / "task-000"
@@ -106,7 +108,9 @@ def test_heartbeat_writes_the_documented_keys(monkeypatch: pytest.MonkeyPatch, f
     monkeypatch.setenv("WORLD_SIZE", "4")
     assert _heartbeat.beat(7, force=True, now=100.0)
     record = _beat_file(fresh_helper, 2)
-    assert set(record) == {"rank", "local_rank", "pid", "device", "backend", "world_size", "step", "ts"}
+    assert set(record) == {"rank", "local_rank", "pid", "device", "backend", "world_size", "step", "ts", "host",
+                           "compute_s"}
+    assert (record["host"], record["compute_s"]) == (socket.gethostname(), [])
     assert (record["rank"], record["local_rank"], record["pid"], record["world_size"], record["step"]) == (
         2, 0, os.getpid(), 4, 7)
     assert (record["device"], record["backend"]) == ("cpu", None)

@@ -477,3 +477,40 @@ def test_live_error_document_clears_sections(live: dict[str, Any]) -> None:
 
 def test_all_template_placeholders_are_filled() -> None:
     assert not re.search(r"__[A-Z_]+__", render())
+
+
+STRAGGLER_HARNESS = r"""
+const {H, V} = require("./page.js");
+const rank = (r, compute) => ({rank: r, device: "cpu", backend: "gloo", step: 20, compute_s: compute});
+const st = {attempts: [{attempt_id: "task-000", state: "RUNNING",
+  ranks: [rank(0, Array(12).fill(0.1)), rank(1, [9, 9, ...Array(10).fill(0.2)]), {rank: 2, step: 20}],
+  stragglers: [{rank: 1, host: "node-b", step: 12, ratio: 2.0, ended_step: null},
+               {rank: 0, host: "node-a", step: 3, ratio: 1.7, ended_step: 8}]}],
+  events: [{ts: 1, type: "STRAGGLER_DETECTED", message: "task-000: rank 1 on node-b is a straggler"}]};
+console.log(JSON.stringify({
+  compute: [H.rankCompute({compute_s: [0.3, 0.1, 0.2]}), H.rankCompute({compute_s: [0.4, 0.1, 0.2, 0.3]}),
+            H.rankCompute({}), H.rankCompute({compute_s: ["x", null]}), H.rankCompute(null)],
+  open: [...H.straggling(st.attempts[0]).keys()],
+  oddOpen: [...H.straggling({stragglers: [null, {rank: "1"}, {}]}).keys()],
+  topology: V.topology(st, ""),
+  slowDetail: V.detail(st, "rank:0:1"),
+  evenDetail: V.detail(st, "rank:0:2"),
+  events: V.events(st),
+}));
+"""
+
+
+@needs_node
+def test_a_straggling_rank_is_marked_on_its_box_and_in_its_detail(tmp_path: Path) -> None:
+    out = _node(tmp_path, STRAGGLER_HARNESS)
+    assert out["compute"] == [0.2, pytest.approx(0.25), None, None, None]
+    assert out["open"] == [1] and out["oddOpen"] == []  # rank 0's episode ended
+    boxes = [box for box in out["topology"].split("<button")[1:] if 'data-node="rank:' in box]
+    assert "straggler" not in boxes[0] and "0.100 s compute" in boxes[0]
+    assert "box state straggler" in boxes[1] and "rank · straggler" in boxes[1]
+    assert "0.200 s compute · 2.0× the others" in boxes[1]  # the median of the last 10: the early 9 s are gone
+    assert "compute" not in boxes[2]  # a heartbeat without compute times
+    assert "<dt>straggler</dt><dd>2.00× the other ranks&#39; median, since step 12</dd>" in out["slowDetail"]
+    assert "<dt>compute per step</dt><dd>0.200 s (median of the last 10)</dd>" in out["slowDetail"]
+    assert "<dt>straggler</dt>" not in out["evenDetail"] and "<dt>compute per step</dt><dd>—</dd>" in out["evenDetail"]
+    assert '<tr class="hl">' in out["events"] and "STRAGGLER_DETECTED" in out["events"]
