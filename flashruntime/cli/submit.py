@@ -54,6 +54,9 @@ def register(subparsers: Any) -> None:
                         help="do not stream the job's output and progress (the summary is still printed)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of the summary (the job's output goes to stderr)")
+    parser.add_argument("--tensorboard", default=None, metavar="DIR",
+                        help="when the run ends, write its metrics and every trial's as TensorBoard event files "
+                             "under DIR/<run> (default: $FLASHML_TENSORBOARD_DIR; needs the tensorboard extra)")
     parser.set_defaults(handler=handle)
 
 
@@ -141,7 +144,8 @@ def handle(args: argparse.Namespace) -> int:
             run = submit(workload, output_dir=args.output_dir, wait=False, max_restarts=args.max_restarts,
                          watch=args.watch, checkpoints=args.checkpoint_glob, metric=args.metric, mode=args.mode,
                          max_concurrent_trials=args.parallel, fail_fast=args.fail_fast,
-                         quiet=args.quiet, stream=terminal, executor=args.executor, ray_address=args.ray_address)
+                         quiet=args.quiet, stream=terminal, executor=args.executor, ray_address=args.ray_address,
+                         tensorboard_dir=args.tensorboard)
         if status is not None:
             watch(run, terminal)
         run.wait()

@@ -9,6 +9,7 @@ exit cancels and settles the runs first. A parameter set's attempts are
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import threading
@@ -36,6 +37,7 @@ from flashruntime.local.sweep import Sweep, run_sweep
 from flashruntime.recovery.policy import COORDINATED
 from flashruntime.run_dirs import new_run_dir
 from flashruntime.strategies.command import compile_workload
+from flashruntime.trackers.tensorboard_events import TENSORBOARD_DIR_ENV
 from flashruntime.workloads.command import CommandWorkload, collect_pattern_problem, task_params_problem
 from flashruntime.workloads.ranking import resolve_mode
 
@@ -64,6 +66,7 @@ def submit(
     plan_key: str | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    tensorboard_dir: str | Path | None = None,
 ) -> Run:
     """Launch ``workload`` and drive it to a terminal state (inline, or on a thread with ``wait=False``).
 
@@ -91,6 +94,9 @@ def submit(
     ``flashruntime.local.chaos``). With a ``CalibrationLedger`` as ``ledger`` and
     its ``plan_key``, a run that ends SUCCEEDED records its median step time and peak memory
     under that key (see ``CalibrationLedger.record_run``; ``flash.run`` passes both for a plan).
+    ``tensorboard_dir`` (else ``$FLASHML_TENSORBOARD_DIR``): when the run ends, its metrics and
+    every trial's are written there as TensorBoard event files, ``<dir>/<run name>[/<trial>]``
+    (see ``flashruntime.trackers.tensorboard_events``; needs the ``tensorboard`` extra).
     Raises ``InvalidSubmission`` for arguments that cannot describe a run, before anything starts
     (and, with ``executor="ray"``, ``LaunchError`` for a cluster that cannot be reached).
     """
@@ -116,6 +122,7 @@ def submit(
             f"max_concurrent_trials must be an integer >= 1 (1 runs the trials one after another), "
             f"got {max_concurrent_trials!r}"
         )
+    events_dir = _tensorboard_dir(tensorboard_dir)
     if metric is not None and (not isinstance(metric, str) or not metric.strip()):
         raise InvalidSubmission(f"metric must be the name of a key of metrics.json, e.g. 'loss'; got {metric!r}")
     if mode is not None and mode not in ("min", "max"):
@@ -173,6 +180,8 @@ def submit(
     if ledger is not None and plan_key is not None:
         key = plan_key
         run.recorder.on_end(lambda: _record_calibration(run, ledger, key))
+    if events_dir is not None:
+        run.recorder.on_end(lambda: _write_tensorboard(run, events_dir))
     if _viewer_wanted(watch):
         _start_viewer(run)
     if not quiet:
@@ -211,6 +220,41 @@ def _checkpoint_patterns(checkpoints: str | list[str] | None) -> list[str]:
             raise InvalidSubmission(problem.replace("outputs.collect pattern", "checkpoints pattern")
                                     .replace("e.g. 'metrics.json' or 'results/*.csv'", "e.g. 'snapshot.pt'"))
     return list(patterns)
+
+
+def _tensorboard_dir(given: str | Path | None) -> Path | None:
+    """Where the run's TensorBoard event files go (``given``, else the environment's), checked
+    before the run starts: tensorboard importable, the directory creatable."""
+    chosen = given if given is not None else os.environ.get(TENSORBOARD_DIR_ENV) or None
+    if chosen is None:
+        return None
+    if not isinstance(chosen, (str, Path)) or not str(chosen).strip():
+        raise InvalidSubmission(f"tensorboard_dir must be a directory path, got {chosen!r}")
+    if importlib.util.find_spec("tensorboard") is None:
+        raise InvalidSubmission("tensorboard_dir (or FLASHML_TENSORBOARD_DIR) needs tensorboard: pip install "
+                                "'flashruntime[tensorboard]' (or pip install tensorboard), or unset it")
+    directory = Path(chosen).expanduser()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidSubmission(f"tensorboard_dir {str(directory)!r} cannot be created: {exc.strerror or exc}; "
+                                "give a directory this user can write") from None
+    return directory
+
+
+def _write_tensorboard(run: Run, logdir: Path) -> None:
+    """Write the ended run's event files, saying where in an event. Never raises: the run has
+    ended as it ended, and a tracker that cannot be written does not change that."""
+    from flashruntime.trackers.tensorboard_events import write_run_events
+
+    try:
+        written = write_run_events(run.output_dir, logdir)
+    except Exception as exc:  # noqa: BLE001 - reported as an event, never raised
+        run.record_event("TENSORBOARD_FAILED", f"metrics not written to {logdir}: {type(exc).__name__}: {exc}")
+        return
+    run.record_event("TENSORBOARD_WRITTEN", f"metrics written to {logdir / run.output_dir.name} "
+                     f"({len(written)} event director{'y' if len(written) == 1 else 'ies'}): "
+                     f"tensorboard --logdir {logdir}")
 
 
 def _record_calibration(run: Run, ledger: Any, key: str) -> None:

@@ -1,0 +1,138 @@
+"""A local run's metrics as TensorBoard event files, written with TensorBoard's own writer.
+
+``write_run_events(run_dir, logdir)`` reads what the run recorded — its ``run.json``, each
+attempt's ``metrics.jsonl`` (else the curves read from its output,
+``framework-metrics.jsonl``), each trial's final figures — and writes them under
+``<logdir>/<run name>/`` (a sweep: one directory per trial, ``<logdir>/<run name>/<trial>/``),
+so ``tensorboard --logdir <logdir>`` compares runs and trials side by side. Every number of a
+step record is a scalar at its step and wall time (a relaunch's recomputed steps included, as
+they ran); a trial's final figures are scalars under ``final/``; its parameters a text
+summary. Writing again replaces the event files written before, so the directory always
+shows the run as it ended. Needs the ``tensorboard`` extra.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from flashruntime.errors import ModuleUnavailable
+from flashruntime.monitor.progress import FRAMEWORK_METRICS_NAME
+from flashruntime.monitor.records import finite_number, json_lines
+
+__all__ = ["EVENT_FILE_SUFFIX", "TENSORBOARD_DIR_ENV", "write_run_events"]
+
+TENSORBOARD_DIR_ENV = "FLASHML_TENSORBOARD_DIR"
+EVENT_FILE_SUFFIX = ".flashruntime"  # ours, so writing again removes ours only
+_NOT_FIGURES = frozenset({"step", "ts", "params"})
+
+
+def _writer_class() -> Any:
+    try:
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    except ImportError:
+        raise ModuleUnavailable("writing TensorBoard event files needs tensorboard: pip install "
+                                "'flashruntime[tensorboard]' (or pip install tensorboard)") from None
+    return EventFileWriter
+
+
+def _scalars(record: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
+    """(tag, value) of each number of ``record``, nested objects flattened as ``a/b``."""
+    for key, value in record.items():
+        if not prefix and key in _NOT_FIGURES:
+            continue
+        if isinstance(value, dict):
+            yield from _scalars(value, f"{prefix}{key}/")
+        elif (number := finite_number(value)) is not None:
+            yield f"{prefix}{key}", number
+
+
+def _step_records(attempt_dir: Path) -> Iterator[tuple[int, float | None, dict[str, Any]]]:
+    """(step, wall time, record) of the attempt's steps: its ``metrics.jsonl``, else the curves
+    read from its output."""
+    chosen = attempt_dir / "metrics.jsonl"
+    if not chosen.is_file():
+        chosen = attempt_dir / FRAMEWORK_METRICS_NAME
+    for record in json_lines(chosen):
+        step = record.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            yield step, finite_number(record.get("ts")), record
+
+
+class _Events:
+    """One directory's event file: scalars and text, each at a step and a wall time."""
+
+    def __init__(self, directory: Path) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+
+        self._pb = (event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2)
+        directory.mkdir(parents=True, exist_ok=True)
+        for old in directory.glob(f"events.out.tfevents.*{EVENT_FILE_SUFFIX}"):
+            old.unlink()
+        self._writer = _writer_class()(str(directory), filename_suffix=EVENT_FILE_SUFFIX)
+
+    def scalar(self, tag: str, value: float, step: int, wall_time: float) -> None:
+        event_pb2, summary_pb2, _, _ = self._pb
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)])
+        self._writer.add_event(event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
+
+    def text(self, tag: str, text: str, wall_time: float) -> None:
+        event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2 = self._pb
+        tensor = tensor_pb2.TensorProto(dtype=7, string_val=[text.encode("utf-8")],  # 7: DT_STRING
+                                        tensor_shape=tensor_shape_pb2.TensorShapeProto())
+        metadata = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
+        value = summary_pb2.Summary.Value(tag=tag, tensor=tensor, metadata=metadata)
+        self._writer.add_event(event_pb2.Event(wall_time=wall_time, step=0, summary=summary_pb2.Summary(value=[value])))
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _write_one(directory: Path, attempts: Iterable[dict[str, Any]], final: dict[str, Any] | None,
+               params: dict[str, Any] | None, ended_at: float) -> Path:
+    events = _Events(directory)
+    last_step, last_time = 0, ended_at
+    try:
+        if params:
+            events.text("params", json.dumps(params, sort_keys=True, default=str), ended_at)
+        for attempt in attempts:
+            output = attempt.get("output_dir")
+            if not isinstance(output, str):
+                continue
+            for step, ts, record in _step_records(Path(output)):
+                wall_time = ts if ts is not None else ended_at
+                for tag, value in _scalars(record):
+                    events.scalar(tag, value, step, wall_time)
+                last_step, last_time = max(last_step, step), wall_time
+        for tag, value in _scalars(final or {}):
+            events.scalar(f"final/{tag}", value, last_step, max(last_time, ended_at))
+    finally:
+        events.close()
+    return directory
+
+
+def write_run_events(run_dir: str | os.PathLike[str], logdir: str | os.PathLike[str]) -> list[Path]:
+    """Write the run in ``run_dir`` under ``logdir`` (see the module); returns the directories
+    written, one per trial of a sweep, else one. ``ModuleUnavailable`` without tensorboard."""
+    _writer_class()
+    run_dir, logdir = Path(run_dir), Path(logdir)
+    document = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    attempts = [row for row in document.get("attempts") or () if isinstance(row, dict)]
+    ended = finite_number(document.get("finished_at")) or finite_number(document.get("started_at")) or 0.0
+    sweep = document.get("sweep")
+    root = logdir / run_dir.name
+    if not isinstance(sweep, dict):
+        trials = [trial for trial in document.get("trials") or () if isinstance(trial, dict)]
+        return [_write_one(root, attempts, trials[-1] if trials else None, None, ended)]
+    written = []
+    for trial in sweep.get("trials") or ():
+        trial_id = str(trial.get("trial_id"))
+        mine = [row for row in attempts if row.get("job_id") == trial_id]
+        ended_at = finite_number(trial.get("finished_at")) or ended
+        final = trial.get("metrics") if isinstance(trial.get("metrics"), dict) else None
+        params = trial.get("params") if isinstance(trial.get("params"), dict) else None
+        written.append(_write_one(root / trial_id, mine, final, params, ended_at))
+    return written
