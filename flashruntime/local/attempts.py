@@ -20,6 +20,7 @@ from flashruntime.launchers.local import LOG_NAME, LocalLaunchHandle, LocalProce
 from flashruntime.local.framework_resume import CheckpointWatch, FrameworkCheckpoints
 from flashruntime.local.guard import (
     finish_attempt,
+    preempted,
     signals_deferred,
 )
 from flashruntime.local.output_metrics import OutputMetrics
@@ -70,6 +71,8 @@ def run_param_set(
         if restart >= 1:
             _select_resume(run, launcher.checkpoint_root(job_id), attempt_id, framework,
                            failed_loading=failure_class is FailureClass.ARTIFACT_CORRUPTION)
+        else:
+            _earlier_run_resume(run, launcher.checkpoint_root(job_id), attempt_id)
         started_ns = _filesystem_now_ns(run.output_dir)
         # A terminating signal waits until the attempt has its handle and its row; the run's lock,
         # held throughout, makes a cancel on another thread wait for the handle too.
@@ -113,8 +116,8 @@ def run_param_set(
             if params is not None:
                 candidate.setdefault("params", params)
             metrics = candidate
-        if state is not LaunchState.FAILED:
-            break
+        if state is not LaunchState.FAILED or preempted(handle):
+            break  # a preempted attempt spends no restart: the platform took the machine
         went_first = first_exit(sightings, int(handle.execution_id)) if sightings else None
         decision = _classify_failure(run, handle, attempt_id, recovery_mode, restart=restart,
                                      went_first=went_first, processes=len(sightings))
@@ -122,6 +125,16 @@ def run_param_set(
         if not budget.relaunches(restart, decision):
             break
     return state, metrics
+
+
+def _earlier_run_resume(run: Run, checkpoint_root: Path, attempt_id: str) -> None:
+    """A first attempt that finds a verified ``flashruntime.torch`` checkpoint (an earlier run
+    with this output directory, preempted or stopped) says it resumes from it; ``prepare``
+    restores it."""
+    manifest = latest_valid_manifest(checkpoint_root)
+    if manifest is not None:
+        run.record_event("RESUME_SELECTED", f"{attempt_id} resumes from step {manifest.step} ({manifest.manifest_id}, "
+                         "an earlier run's)")
 
 
 def _select_resume(run: Run, checkpoint_root: Path, attempt_id: str, framework: FrameworkCheckpoints, *,
