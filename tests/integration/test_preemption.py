@@ -212,3 +212,31 @@ def test_an_unmodified_script_gets_the_signal_and_the_grace_then_the_attempt_is_
     assert "no save after the notice was reported" in _events(doc, "ATTEMPT_PREEMPTED")[0]
     assert doc["events"][-1]["message"] == "run preempted (task-000 stopped)"
     assert not any(pid_alive(pid) for pid in ranks)
+
+
+def test_the_configured_signal_to_the_submit_cli_is_forwarded_to_the_command(tmp_path: Path) -> None:
+    """As Slurm's ``--signal=USR1@90`` sends it: the CLI forwards it, then dies of it."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (src / "sleeper.py").write_text("import os, time\nopen(os.path.join(os.environ['FLASHML_OUTPUT_DIR'], 'pid'), 'w')"
+                                    ".write(str(os.getpid()))\ntime.sleep(300)\n")
+    cli = subprocess.Popen([sys.executable, "-m", "flashruntime.cli", "submit", f"{sys.executable} sleeper.py",
+                            "--source", str(src), "--output-dir", str(out), "--no-watch"],
+                           env={**os.environ, "FLASHML_PREEMPT_SIGNAL": "USR1", "PYTHONPATH": str(REPO_ROOT)},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    pid_file = out / "local" / "task-000" / "pid"
+    try:
+        wait_until(lambda: pid_file.exists() and bool(pid_file.read_text()), "the attempt to start", timeout=60)
+        child = int(pid_file.read_text())
+        cli.send_signal(signal.SIGUSR1)
+        _, stderr = cli.communicate(timeout=120)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    assert cli.returncode == -signal.SIGUSR1, stderr
+    doc = json.loads((out / "run.json").read_text())
+    [row] = doc["attempts"]
+    assert (row["state"], row["exit_code"], row["preempted"]["forwarded_to"]) == ("PREEMPTED", -signal.SIGUSR1, [child])
+    assert _events(doc, "PREEMPTION_NOTICE")[0].startswith(f"task-000: SIGUSR1 forwarded to pid {child}; ")
+    assert not pid_alive(child)
