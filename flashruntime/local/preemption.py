@@ -60,9 +60,12 @@ def notice_targets(leader: int, processes: set[int], *, cmdline: Callable[[int],
     """Who gets the notice: torchrun's own workers when the attempt's leader is torchrun (a
     signal torchrun does not handle would end it and orphan them; one it does handle, it
     answers by stopping them itself), else the leader, the command. Never the rest of the
-    tree: a data loader's worker process dies of a SIGTERM and takes its rank down with it."""
+    tree: a data loader's worker process dies of a SIGTERM and takes its rank down with it.
+    A torchrun with no worker yet (still in its rendezvous) is told itself."""
     if is_torchrun(cmdline(leader)):
-        return sorted(pid for pid in processes if pid != leader and parent(pid) == leader)
+        workers = sorted(pid for pid in processes if pid != leader and parent(pid) == leader)
+        if workers:
+            return workers
     return [leader]
 
 

@@ -240,3 +240,37 @@ def test_the_configured_signal_to_the_submit_cli_is_forwarded_to_the_command(tmp
     assert (row["state"], row["exit_code"], row["preempted"]["forwarded_to"]) == ("PREEMPTED", -signal.SIGUSR1, [child])
     assert _events(doc, "PREEMPTION_NOTICE")[0].startswith(f"task-000: SIGUSR1 forwarded to pid {child}; ")
     assert not pid_alive(child)
+
+
+# wait=False: the signal lands while the main thread waits on the run, a thread drives it.
+BACKGROUND = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {repo!r})
+    import flashruntime as flash
+    code = "import os, time; open(os.path.join(os.environ['FLASHML_OUTPUT_DIR'], 'pid'), 'w').write(str(os.getpid()))"
+    run = flash.submit(flash.CommandWorkload(command=[sys.executable, "-c", code + "; time.sleep(300)"]),
+                       output_dir=sys.argv[1], watch=False, quiet=True, wait=False, max_restarts=2)
+    run.wait()
+""").format(repo=str(REPO_ROOT))
+
+
+def test_a_run_driven_on_a_thread_is_preempted_too(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    driver = subprocess.Popen([sys.executable, "-c", BACKGROUND, str(out)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    pid_file = out / "local" / "task-000" / "pid"
+    try:
+        wait_until(lambda: pid_file.exists() and bool(pid_file.read_text()), "the attempt to start", timeout=60)
+        child = int(pid_file.read_text())
+        driver.send_signal(signal.SIGTERM)
+        _, stderr = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert driver.returncode == -signal.SIGTERM, stderr
+    doc = json.loads((out / "run.json").read_text())
+    [row] = doc["attempts"]  # two restarts allowed, none spent
+    assert (doc["state"], row["state"], row["preempted"]["forwarded_to"]) == ("CANCELLED", "PREEMPTED", [child])
+    assert [e["type"] for e in doc["events"]][-1] == "RUN_PREEMPTED"
+    assert not pid_alive(child)

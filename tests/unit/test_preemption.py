@@ -80,6 +80,10 @@ def test_torchruns_workers_are_told_and_never_torchrun_or_their_own_children() -
     assert targets == [11, 12]
 
 
+def test_a_torchrun_still_without_workers_is_told_itself() -> None:
+    assert notice_targets(10, {10}, cmdline=lambda pid: ["torchrun", "train.py"], parent=lambda pid: None) == [10]
+
+
 def test_a_plain_command_is_told_itself() -> None:
     assert notice_targets(10, {10, 11}, cmdline=lambda pid: ["python", "train.py"], parent=lambda pid: 10) == [10]
 
