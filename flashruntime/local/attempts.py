@@ -116,8 +116,11 @@ def run_param_set(
             if params is not None:
                 candidate.setdefault("params", params)
             metrics = candidate
-        if state is not LaunchState.FAILED or preempted(handle):
-            break  # a preempted attempt spends no restart: the platform took the machine
+        if preempted(handle):
+            state = LaunchState.CANCELLED  # stopped from outside; it spends no restart
+            break
+        if state is not LaunchState.FAILED:
+            break
         went_first = first_exit(sightings, int(handle.execution_id)) if sightings else None
         decision = _classify_failure(run, handle, attempt_id, recovery_mode, restart=restart,
                                      went_first=went_first, processes=len(sightings))

@@ -217,6 +217,7 @@ class Run:
             settled = [str(row["attempt_id"]) for row in self._attempts if row["state"] == str(LaunchState.CANCELLED)]
             preempted = {str(row["attempt_id"]): (row.get("preempted") or {}).get("saved_step")
                          for row in self._attempts if row["state"] == "PREEMPTED"}
+            self._settle_trials(LaunchState.CANCELLED)
         attempts = list(dict.fromkeys([*attempts, *settled]))
         if preempted:  # still CANCELLED: stopped from outside, and a re-run continues it
             saved = [f"{a} saved step {step}" if step is not None else f"{a} stopped" for a, step in preempted.items()]
@@ -224,6 +225,16 @@ class Run:
             return
         message = f"run cancelled ({', '.join(attempts)} stopped)" if attempts else "run cancelled"
         self._finish(LaunchState.CANCELLED, _event("RUN_CANCELLED", message))
+
+    def _settle_trials(self, state: LaunchState) -> None:
+        """A sweep's trials still PENDING or RUNNING when the run ends (the guard ends it while
+        their threads are still recording) end ``state``: no attempt of theirs is left running."""
+        if self._sweep is None:
+            return
+        for trial in self._sweep["trials"]:
+            if trial["state"] in (str(LaunchState.PENDING), str(LaunchState.RUNNING)):
+                trial["state"] = str(state)
+                trial["finished_at"] = trial["finished_at"] or time.time()
 
     @property
     def cancel_requested(self) -> bool:
