@@ -26,6 +26,7 @@ __all__ = [
     "LEASE_SQLITE_OVER_FLOOR",
     "MANUAL_INTERVENTIONS",
     "PLAN_RENDER_MS",
+    "PREEMPTION_STEPS_LOST",
     "PROFILED_STEP_ERROR",
     "RAY_SWEEP_OVER_LOCAL",
     "REFUSAL_S",
@@ -85,6 +86,9 @@ PROFILED_STEP_ERROR = Target(
     "<=", 0.15, "x", "a plan's profiled step time is within 15 % of what the run then takes per step, or ranking by "
                      "it would mislead")
 MANUAL_INTERVENTIONS = Target("<=", 0, "trials", "a crashed trial resumes by itself; nobody has to touch it")
+PREEMPTION_STEPS_LOST = Target(
+    "<=", 1, "steps", "a preempted job saves at the next step boundary inside its grace window: the resumed run "
+                      "recomputes at most the step the notice interrupted")
 
 RAY_SWEEP_OVER_LOCAL = Target(
     "<=", 1.15, "x", "a sweep of one-second trials on the Ray backend takes at most 15 % more than flash.submit running "

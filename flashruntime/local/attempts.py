@@ -20,6 +20,7 @@ from flashruntime.launchers.local import LOG_NAME, LocalLaunchHandle, LocalProce
 from flashruntime.local.framework_resume import CheckpointWatch, FrameworkCheckpoints
 from flashruntime.local.guard import (
     finish_attempt,
+    preempted,
     signals_deferred,
 )
 from flashruntime.local.output_metrics import OutputMetrics
@@ -71,6 +72,8 @@ def run_param_set(
         if restart >= 1:
             _select_resume(run, launcher.checkpoint_root(job_id), attempt_id, framework,
                            failed_loading=failure_class is FailureClass.ARTIFACT_CORRUPTION)
+        else:
+            _earlier_run_resume(run, launcher.checkpoint_root(job_id), attempt_id)
         started_ns = _filesystem_now_ns(run.output_dir)
         # A terminating signal waits until the attempt has its handle and its row; the run's lock,
         # held throughout, makes a cancel on another thread wait for the handle too.
@@ -117,6 +120,9 @@ def run_param_set(
             if params is not None:
                 candidate.setdefault("params", params)
             metrics = candidate
+        if preempted(handle):
+            state = LaunchState.CANCELLED  # stopped from outside; it spends no restart
+            break
         if state is not LaunchState.FAILED:
             break
         went_first = first_exit(sightings, int(handle.execution_id)) if sightings else None
@@ -126,6 +132,16 @@ def run_param_set(
         if not budget.relaunches(restart, decision):
             break
     return state, metrics
+
+
+def _earlier_run_resume(run: Run, checkpoint_root: Path, attempt_id: str) -> None:
+    """A first attempt that finds a verified ``flashruntime.torch`` checkpoint (an earlier run
+    with this output directory, preempted or stopped) says it resumes from it; ``prepare``
+    restores it."""
+    manifest = latest_valid_manifest(checkpoint_root)
+    if manifest is not None:
+        run.record_event("RESUME_SELECTED", f"{attempt_id} resumes from step {manifest.step} ({manifest.manifest_id}, "
+                         "an earlier run's)")
 
 
 def _select_resume(run: Run, checkpoint_root: Path, attempt_id: str, framework: FrameworkCheckpoints, *,

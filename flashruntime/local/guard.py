@@ -7,6 +7,11 @@ main thread, only over the default action) cancels and settles them first; then 
 process dies of the same signal, so its parent sees the status it expects. Runs still
 live when the interpreter exits (``wait=False``, then the script ended) are cancelled by
 an atexit hook. ``flashruntime.local.submit`` drives the runs; this module only guards them.
+
+A preemption signal (SIGTERM unless ``FLASHML_PREEMPT_SIGNAL`` says otherwise) is that
+cancel with a grace: it is forwarded to the attempts' ranks, which get
+``FLASHML_PREEMPT_GRACE_S`` to save and end by themselves before what is left is killed,
+and each such attempt is recorded PREEMPTED (see ``flashruntime.local.preemption``).
 """
 
 from __future__ import annotations
@@ -23,13 +28,16 @@ from typing import Any
 
 from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LocalLaunchHandle
+from flashruntime.local.preemption import PREEMPTED, Notice
 from flashruntime.local.run import Run, _event
+from flashruntime.recovery.preemption import PreemptSettings, preempt_settings
 
 __all__ = [
     "GUARD",
     "Terminated",
     "finish_attempt",
     "on_main_thread",
+    "preempted",
     "restore_handlers",
     "signals_deferred",
     "stop_active_attempts",
@@ -69,6 +77,8 @@ class _Guard:
         self.received: int | None = None  # the first terminating signal, once one arrived
         self.pending = False  # it arrived inside a launch window and waits to be raised
         self.local = threading.local()  # .deferred: launch windows open on this thread
+        self.settings: PreemptSettings | None = None  # read when the first run is tracked
+        self.preemption: Notice | None = None  # once a preemption signal arrived
 
 
 GUARD = _Guard()
@@ -80,6 +90,8 @@ def on_main_thread() -> bool:
 
 def track(run: Run) -> None:
     with GUARD.lock:
+        if GUARD.settings is None:
+            GUARD.settings = preempt_settings(os.environ)
         GUARD.live.append(run)
         if not GUARD.hooks_registered:
             atexit.register(_cancel_at_exit)
@@ -88,7 +100,7 @@ def track(run: Run) -> None:
                                     after_in_child=_after_fork_in_child)
             GUARD.hooks_registered = True
     if on_main_thread():  # signal.signal works there only
-        for signum in _TERMINATING:
+        for signum in dict.fromkeys((*_TERMINATING, *GUARD.settings.signals)):
             if signum not in GUARD.installed and signal.getsignal(signum) is signal.SIG_DFL:
                 signal.signal(signum, _on_terminating_signal)
                 GUARD.installed.add(signum)
@@ -151,6 +163,8 @@ def _on_terminating_signal(signum: int, frame: Any) -> None:
     if GUARD.received is not None:
         return  # already winding down: the process dies of the first signal
     GUARD.received = signum
+    if GUARD.settings is not None and signum in GUARD.settings.signals:
+        GUARD.preemption = Notice(signum, GUARD.settings.grace_s)
     if GUARD.inline:
         if getattr(GUARD.local, "deferred", 0):
             GUARD.pending = True  # raised at the end of the deferred section
@@ -192,6 +206,8 @@ def _kill_live_runs(current: Run | None = None) -> None:
         run.recorder.request_cancel()
         for _attempt_id, handle in run.recorder.active:
             if isinstance(handle, LocalLaunchHandle):
+                if GUARD.preemption is not None:
+                    GUARD.preemption.killed(handle)
                 handle.cancel(grace_s=0)
         _settle_interrupted(run)
 
@@ -213,16 +229,44 @@ def signals_deferred() -> Iterator[None]:
 
 def stop_active_attempts(run: Run) -> list[str]:
     """Cancel the attempts still running, if any, and settle them; returns the ids of those
-    the cancel stopped (not of those that had already ended by themselves)."""
+    the cancel stopped (not of those that had already ended by themselves). After a
+    preemption signal each first gets the notice and the grace to end by itself."""
+    notice = GUARD.preemption
+    active = run.recorder.active
+    if notice is not None:
+        run.recorder.request_cancel()  # the platform takes the machine: no relaunch here
+        for attempt_id, handle in active:  # all of them first: their graces run side by side
+            _forward(run, notice, attempt_id, handle)
     stopped = []
-    for attempt_id, handle in run.recorder.active:
-        handle.cancel()
-        state = handle.poll()
-        state = state if state.terminal else LaunchState.CANCELLED
+    for attempt_id, handle in active:
+        if notice is not None and notice.reached(handle):
+            state = notice.settle(handle)
+        else:
+            handle.cancel()
+            state = handle.poll()
+            state = state if state.terminal else LaunchState.CANCELLED
         finish_attempt(run, handle, attempt_id, state)
-        if state is LaunchState.CANCELLED:
+        if state is LaunchState.CANCELLED or preempted(handle):
             stopped.append(attempt_id)
     return stopped
+
+
+def _forward(run: Run, notice: Notice, attempt_id: str, handle: Any) -> None:
+    """Send the notice to the attempt's ranks, once, and say so."""
+    if notice.reached(handle):
+        return
+    notice.forward(handle)
+    if notice.reached(handle):
+        told = notice.told(handle)
+        whom = "no process" if not told else ", ".join(f"pid {pid}" for pid in told)
+        run.record_event("PREEMPTION_NOTICE", f"{attempt_id}: {notice.name} forwarded to {whom}; "
+                         f"{notice.remaining():.0f} s to save before what is left is killed")
+
+
+def preempted(handle: Any) -> bool:
+    """Whether a preemption notice reached the attempt of ``handle``: it ended for that, not
+    by a failure to classify or a success to credit."""
+    return GUARD.preemption is not None and GUARD.preemption.reached(handle)
 
 
 def finish_attempt(run: Run, handle: Any, attempt_id: str, state: LaunchState) -> None:
@@ -231,12 +275,19 @@ def finish_attempt(run: Run, handle: Any, attempt_id: str, state: LaunchState) -
     stays the run's active one until all of it is recorded, so an interrupt before that
     leaves it to the guard to record, never half recorded."""
     logs = handle.logs()
+    shown = str(state)
+    changes: dict[str, Any] = {}
+    events = []
+    if preempted(handle) and GUARD.preemption is not None:
+        shown = PREEMPTED
+        changes["preempted"], message = GUARD.preemption.report(handle, attempt_id, run.checkpoint_dir)
+        events.append(_event("ATTEMPT_PREEMPTED", message))
     with signals_deferred():
         run.recorder.record_attempt_end(
             attempt_id,
-            f"--- {attempt_id} ({state}) ---\n{logs}",
-            {"state": str(state), "finished_at": time.time(), "exit_code": handle.exit_code},
-            _event("ATTEMPT_FINISHED", f"{attempt_id} finished {state} (exit {handle.exit_code})"),
+            f"--- {attempt_id} ({shown}) ---\n{logs}",
+            {**changes, "state": shown, "finished_at": time.time(), "exit_code": handle.exit_code},
+            [_event("ATTEMPT_FINISHED", f"{attempt_id} finished {shown} (exit {handle.exit_code})"), *events],
         )
 
 
@@ -254,6 +305,16 @@ def _cancel_live_runs() -> None:
     """Cancel every run this process still drives and wait until each is settled."""
     with GUARD.lock:
         runs = list(GUARD.live)
+    notice = GUARD.preemption
+    if notice is not None:
+        for run in runs:
+            run.recorder.request_cancel()
+            for attempt_id, handle in run.recorder.active:
+                _forward(run, notice, attempt_id, handle)
+        for run in runs:  # the drive loops record the attempts as they end
+            for _attempt_id, handle in run.recorder.active:
+                if notice.reached(handle):
+                    notice.settle(handle)
     for run in runs:
         # Also when a cancel was requested already: this thread may have been interrupted
         # inside that cancel's grace period, which then never ends in a SIGKILL.

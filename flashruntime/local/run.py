@@ -201,9 +201,26 @@ class Run:
         the run has ended already (the drive loop and the signal guard may both get here)."""
         with self._lock:  # an attempt settled CANCELLED was stopped by a cancel, whoever settled it
             settled = [str(row["attempt_id"]) for row in self._attempts if row["state"] == str(LaunchState.CANCELLED)]
+            preempted = {str(row["attempt_id"]): (row.get("preempted") or {}).get("saved_step")
+                         for row in self._attempts if row["state"] == "PREEMPTED"}
+            self._settle_trials(LaunchState.CANCELLED)
         attempts = list(dict.fromkeys([*attempts, *settled]))
+        if preempted:  # still CANCELLED: stopped from outside, and a re-run continues it
+            saved = [f"{a} saved step {step}" if step is not None else f"{a} stopped" for a, step in preempted.items()]
+            self._finish(LaunchState.CANCELLED, _event("RUN_PREEMPTED", f"run preempted ({'; '.join(saved)})"))
+            return
         message = f"run cancelled ({', '.join(attempts)} stopped)" if attempts else "run cancelled"
         self._finish(LaunchState.CANCELLED, _event("RUN_CANCELLED", message))
+
+    def _settle_trials(self, state: LaunchState) -> None:
+        """A sweep's trials still PENDING or RUNNING when the run ends (the guard ends it while
+        their threads are still recording) end ``state``: no attempt of theirs is left running."""
+        if self._sweep is None:
+            return
+        for trial in self._sweep["trials"]:
+            if trial["state"] in (str(LaunchState.PENDING), str(LaunchState.RUNNING)):
+                trial["state"] = str(state)
+                trial["finished_at"] = trial["finished_at"] or time.time()
 
     @property
     def cancel_requested(self) -> bool:
@@ -244,7 +261,7 @@ class Run:
             self._write()
 
     def _record_attempt_end(
-        self, attempt_id: str, log_block: str, changes: dict[str, Any], event: dict[str, Any]
+        self, attempt_id: str, log_block: str, changes: dict[str, Any], event: dict[str, Any] | list[dict[str, Any]]
     ) -> bool:
         """Settle the active attempt: its row, log block and event, and it stops being the
         active one. In memory first, then one write, so an interrupt can neither leave it
@@ -257,7 +274,7 @@ class Run:
             for row in self._attempts:
                 if row["attempt_id"] == attempt_id:
                     row.update(changes)
-            self._events.append(event)
+            self._events.extend(event if isinstance(event, list) else [event])
             del self._active[attempt_id]
             self._write()
         return True
@@ -430,7 +447,7 @@ class RunRecorder:
         self._run._add_attempt(row)
 
     def record_attempt_end(self, attempt_id: str, log_block: str, changes: dict[str, Any],
-                           event: dict[str, Any]) -> bool:
+                           event: dict[str, Any] | list[dict[str, Any]]) -> bool:
         return self._run._record_attempt_end(attempt_id, log_block, changes, event)
 
     def add_trial(self, trial: dict[str, Any], index: int | None = None) -> None:

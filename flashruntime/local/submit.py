@@ -35,6 +35,7 @@ from flashruntime.local.live_output import LiveOutput
 from flashruntime.local.run import Run
 from flashruntime.local.sweep import Sweep, run_sweep
 from flashruntime.recovery.policy import COORDINATED
+from flashruntime.recovery.preemption import preempt_settings
 from flashruntime.run_dirs import new_run_dir
 from flashruntime.strategies.command import compile_workload
 from flashruntime.trackers.tensorboard_events import TENSORBOARD_DIR_ENV
@@ -152,6 +153,10 @@ def submit(
         if problem is not None:  # refused before anything runs, not after the attempt succeeded
             raise InvalidSubmission(problem)
     checkpoint_patterns = _checkpoint_patterns(checkpoints)
+    try:
+        preempt_settings(os.environ)  # what a SIGTERM does is settled before anything runs
+    except ValueError as exc:
+        raise InvalidSubmission(str(exc)) from None
     problem = task_params_problem(workload)
     if problem is not None:  # a trial's placeholder it cannot fill: refused here, not as a KeyError mid-run
         raise InvalidSubmission(problem)

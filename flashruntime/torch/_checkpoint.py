@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from flashruntime.errors import InvalidProfileRequest
-from flashruntime.torch import _auto, _compute_time, _heartbeat, _profile, _rng, _state, _step
+from flashruntime.torch import _auto, _compute_time, _heartbeat, _preempt, _profile, _rng, _state, _step
 
 
 def checkpoint_due(step: int, every: int | None) -> bool:
@@ -51,12 +51,16 @@ def checkpoint(model: Any, optimizer: Any = None, *, step: int, every: int | str
     and the position of the loader ``prepare`` returned, so a resumed run continues exactly.
     Rank 0 writes; with several ranks everyone first hands rank 0 its generator states and
     then waits at a barrier, so the call is collective: every rank makes it.
+    After a preemption notice (see ``flashruntime.torch._preempt``) every rank saves this
+    step, whatever the gate says, and the process then exits 0.
     """
     auto = every == "auto"
     if not auto and every is not None and (isinstance(every, bool) or not isinstance(every, int)):
         raise InvalidProfileRequest(f"every must be None, a number of steps or 'auto', got {every!r}")
     failure_s = _auto.mtbf(mtbf_s) if auto else None
     due = _auto.due(step) if auto else checkpoint_due(step, every)  # type: ignore[arg-type]
+    preempted = _preempt.agreed()  # collective under flashruntime with several ranks: all save this step or none
+    due = due or preempted
     _heartbeat.beat(step, force=due)  # a written checkpoint is news worth a heartbeat
     if not due:
         return
@@ -73,6 +77,8 @@ def checkpoint(model: Any, optimizer: Any = None, *, step: int, every: int | str
             dist.barrier()
     if failure_s is not None:
         _auto.saved(step, save_s, failure_s)
+    if preempted:
+        _preempt.leave(step)
 
 
 def checkpoint_cadence() -> _auto.Cadence | None:

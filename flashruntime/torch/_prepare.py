@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flashruntime.errors import CheckpointError
-from flashruntime.torch import _compute_time, _heartbeat, _profile, _rng, _state
+from flashruntime.torch import _compute_time, _heartbeat, _preempt, _profile, _rng, _state
 from flashruntime.torch._loader import ResumableLoader, is_loader
 from flashruntime.torch._step import unwrap
 
@@ -131,6 +131,7 @@ def prepare(model: Any, optimizer: Any = None, dataloader: Any = _NOT_GIVEN) -> 
     are put back as they were, and ``start_step()`` reports the step. A single CPU process
     is otherwise a pass-through.
     """
+    _preempt.arm()  # first: a notice during the rendezvous or the restore is kept for the first checkpoint call
     given_loader = dataloader is not _NOT_GIVEN
     dataloader = dataloader if given_loader else None
     import torch

@@ -146,7 +146,9 @@ def test_sigterm_to_a_process_driving_a_parallel_sweep_leaves_no_trial_running(t
 
     document = json.loads((tmp_path / "out" / "run.json").read_text())
     assert document["state"] == "CANCELLED"
-    assert {a["state"] for a in document["attempts"]} == {"CANCELLED"}
+    # SIGTERM is a preemption notice: each trial's attempt got it and ended PREEMPTED.
+    assert {a["state"] for a in document["attempts"]} == {"PREEMPTED"}
+    assert [t["state"] for t in document["sweep"]["trials"]] == ["CANCELLED", "CANCELLED"]
 
 
 def test_the_best_trial_and_the_table_follow_the_metric_and_mode(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """No attempt outlives the process driving it: a SIGTERM or SIGHUP to
 a process inside ``flash.submit`` or the ``flashruntime submit`` CLI, or the end of a
 script that left a ``wait=False`` run going, cancels and settles the run first; the
-process then ends as the signal (or the script) would have ended it. Real processes."""
+process then ends as the signal (or the script) would have ended it. Real processes.
+Here no signal is a preemption notice (``FLASHML_PREEMPT_SIGNAL=none``), so a SIGTERM
+cancels as a Ctrl-C does; test_preemption covers the notice."""
 
 from __future__ import annotations
 
@@ -136,6 +138,12 @@ def _assert_cancelled_and_gone(out: Path, child: int) -> dict[str, Any]:
     ]
     assert not pid_alive(child)
     return doc
+
+
+@pytest.fixture(autouse=True)
+def _sigterm_cancels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drivers started here inherit it."""
+    monkeypatch.setenv("FLASHML_PREEMPT_SIGNAL", "none")
 
 
 @pytest.fixture
