@@ -121,9 +121,9 @@ def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
             rows.append(measured_row(
                 NAME, SECTION, f"ms_to_commit_{label}", "ms", [c for _, c in ours],
                 comparator=(COMPARATOR, [c for _, c in sync]),
-                notes=["ours = from the asynchronous call until ft.wait_for_checkpoint() returned (the step committed);"
-                       " the comparator's is its blocked time: the ratio is what the background write costs beyond"
-                       " the synchronous save, with nothing else running", state, order]))
+                notes=[("ours = from the asynchronous call until ft.wait_for_checkpoint() returned (the step"
+                        " committed); the comparator's is its blocked time: the ratio is what the background write"
+                        " costs beyond the synchronous save, with nothing else running"), state, order]))
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return rows
