@@ -169,3 +169,74 @@ def test_two_gloo_ranks_save_asynchronously_and_rank_zero_writes(tmp_path: Path)
     assert final == json.loads((out / "weights-1.json").read_text())  # DDP kept the replicas equal
     saved = torch.load(ckpt / "step-000012" / "model.pt")
     assert {key: value.tolist() for key, value in saved.items()} == final  # the state at the last save
+
+
+# From GPU memory: pinned host buffers, copies that do not block the call (the stream is still
+# busy behind a long sleep kernel when it returns), and a background write that waits for them.
+ON_GPU = """\
+import json, os
+import torch
+import flashruntime.torch as ft
+from flashruntime.torch._async_save import HostStager
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.Linear(2048, 2048))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+model, optimizer = ft.prepare(model, optimizer)
+assert ft.device() == "cuda:0", ft.device()
+
+def train():
+    model(torch.randn(64, 2048, device="cuda")).square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+train()
+ft.checkpoint(model, optimizer, step=1, async_save=True)  # the first save allocates the pinned copy
+ft.wait_for_checkpoint()
+train()
+expected = {key: value.detach().cpu().clone() for key, value in model.state_dict().items()}
+momentum = optimizer.state[model[0].weight]["momentum_buffer"].cpu().clone()
+stream = torch.cuda.current_stream()
+torch.cuda._sleep(int(4e9))  # seconds of GPU time queued ahead of the copies
+ft.checkpoint(model, optimizer, step=2, async_save=True)
+busy = not stream.query()
+with torch.no_grad():  # queued after the copies on the same stream: they still read the old values
+    for parameter in model.parameters():
+        parameter.mul_(0.0)
+ft.wait_for_checkpoint()
+saved = torch.load(os.path.join(os.environ["FLASHML_CKPT_DIR"], "step-000002", "model.pt"))
+saved_optimizer = torch.load(os.path.join(os.environ["FLASHML_CKPT_DIR"], "step-000002", "optimizer.pt"))
+
+stager = HostStager()
+source = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+staged, events = stager.stage({"t": source})
+source.add_(1.0)
+for event in events:
+    event.synchronize()
+print(json.dumps({
+    "busy": busy,
+    "same": all(torch.equal(saved[key], expected[key]) for key in expected),
+    "cpu": all(value.device.type == "cpu" for value in saved.values()),
+    "momentum": torch.equal(saved_optimizer["state"][0]["momentum_buffer"].cpu(), momentum),
+    "zeroed": all(float(p.abs().sum()) == 0.0 for p in model.parameters()),
+    "pinned": staged["t"].is_pinned(), "events": len(events),
+    "staged_first": torch.equal(staged["t"], torch.arange(1 << 20, dtype=torch.float32)),
+}))
+"""
+
+
+@pytest.mark.gpu
+def test_staging_from_gpu_memory_is_pinned_and_ordered_before_later_kernels(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device visible")
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    env = {**_env(out, ckpt), "CUDA_VISIBLE_DEVICES": "0"}
+    done = subprocess.run([sys.executable, "-c", ON_GPU], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report == {"busy": True, "same": True, "cpu": True, "momentum": True, "zeroed": True, "pinned": True,
+                      "events": 1, "staged_first": True}
+    clear_verification_cache()
+    assert latest_valid_manifest(ckpt).step == 2  # type: ignore[union-attr]
