@@ -221,3 +221,30 @@ def test_the_stager_copies_and_reuses_its_memory() -> None:
     reshaped, _ = stager.stage({"model.pt": state})
     assert reshaped["model.pt"]["weight"].shape == (5,)  # a new shape gets new memory
     assert stager.held_bytes == (5 + 12 + 2) * 4
+
+
+def test_at_exit_the_save_in_flight_is_finished_and_a_failure_printed(
+        fresh_helper: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    gate = threading.Event()
+    written: list[int] = []
+
+    def write(destination: _step.Destination, parts: dict[str, Any]) -> None:
+        assert gate.wait(60)  # hang guard
+        written.append(destination.step)
+        if destination.step == 3:
+            raise OSError(28, "No space left on device")
+
+    saver = _async_save.BackgroundSaver(write=write)
+    saver.submit(_step.Destination.of(2), {"model.pt": {"w": torch.ones(2)}})
+    assert saver.pending_step == 2
+    gate.set()
+    saver.finish_at_exit()
+    assert written == [2] and saver.pending_step is None
+    saver.submit(_step.Destination.of(3), {"model.pt": {"w": torch.ones(2)}})
+    saver.finish_at_exit()
+    assert written == [2, 3]
+    err = capsys.readouterr().err
+    assert "flashruntime: the background save of checkpoint step 3 to " in err
+    assert "No space left on device" in err
