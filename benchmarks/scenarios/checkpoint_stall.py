@@ -9,7 +9,9 @@ as ``checkpoint_cost`` (a Linear stack and its SGD momentum). After each timed c
 sample waits (untimed) for the background write and checks the committed manifest, so
 every sample starts with no save in flight. Samples alternate ABBA after one discarded
 warm-up each (the warm-up of the asynchronous side allocates the host copy that later
-saves reuse). Without torch the rows are skipped, never estimated.
+saves reuse). A third row times a forward and backward step of the same model while a
+background write runs, against the same step with nothing in flight: what the writing thread
+takes from training. Without torch the rows are skipped, never estimated.
 """
 
 from __future__ import annotations
@@ -57,6 +59,35 @@ def _saver(model: Any, optimizer: Any, ckpt_root: Path, counter: list[int], asyn
     return sample
 
 
+def _steps_beside_writes(model: Any, optimizer: Any, ckpt_root: Path, counter: list[int], width: int,
+                         saves: int) -> tuple[list[float], list[float]]:
+    """Forward+backward steps of ``model`` on a small batch, timed from a start while a
+    background write runs (``saves`` asynchronous saves, each followed by steps until it is
+    committed), and as many again with nothing in flight."""
+    import torch
+
+    import flashruntime.torch as ft
+
+    batch = torch.randn(8, width)
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        model(batch).square().mean().backward()
+        model.zero_grad(set_to_none=False)  # gradients kept: the step computes, it does not allocate
+        return (time.perf_counter() - t0) * 1e3
+
+    beside: list[float] = []
+    for _ in range(saves):
+        counter[0] += 1
+        ft.checkpoint(model, optimizer, step=counter[0], async_save=True)
+        beside.append(step())  # each step here starts while the write is in flight
+        while not ft.wait_for_checkpoint(timeout=0):
+            beside.append(step())
+        shutil.rmtree(ckpt_root / f"step-{counter[0]:06d}")
+    alone = [step() for _ in beside]
+    return beside, alone
+
+
 def _measure(label: str, layers: int, width: int, samples: int, base: Path):
     model, optimizer, params = _model_and_optimizer(layers, width)
     ckpt_root = base / f"ckpt-{label}"
@@ -78,13 +109,15 @@ def _measure(label: str, layers: int, width: int, samples: int, base: Path):
             for fn in order:
                 gc.collect()
                 (ours if fn is ours_fn else sync).append(fn())
-    return ours, sync, cold, params
+        beside, alone = _steps_beside_writes(model, optimizer, ckpt_root, counter, width, samples)
+    return ours, sync, cold, params, (beside, alone)
 
 
 def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
     samples = 1 if smoke else max(repeats, MIN_SAMPLES)
     sizes = SIZES[:1] if smoke else SIZES
-    metrics = [(f"blocked_ms_per_save_{label}", f"ms_to_commit_{label}") for label, _, _ in sizes]
+    metrics = [(f"blocked_ms_per_save_{label}", f"ms_to_commit_{label}", f"step_ms_beside_write_{label}")
+               for label, _, _ in sizes]
     if not torch_importable():
         reason = "torch is not importable here: ft.checkpoint needs it (skipped, never estimated)"
         return [skipped_row(NAME, SECTION, metric, "ms", reason) for pair in metrics for metric in pair]
@@ -97,7 +130,7 @@ def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
     try:
         fs = filesystem_type(base)
         for label, layers, width in sizes:
-            ours, sync, cold, params = _measure(label, layers, width, samples, base)
+            ours, sync, cold, params, (beside, alone) = _measure(label, layers, width, samples, base)
             mib = params * 4 / (1 << 20)
             state = (f"state: {layers} x nn.Linear({width}, {width}) = {params:,} float32 parameters ({mib:.1f} MiB)"
                      f" + SGD momentum buffers of the same size after one step; files on {fs} under benchmarks/.work")
@@ -124,6 +157,13 @@ def run(repeats: int, smoke: bool) -> list[dict[str, Any]]:
                 notes=[("ours = from the asynchronous call until ft.wait_for_checkpoint() returned (the step"
                         " committed); the comparator's is its blocked time: the ratio is what the background write"
                         " costs beyond the synchronous save, with nothing else running"), state, order]))
+            rows.append(measured_row(
+                NAME, SECTION, f"step_ms_beside_write_{label}", "ms", beside,
+                comparator=("the same step, no save in flight", alone),
+                notes=[(f"ours = one forward and backward pass of the same model on a batch of 8, started while"
+                        f" a background write runs ({len(beside)} steps beside {len(ours)} writes); the comparator"
+                        " times as many with nothing in flight: the ratio is what the writing thread takes from"
+                        " training on this host's 2 cores"), state]))
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return rows
