@@ -1,8 +1,9 @@
 """``checkpoint`` and ``log_metrics``: the two calls inside a training loop.
 
 Rank 0 writes ``step-<step:06d>/`` parts through ``open_part`` (hashed while written)
-and commits them with a manifest written last; every rank then meets at a barrier so
-no rank runs ahead of a checkpoint that is not complete. Metrics go to one JSONL file.
+and commits them with a manifest written last, on the training thread or, with
+``async_save``, from a host copy on a background thread (``_async_save``); every rank then
+meets at a barrier. Metrics go to one JSONL file.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from typing import Any
 
 from flashruntime.errors import InvalidProfileRequest
-from flashruntime.torch import _auto, _compute_time, _heartbeat, _preempt, _profile, _rng, _state, _step
+from flashruntime.torch import _async_save, _auto, _compute_time, _heartbeat, _preempt, _profile, _rng, _state, _step
 
 
 def checkpoint_due(step: int, every: int | None) -> bool:
@@ -39,7 +40,7 @@ def _resume_state() -> list[dict[str, Any]] | None:
 
 @_compute_time.boundary
 def checkpoint(model: Any, optimizer: Any = None, *, step: int, every: int | str | None = None,
-               mtbf_s: float | None = None) -> None:
+               mtbf_s: float | None = None, async_save: bool = False) -> None:
     """Save ``model`` (and ``optimizer``) as checkpoint ``step`` when the gate allows.
 
     ``every`` is None (save now), a step count (save at its multiples), or ``"auto"``: the
@@ -51,24 +52,45 @@ def checkpoint(model: Any, optimizer: Any = None, *, step: int, every: int | str
     and the position of the loader ``prepare`` returned, so a resumed run continues exactly.
     Rank 0 writes; with several ranks everyone first hands rank 0 its generator states and
     then waits at a barrier, so the call is collective: every rank makes it.
-    After a preemption notice (see ``flashruntime.torch._preempt``) every rank saves this
+After a preemption notice (see ``flashruntime.torch._preempt``) every rank saves this
     step, whatever the gate says, and the process then exits 0.
+
+    With ``async_save=True`` rank 0 copies the state into host memory and returns; a
+    background thread writes and commits the step (``wait_for_checkpoint`` waits for it). At
+    most one save is in flight: a save first waits for the previous one, so when any rank
+    leaves the barrier of save N, save N-1 is committed. A background save that failed
+    raises ``CheckpointError`` from rank 0's next ``checkpoint`` call (or from
+    ``wait_for_checkpoint``); the checkpoint before it stays the newest valid one. C, for
+    ``every="auto"``, is the time the call held rank 0, in either mode. A preemption's save is
+    written before the call returns, whatever ``async_save`` says: the process leaves after it.
     """
     auto = every == "auto"
     if not auto and every is not None and (isinstance(every, bool) or not isinstance(every, int)):
         raise InvalidProfileRequest(f"every must be None, a number of steps or 'auto', got {every!r}")
+    if not isinstance(async_save, bool):
+        raise InvalidProfileRequest(f"async_save must be True or False, got {async_save!r}")
     failure_s = _auto.mtbf(mtbf_s) if auto else None
     due = _auto.due(step) if auto else checkpoint_due(step, every)  # type: ignore[arg-type]
     preempted = _preempt.agreed()  # collective under flashruntime with several ranks: all save this step or none
     due = due or preempted
     _heartbeat.beat(step, force=due)  # a written checkpoint is news worth a heartbeat
+    saver = _async_save.SAVER
+    if _state.is_main():
+        saver.raise_failure()  # a background save that failed since the last call
     if not due:
         return
     save_s = None
+    started = time.perf_counter()
+    if _state.is_main():
+        saver.wait()  # at most one save in flight, in either mode
+        saver.raise_failure()
     ranks = _resume_state()  # every rank's, before rank 0 writes: a collective like the barrier below
     if _state.is_main():
-        started = time.perf_counter()
-        _step.write_step(model, optimizer, step, ranks)
+        destination = _step.Destination.of(step)
+        if async_save and not preempted:
+            saver.submit(destination, _step.capture_parts(model, optimizer, ranks, to_cpu=False))
+        else:
+            _step.write_parts(destination, _step.capture_parts(model, optimizer, ranks))
         save_s = time.perf_counter() - started
     if _state.world_size() > 1:
         import torch.distributed as dist
@@ -79,6 +101,20 @@ def checkpoint(model: Any, optimizer: Any = None, *, step: int, every: int | str
         _auto.saved(step, save_s, failure_s)
     if preempted:
         _preempt.leave(step)
+
+
+def wait_for_checkpoint(timeout: float | None = None) -> bool:
+    """Block until the background save of ``checkpoint(..., async_save=True)`` is committed.
+
+    True when no save is in flight any more, False when ``timeout`` seconds passed first; a
+    background save that failed raises ``CheckpointError``. Only rank 0 writes, so on the
+    other ranks it returns True at once. Not collective. A pending save is also finished at
+    interpreter exit.
+    """
+    finished = _async_save.SAVER.wait(timeout)
+    if finished:
+        _async_save.SAVER.raise_failure()
+    return finished
 
 
 def checkpoint_cadence() -> _auto.Cadence | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flashruntime.torch import _state, _step
+from flashruntime.torch import _async_save, _state, _step
 
 ENV_WARMUP = "FLASHML_PROFILE_WARMUP_STEPS"
 ENV_MEASURED = "FLASHML_PROFILE_MEASURED_STEPS"
@@ -164,6 +164,7 @@ def _finish(profile: ProfileState, step: int) -> None:
                               "warmup": profile.warmup, "measured": profile.measured,
                               "marks": profile.marks}
     if _state.is_main() and profile.model is not None:
+        _async_save.SAVER.wait()  # a background save of this step would race the measured one
         record.update(_measure_checkpoint(profile, step))
     record["host_ram_gb"] = _peak_rss_gb()
     record["peak_vram_gb"], record["gpu_name"] = _peak_vram_gb()

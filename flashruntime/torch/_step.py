@@ -1,14 +1,16 @@
 """One checkpoint step on disk: ``<checkpoint root>/step-<step:06d>/``, its parts written
 through ``open_part`` (hashed while written) and committed by a manifest written last.
 
-``checkpoint`` writes steps with it and the profiler times one save with the same writer,
-so the measured cost is the cost of a real checkpoint.
+``checkpoint`` writes steps with it (on the training thread, or on a background thread from
+a host copy of the state, see ``_async_save``) and the profiler times one save with the same
+writer, so the measured cost is the cost of a real checkpoint.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,36 +56,65 @@ def _clear_unverified(directory: Path) -> None:
         directory.unlink()
 
 
-def write_step(model: Any, optimizer: Any, step: int, ranks: list[dict[str, Any]] | None = None) -> None:
-    """Write and commit step ``step``: the model, the optimizer when given, and with ``ranks``
-    (every rank's generator states) the resume part that also holds the loader's position."""
+def capture_parts(model: Any, optimizer: Any, ranks: list[dict[str, Any]] | None = None, *,
+                  to_cpu: bool = True) -> dict[str, Any]:
+    """What step parts hold, by part name, as of now: the model's state (its tensors moved to
+    the CPU with ``to_cpu``), the optimizer's when given, and with ``ranks`` (every rank's
+    generator states) the resume part with the loader's position. Tensors are the live ones
+    (CPU tensors are not copied): a caller that writes later copies them first."""
+    module = unwrap(model)
+    parts: dict[str, Any] = {"model.pt": _cpu_state(module) if to_cpu else module.state_dict()}
+    if optimizer is not None:
+        parts["optimizer.pt"] = optimizer.state_dict()
+    if ranks is not None:
+        loader = _state.STATE.loader
+        parts[RESUME_PART] = {"ranks": ranks, "loader": loader.state_dict() if loader is not None else None}
+    return parts
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a step goes and whose it is, read from the environment when the save is asked
+    for, so a write finishing later on another thread commits what the call meant."""
+
+    step: int
+    directory: Path
+    job_id: str
+    attempt_id: str
+    world_size: int
+
+    @classmethod
+    def of(cls, step: int) -> Destination:
+        return cls(step, step_dir(step), os.environ.get("FLASHML_JOB_ID") or "local",
+                   os.environ.get("FLASHML_ATTEMPT_ID") or "local", _state.world_size())
+
+
+def write_parts(destination: Destination, parts: dict[str, Any]) -> None:
+    """Write and commit one step: each of ``parts`` through ``open_part``, then the manifest."""
     import torch
 
     from flashruntime.checkpoint.local import open_part, write_manifest
 
-    directory = step_dir(step)
+    directory = destination.directory
     _clear_unverified(directory)
     directory.mkdir(parents=True, exist_ok=True)
     digests: dict[str, tuple[str, int]] = {}
-    with open_part(directory, "model.pt") as part:
-        torch.save(_cpu_state(unwrap(model)), part)
-    digests["model.pt"] = part.digest
-    if optimizer is not None:
-        with open_part(directory, "optimizer.pt") as part:
-            torch.save(optimizer.state_dict(), part)
-        digests["optimizer.pt"] = part.digest
-    if ranks is not None:
-        loader = _state.STATE.loader
-        resume = {"ranks": ranks, "loader": loader.state_dict() if loader is not None else None}
-        with open_part(directory, RESUME_PART) as part:
-            torch.save(resume, part)
-        digests[RESUME_PART] = part.digest
+    for name, value in parts.items():
+        with open_part(directory, name) as part:
+            torch.save(value, part)
+        digests[name] = part.digest
     write_manifest(
         directory,
-        job_id=os.environ.get("FLASHML_JOB_ID") or "local",
-        attempt_id=os.environ.get("FLASHML_ATTEMPT_ID") or "local",
-        step=step,
-        world_size=_state.world_size(),
+        job_id=destination.job_id,
+        attempt_id=destination.attempt_id,
+        step=destination.step,
+        world_size=destination.world_size,
         framework=_framework_tag(torch.__version__),
         digests=digests,
     )
+
+
+def write_step(model: Any, optimizer: Any, step: int, ranks: list[dict[str, Any]] | None = None) -> None:
+    """Write and commit step ``step``: the model, the optimizer when given, and with ``ranks``
+    (every rank's generator states) the resume part that also holds the loader's position."""
+    write_parts(Destination.of(step), capture_parts(model, optimizer, ranks))

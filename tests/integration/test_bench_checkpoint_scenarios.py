@@ -1,5 +1,6 @@
-"""The ``checkpoint_cost`` and ``checkpoint_integrity`` benchmark scenarios at smoke scale:
-row shape and honesty (status, units, comparators, the real fault counts), never timings."""
+"""The ``checkpoint_cost``, ``checkpoint_stall`` and ``checkpoint_integrity`` benchmark scenarios
+at smoke scale: row shape and honesty (status, units, comparators, the real fault counts), never
+timings."""
 
 from __future__ import annotations
 
@@ -102,3 +103,37 @@ def test_checkpoint_integrity_without_torch_uses_a_naive_pickle_write(monkeypatc
 def test_checkpoint_integrity_full_run_counts() -> None:
     kills = checkpoint_integrity.MIN_KILLS
     assert kills >= 30 and checkpoint_integrity.BATCHES >= 3 and kills // checkpoint_integrity.BATCHES >= 10
+
+
+@pytest.mark.torch
+def test_checkpoint_stall_smoke_rows() -> None:
+    pytest.importorskip("torch")
+    from benchmarks.scenarios import checkpoint_stall
+
+    rows = SCENARIOS["checkpoint_stall"].run(1, True)
+    assert [row["metric"] for row in rows] == ["blocked_ms_per_save_1mb", "ms_to_commit_1mb",
+                                               "step_ms_beside_write_1mb"]
+    for row in rows:
+        assert row["scenario"] == "checkpoint_stall" and row["section"] == "performance" and row["unit"] == "ms"
+        assert row["status"] == "measured" and row["median"] > 0 and row["comparator"]["median"] > 0
+        assert row["ratio"] == pytest.approx(row["median"] / row["comparator"]["median"])
+        assert row["target"] is None  # the target is the 100 MB row's, which smoke does not run
+    assert rows[0]["repeats"] == rows[1]["repeats"] == 1
+    assert [row["comparator"]["name"] for row in rows] == ["ft.checkpoint(async_save=False)"] * 2 + [
+        "the same step, no save in flight"]
+    assert any("async_save=True" in note for note in rows[0]["notes"])
+    assert any("warm-up) held the thread" in note for note in rows[0]["notes"])
+    assert list(checkpoint_stall.WORK_DIR.glob("checkpoint_stall-*")) == []  # cleaned up
+
+
+def test_checkpoint_stall_targets_the_100mb_save_and_skips_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks.scenarios import checkpoint_stall
+    from benchmarks.targets import CHECKPOINT_STALL_ASYNC_OVER_SYNC
+
+    assert (CHECKPOINT_STALL_ASYNC_OVER_SYNC.op, CHECKPOINT_STALL_ASYNC_OVER_SYNC.value) == ("<=", 0.1)
+    assert checkpoint_stall.SIZES == checkpoint_cost.SIZES and checkpoint_stall.MIN_SAMPLES >= 5
+    _without_torch(monkeypatch)
+    rows = checkpoint_stall.run(5, False)
+    assert [row["metric"] for row in rows] == [f"{metric}_{label}" for label in ("1mb", "100mb") for metric in (
+        "blocked_ms_per_save", "ms_to_commit", "step_ms_beside_write")]
+    assert all(row["status"] == "skipped" and "never estimated" in row["skip_reason"] for row in rows)

@@ -1,6 +1,7 @@
 """A flashruntime.torch script with dropout and a shuffled loader, killed mid-run and resumed
 from its checkpoint, ends bit-for-bit where the same script ends without the kill: the
-checkpoint carries every rank's random generators and the loader's position."""
+checkpoint carries every rank's random generators and the loader's position, captured at the
+save call also when the step is written in the background (``async_save=True``)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ SCRIPT = textwrap.dedent("""
     import flashruntime.torch as ft
     from torch.utils.data import DataLoader, TensorDataset
 
-    total, kill_at = int(sys.argv[1]), int(sys.argv[2])
+    total, kill_at, async_save = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "async"
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
     loader = DataLoader(data, batch_size=8, shuffle=True)
@@ -44,9 +45,14 @@ SCRIPT = textwrap.dedent("""
         loss.backward()
         optimizer.step()
         ft.log_metrics({"step": step + 1, "loss": loss.item()})
-        ft.checkpoint(model, optimizer, step=step + 1, every=10)
-        if first_attempt and step + 1 == kill_at and ft.rank() == ft.world_size() - 1:
-            os.kill(os.getpid(), signal.SIGKILL)
+        ft.checkpoint(model, optimizer, step=step + 1, every=10, async_save=async_save)
+        if first_attempt and step + 1 == kill_at:
+            if async_save:  # step 20 committed before the kill, so the resume step is known
+                ft.wait_for_checkpoint()
+                if torch.distributed.is_initialized():
+                    torch.distributed.barrier()
+            if ft.rank() == ft.world_size() - 1:
+                os.kill(os.getpid(), signal.SIGKILL)
     if ft.is_main():
         weights = [round(float(p.detach().sum()), 10) for p in model.parameters()]
         json.dump({"final_loss": loss.item(), "weights": weights},
@@ -62,23 +68,24 @@ def _torchrun() -> list[str]:
     return [str(beside)] if beside.exists() else [sys.executable, "-m", "torch.distributed.run"]
 
 
-def _run(tmp_path: Path, name: str, ranks: int, kill_at: int) -> flash.Run:
+def _run(tmp_path: Path, name: str, ranks: int, kill_at: int, mode: str = "sync") -> flash.Run:
     source = tmp_path / "src"
     source.mkdir(exist_ok=True)
     (source / "train.py").write_text(SCRIPT)
     launcher = [sys.executable] if ranks == 1 else [*_torchrun(), f"--nproc-per-node={ranks}", "--standalone",
                                                     "--local-addr=127.0.0.1"]
-    workload = CommandWorkload(command=[*launcher, "train.py", "40", str(kill_at)], source=Source(path=str(source)),
+    workload = CommandWorkload(command=[*launcher, "train.py", "40", str(kill_at), mode], source=Source(path=str(source)),
                                env={"PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"},
                                outputs=OutputSpec(collect=[]))
     return flash.submit(workload, output_dir=tmp_path / name, watch=False, quiet=True, max_restarts=1)
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_a_killed_and_resumed_run_ends_exactly_where_an_uninterrupted_one_does(tmp_path: Path, ranks: int) -> None:
+@pytest.mark.parametrize(("ranks", "mode"), [(1, "sync"), (2, "sync"), (2, "async")])
+def test_a_killed_and_resumed_run_ends_exactly_where_an_uninterrupted_one_does(tmp_path: Path, ranks: int,
+                                                                               mode: str) -> None:
     pytest.importorskip("torch")
-    straight = _run(tmp_path, "straight", ranks, kill_at=0)
-    resumed = _run(tmp_path, "resumed", ranks, kill_at=25)
+    straight = _run(tmp_path, "straight", ranks, kill_at=0)  # saved synchronously: the same numbers either way
+    resumed = _run(tmp_path, "resumed", ranks, kill_at=25, mode=mode)
     assert straight.state is LaunchState.SUCCEEDED, straight.logs(60)
     assert resumed.state is LaunchState.SUCCEEDED, resumed.logs(60)
     assert len(straight.attempts) == 1 and len(resumed.attempts) == 2

@@ -71,7 +71,7 @@ def test_accessor_defaults_without_torchrun() -> None:
     assert (ft.rank(), ft.world_size(), ft.is_main(), ft.start_step(), ft.device(), ft.backend()) == (
         0, 1, True, 0, "cpu", None)
     assert ft.__all__ == ["prepare", "checkpoint", "checkpoint_cadence", "log_metrics", "rank", "world_size",
-                          "is_main", "start_step", "device", "backend"]
+                          "is_main", "start_step", "device", "backend", "wait_for_checkpoint"]
 
 
 def test_accessors_read_the_torchrun_environment(monkeypatch: pytest.MonkeyPatch) -> None:
