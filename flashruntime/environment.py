@@ -47,6 +47,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("FLASHML_CONTAINMENT", "flash.submit, the worker", "auto",
              "what holds each attempt's processes: auto (a cgroup v2 per attempt where one can be made, else a "
              "child subreaper), cgroup, subreaper or process-group"),
+    Variable("FLASHML_HANG_TIMEOUT_S", "flash.submit, flashruntime submit / chaos", "",
+             "seconds without progress after which an attempt counts as hung, its stacks are dumped and it is "
+             "relaunched (hang_timeout_s= wins); unset: max(10 x the median step time, 60 s) once steps are "
+             "timed; 0: no hang watch"),
     Variable("FLASHML_CALIBRATION_LEDGER", "flash.run, flashruntime plan",
              "<runs root>/calibration.sqlite",
              "the calibration ledger runs of a plan are recorded into and plan reads; off: record nothing"),

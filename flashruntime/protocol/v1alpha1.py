@@ -252,6 +252,7 @@ class EventType(StrEnum):
     LEASE_RENEWAL_REFUSED = "LEASE_RENEWAL_REFUSED"
     NODE_CORDONED = "NODE_CORDONED"
     LEASE_RELEASED = "LEASE_RELEASED"
+    HANG_DETECTED = "HANG_DETECTED"
 
 
 class Event(WireModel):
@@ -484,6 +485,7 @@ class FailureClass(StrEnum):
     CORRELATED_INCIDENT = "correlated_incident"
     CONTROL_PLANE_FAILURE = "control_plane_failure"
     UNKNOWN = "unknown"
+    HANG = "hang"  # no progress for the hang timeout: assigned by the hang watch, not by classify
 
 
 class RecoveryActionType(StrEnum):

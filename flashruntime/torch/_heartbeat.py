@@ -12,7 +12,7 @@ import os
 import time
 
 from flashruntime.files import write_atomic
-from flashruntime.torch import _state
+from flashruntime.torch import _stacks, _state
 
 THROTTLE_SECONDS = 1.0
 
@@ -53,6 +53,7 @@ def beat(step: int | None = None, *, force: bool = False, now: float | None = No
         directory = _state.output_dir() / "ranks"
         directory.mkdir(parents=True, exist_ok=True)
         write_atomic(directory / f"rank-{record['rank']}.json", json.dumps(record) + "\n")
+        _stacks.arm(directory, _state.rank())
         state.last_beat = moment
         return True
     except Exception:
