@@ -44,12 +44,14 @@ _TAIL_BYTES = 4096
 
 @dataclass(frozen=True)
 class RankBeat:
-    """One rank's heartbeat as last read: its step and the wall time (``ts``) it wrote it."""
+    """One rank's heartbeat as last read: its step, the wall time (``ts``) it wrote it, and whether
+    the rank said it is exiting (its script ended: what follows is the interpreter's teardown)."""
 
     rank: int
     step: int | None
     ts: float | None
     pid: int | None = None
+    exiting: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class ProgressReading:
     def mark(self, source: str | None) -> Any:
         """What must change in ``source`` for it to count as progress (None: the reading lacks it)."""
         if source == HEARTBEATS:
-            return tuple(sorted((b.rank, b.step, b.ts) for b in self.beats)) if self.beats else None
+            return tuple(sorted((b.rank, b.step, b.ts, b.exiting) for b in self.beats)) if self.beats else None
         if source == METRICS:
             return None if self.metrics_step is None else (self.metrics_step, self.metrics_ts)
         if source == LOG:
@@ -137,7 +139,7 @@ def observe(progress: Progress, reading: ProgressReading, now: float) -> Progres
         changed = dict(progress.rank_changed_at)
         for beat in reading.beats:
             old = before.get(beat.rank)
-            if old is None or (old.step, old.ts) != (beat.step, beat.ts):
+            if old is None or (old.step, old.ts, old.exiting) != (beat.step, beat.ts, beat.exiting):
                 changed[beat.rank] = now
         changes.update(ranks=tuple(sorted(reading.beats, key=lambda b: b.rank)), rank_changed_at=changed)
     return replace(progress, **changes) if changes else progress
@@ -177,7 +179,7 @@ class Hang:
             names = ", ".join(str(b.rank) for b in self.stalled)
             step = self.stalled[0].step
             ago = max(self.stopped_s.get(b.rank, self.idle_s) for b in self.stalled)
-            everyone = all(b.step == step for b in self.ranks)
+            everyone = all(b.step == step for b in self.ranks if not b.exiting)
             who = f"rank{'s' if len(self.stalled) > 1 else ''} {names}"
             if everyone and len(self.ranks) > 1:
                 text += f": every rank stopped at step {step}; {who} stopped first ({ago:.1f} s ago)"
@@ -202,12 +204,12 @@ class Hang:
 
 
 def _stalled(ranks: tuple[RankBeat, ...], changed_at: dict[int, float]) -> tuple[RankBeat, ...]:
-    known = [b for b in ranks if b.step is not None]
+    known = [b for b in ranks if b.step is not None and not b.exiting]
     if not known:
         return ()
     lowest = min(b.step for b in known)  # type: ignore[type-var]
     behind = [b for b in known if b.step == lowest]
-    if len(behind) == len(ranks) and len(behind) > 1:  # all at one step (DDP: everyone blocks): who went quiet first
+    if len(behind) == len(known) and len(behind) > 1:  # all at one step (DDP: everyone blocks): who went quiet first
         first = min(changed_at.get(b.rank, 0.0) for b in behind)
         behind = [b for b in behind if changed_at.get(b.rank, 0.0) == first]
     return tuple(behind)
@@ -216,8 +218,11 @@ def _stalled(ranks: tuple[RankBeat, ...], changed_at: dict[int, float]) -> tuple
 def judge(progress: Progress, now: float, setting: float | None) -> Hang | None:
     """The hang ``progress`` shows at ``now``, or None. Nothing is judged before the source in use
     has advanced once (imports, data loading and rendezvous take what they take), nor without a
-    timeout (see ``hang_timeout``)."""
+    timeout (see ``hang_timeout``), nor once every rank has said it is exiting (a teardown, however
+    slow, is no training step)."""
     if not progress.advanced or progress.source is None or progress.last_progress_at is None:
+        return None
+    if progress.ranks and all(b.exiting for b in progress.ranks):
         return None
     median = progress.median_step_s
     timeout = hang_timeout(setting, median, progress.source)
@@ -276,7 +281,8 @@ def read_progress(attempt_dir: Path, log_name: str) -> ProgressReading:
         record = _read_json(path)
         rank = None if record is None else _int(record.get("rank"))
         if record is not None and rank is not None:
-            beats.append(RankBeat(rank, _int(record.get("step")), _number(record.get("ts")), _int(record.get("pid"))))
+            beats.append(RankBeat(rank, _int(record.get("step")), _number(record.get("ts")), _int(record.get("pid")),
+                                  exiting=record.get("exiting") is True))
     step, ts = _last_metrics(attempt_dir / "metrics.jsonl")
     try:
         size = (attempt_dir / log_name).stat().st_size

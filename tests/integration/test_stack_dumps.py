@@ -3,6 +3,7 @@ py-spy on a running and on a stopped process, and stopping a stopped process at 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,11 +21,11 @@ from tests._support import REPO_ROOT
 CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from flashruntime.torch import _stacks
+    from flashruntime.torch import _hang
 
     ranks = Path(sys.argv[1])
-    armed = _stacks.arm(ranks, 1)
-    print("armed" if armed else "not armed", flush=True)
+    _hang.arm(ranks, 1, ranks / "rank-1.json")
+    print("armed" if _hang.dump_armed() else "not armed", flush=True)
 
 
     def stuck_in_here():
@@ -82,6 +83,16 @@ def test_py_spy_reads_a_running_and_a_stopped_rank(child) -> None:
     os.kill(process.pid, signal.SIGSTOP)  # a stopped rank runs no handler; py-spy reads it without pausing it
     [stopped] = dump_stacks({process.pid: 1}, ranks)
     assert stopped.method == "py-spy --nonblocking" and "stuck_in_here" in stopped.text
+
+
+def test_a_rank_that_ends_says_so_in_its_heartbeat(tmp_path: Path) -> None:
+    heartbeat = tmp_path / "rank-0.json"
+    heartbeat.write_text(json.dumps({"rank": 0, "step": 7, "ts": 1.0}))
+    code = ("import sys; from pathlib import Path; from flashruntime.torch import _hang; "
+            "_hang.arm(Path(sys.argv[1]), 0, Path(sys.argv[1]) / 'rank-0.json')")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                   check=True, timeout=60)
+    assert json.loads(heartbeat.read_text()) == {"rank": 0, "step": 7, "ts": 1.0, "exiting": True}
 
 
 def test_a_stopped_process_is_ended_without_waiting_for_sigkill(child) -> None:

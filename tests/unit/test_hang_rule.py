@@ -23,7 +23,7 @@ from flashruntime.monitor.hangs import (
     observe,
     read_progress,
 )
-from flashruntime.torch import _stacks as helper_stacks
+from flashruntime.torch import _hang as helper_hang
 
 
 def beats(*steps: int, ts: float = 0.0) -> ProgressReading:
@@ -88,6 +88,15 @@ def test_when_every_rank_is_at_one_step_the_first_to_go_quiet_is_named() -> None
     assert hang.describe().endswith(": every rank stopped at step 7; rank 1 stopped first (17.0 s ago)")
 
 
+def test_ranks_that_said_they_are_exiting_are_not_hung() -> None:
+    ending = ProgressReading(beats=(RankBeat(0, 6, 3.0, exiting=True), RankBeat(1, 6, 3.0, exiting=True)))
+    progress = feed([(1.0, beats(4, 4)), (2.0, beats(6, 6)), (3.0, ending)])
+    assert judge(progress, 1000.0, 5.0) is None  # a slow teardown is no hang
+    one_left = ProgressReading(beats=(RankBeat(0, 6, 3.0, exiting=True), RankBeat(1, 5, 2.0)))
+    hang = judge(feed([(1.0, beats(4, 4)), (2.0, beats(6, 5)), (3.0, one_left)]), 20.0, 5.0)
+    assert hang is not None and [b.rank for b in hang.stalled] == [1]
+
+
 def test_output_no_longer_counts_once_heartbeats_exist() -> None:
     chatty = [(float(t), ProgressReading(beats=(RankBeat(0, 3 if t > 1 else 1, 1.0 if t <= 1 else 2.0),),
                                          log_size=100 * t)) for t in range(1, 30)]
@@ -120,11 +129,13 @@ def test_reading_an_attempt_directory(tmp_path: Path) -> None:
     (tmp_path / "ranks").mkdir()
     (tmp_path / "ranks" / "rank-0.json").write_text(json.dumps({"rank": 0, "step": 12, "ts": 5.5, "pid": 42}))
     (tmp_path / "ranks" / "rank-1.json").write_text('{"rank": 1, "st')  # torn: skipped
+    (tmp_path / "ranks" / "rank-2.json").write_text(json.dumps({"rank": 2, "step": 12, "ts": 5.0, "exiting": True}))
     (tmp_path / "ranks" / "stack-0.txt").write_text("Thread 0x1 ...")  # a stack dump is no heartbeat
     (tmp_path / "metrics.jsonl").write_text('{"step": 11, "ts": 4.0}\n{"step": 12, "ts": 5.0}\n{"step": 1')
     (tmp_path / "launcher.log").write_text("hello\n")
     assert read_progress(tmp_path, "launcher.log") == ProgressReading(
-        beats=(RankBeat(0, 12, 5.5, 42),), metrics_step=12, metrics_ts=5.0, log_size=6)
+        beats=(RankBeat(0, 12, 5.5, 42), RankBeat(2, 12, 5.0, None, exiting=True)), metrics_step=12, metrics_ts=5.0,
+        log_size=6)
 
 
 def test_the_setting_from_the_argument_else_the_environment() -> None:
@@ -141,5 +152,5 @@ def test_the_setting_from_the_argument_else_the_environment() -> None:
 
 
 def test_the_rank_and_the_monitor_agree_on_the_self_dump(tmp_path: Path) -> None:
-    assert helper_stacks.SELF_DUMP_SIGNAL == monitor_stacks.SELF_DUMP_SIGNAL
-    assert helper_stacks.self_dump_path(tmp_path, 3) == monitor_stacks.self_dump_path(tmp_path, 3)
+    assert helper_hang.SELF_DUMP_SIGNAL == monitor_stacks.SELF_DUMP_SIGNAL
+    assert helper_hang.self_dump_path(tmp_path, 3) == monitor_stacks.self_dump_path(tmp_path, 3)
