@@ -18,6 +18,7 @@ __all__ = [
     "FLEET_SWEEP_OVER_LOCAL",
     "FEDAVG_FAST_OVER_NUMPY",
     "FORBIDDEN_MODULES",
+    "HANG_MTTD_S",
     "HEARTBEAT_P99_DURING_ADMISSION_S",
     "HTTP_OVER_IN_PROCESS",
     "IMPORT_OVER_PYDANTIC",
@@ -63,6 +64,9 @@ VERIFY_OVER_FRAMEWORK_SAVE = Target(
 HEARTBEAT_P99_DURING_ADMISSION_S = Target(
     "<=", 1.0, "s", "a node's heartbeats and lease renewals are answered within a second at the 99th percentile while "
                     "a 10,000-task job is admitted: admission never costs a node its lease")
+HANG_MTTD_S = Target(
+    "<=", 8.0, "s", "a rank hung forever is caught within 3 step times + 5 s (1 s steps, hang_timeout_s = 3 step "
+                    "times): a hang costs seconds, not the 30 minutes a collective waits by default")
 REFUSAL_S = Target(
     "<=", 1.0, "s", "a job over the coordinator's bounds is refused within a second, before anything is built or "
                     "stored")

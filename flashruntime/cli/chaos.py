@@ -67,6 +67,11 @@ def register(subparsers: Any) -> None:
                         help="SIGKILL the whole attempt (torchrun, or the command) at STEP, as a lost machine")
     parser.add_argument("--hang-rank", type=_with_seconds(_rank_at), action="append", default=[],
                         metavar="RANK@STEP:SECONDS", help="stop that rank for SECONDS at STEP")
+    parser.add_argument("--hang-forever", type=_rank_at, action="append", default=[], metavar="RANK@STEP",
+                        help="stop that rank at STEP until the hang watch detects it (see --hang-timeout)")
+    parser.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
+                        help="seconds without progress that make a hang (default: $FLASHML_HANG_TIMEOUT_S, else "
+                             "max(10 x the median step time, 60 s); 0: no hang watch)")
     parser.add_argument("--slow", type=_with_seconds(_step), action="append", default=[], metavar="STEP:SECONDS",
                         help="stop every rank half of each 200 ms for SECONDS from STEP")
     parser.add_argument("--corrupt-checkpoint", type=_step, action="append", default=[], metavar="STEP",
@@ -93,6 +98,7 @@ def _plan(args: argparse.Namespace) -> Any:
     faults += [Fault(kind="kill_rank", **f) for f in args.kill_rank]
     faults += [Fault(kind="kill_attempt", **f) for f in args.kill_attempt]
     faults += [Fault(kind="hang_rank", **f) for f in args.hang_rank]
+    faults += [Fault(kind="hang_forever", **f) for f in args.hang_forever]
     faults += [Fault(kind="slow", **f) for f in args.slow]
     return ChaosPlan(faults=faults, seed=args.seed)
 
@@ -123,13 +129,13 @@ def handle(args: argparse.Namespace) -> int:
             pristine = Path(tempfile.mkdtemp(prefix="flashruntime-chaos-reference-"))
             link_source_view(Path(os.path.expanduser(args.source)), pristine / "project", workload.outputs.collect)
         run = submit(workload, output_dir=None if base is None else base / "chaos", max_restarts=args.max_restarts,
-                     watch=False, chaos=plan, quiet=args.quiet, stream=stream)
+                     watch=False, chaos=plan, quiet=args.quiet, stream=stream, hang_timeout_s=args.hang_timeout)
         reference = None
         if pristine is not None:
             print("flashruntime: the same command without faults, to compare results ...", file=sys.stderr)
             untouched = workload.model_copy(update={"source": Source(path=str(pristine / "project"))})
             reference = submit(untouched, output_dir=None if base is None else base / "reference", watch=False,
-                               quiet=True, max_restarts=args.max_restarts)
+                               quiet=True, max_restarts=args.max_restarts, hang_timeout_s=args.hang_timeout)
     except (LaunchError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED

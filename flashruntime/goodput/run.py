@@ -11,6 +11,8 @@ Every run gets one, chaos or not, computed from ``run.json`` and each attempt's
 - for each failed attempt that was relaunched, a **recovery**: MTTD (from the fault — an
   injected one, else the attempt's last step — to the failure being seen), MTTR (from then
   to the relaunched attempt's first step), and the steps recomputed.
+- **hung**: of the lost work, the time attempts the hang watch stopped spent without progress
+  before it saw them (each from its last progress to the detection).
 
 The ledger reads each ``metrics.jsonl`` once, front to back, keeping sums only, so a long
 history costs no memory. Records without an integer ``step`` or a numeric ``ts`` are
@@ -42,7 +44,7 @@ __all__ = [
 ]
 
 METRICS_FILE = "metrics.jsonl"
-_ENDS_AN_ATTEMPT = frozenset({"kill_rank", "kill_attempt"})
+_ENDS_AN_ATTEMPT = frozenset({"kill_rank", "kill_attempt", "hang_forever"})
 _RESUMES = re.compile(r"^(\S+) (?:resumes from step ([0-9]+)|starts at step 0)")
 
 
@@ -70,6 +72,7 @@ class Recovery:
     steps_recomputed: int
     mttd_s: float | None
     mttr_s: float | None
+    hang_s: float | None = None  # a hang: how long it went without progress until the watch saw it
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class GoodputLedger:
     restarts: int
     timed: bool
     recoveries: tuple[Recovery, ...]
+    hung_s: float = 0.0  # of the lost work: attempts hung, from their last progress to the detection
 
     def as_json(self) -> dict[str, Any]:
         document = asdict(self)
@@ -163,14 +167,30 @@ def goodput_ledger(
         lost_work_s=(wall - useful) if timed and wall is not None else None,
         steps=kept, steps_recomputed=recomputed, restarts=sum(len(rows) - 1 for rows in by_job.values()),
         timed=timed, recoveries=tuple(recoveries),
+        hung_s=sum(idle for idle in (_hang_idle(row) for row in attempts) if idle is not None),
     )
+
+
+def _hang(row: dict[str, Any]) -> dict[str, Any] | None:
+    failure = row.get("failure")
+    hang = failure.get("hang") if isinstance(failure, dict) else None
+    return hang if isinstance(hang, dict) else None
+
+
+def _hang_idle(row: dict[str, Any]) -> float | None:
+    hang = _hang(row)
+    return None if hang is None else finite_number(hang.get("idle_s"))
 
 
 def _recovery(row: dict[str, Any], successor: dict[str, Any], steps: AttemptSteps, next_steps: AttemptSteps,
               resumed_from: dict[str, int], injected: dict[str, tuple[bool, float]]) -> Recovery:
     attempt_id, next_id = str(row.get("attempt_id")), str(successor.get("attempt_id"))
     fault_at = injected[attempt_id][1] if attempt_id in injected else steps.last_ts
-    detected = finite_number(row.get("finished_at"))
+    hang = _hang(row)
+    # A hang is seen when the watch judges it, before the stack dumps and the stop that end the attempt.
+    detected = finite_number(hang.get("detected_at")) if hang is not None else None
+    if detected is None:
+        detected = finite_number(row.get("finished_at"))
     progress = next_steps.first_ts
     return Recovery(
         failed_attempt=attempt_id, next_attempt=next_id, fault_at=fault_at, injected=attempt_id in injected,
@@ -178,6 +198,7 @@ def _recovery(row: dict[str, Any], successor: dict[str, Any], steps: AttemptStep
         steps_recomputed=steps.steps_recomputed,
         mttd_s=None if fault_at is None or detected is None else max(0.0, detected - fault_at),
         mttr_s=None if detected is None or progress is None else max(0.0, progress - detected),
+        hang_s=_hang_idle(row),
     )
 
 
@@ -211,14 +232,16 @@ def ledger_lines(ledger: GoodputLedger, label_width: int = 10, *, steps_logged: 
     for recovery in ledger.recoveries:
         resumed = "-" if recovery.resumed_from_step is None else str(recovery.resumed_from_step)
         cause = "the fault" if recovery.injected else "its last step"
+        hung = "" if recovery.hang_s is None else f", hung {seconds(recovery.hang_s)} without progress"
         lines.append(line("recovery", (
             f"{recovery.failed_attempt} -> {recovery.next_attempt}: MTTD {seconds(recovery.mttd_s)} (from {cause}), "
             f"MTTR {seconds(recovery.mttr_s)}, resumed from step {resumed}, "
-            f"{recovery.steps_recomputed} steps recomputed"), label_width))
+            f"{recovery.steps_recomputed} steps recomputed{hung}"), label_width))
     if ledger.timed and ledger.goodput is not None:
         lines.append(line("goodput", (
             f"{ledger.goodput:.1%} (useful step time {seconds(ledger.useful_s)} of {seconds(ledger.wall_s)} wall; "
-            f"lost work {seconds(ledger.lost_work_s)}; {ledger.steps} steps kept, "
+            f"lost work {seconds(ledger.lost_work_s)}"
+            f"{f', of it hung {seconds(ledger.hung_s)}' if ledger.hung_s else ''}; {ledger.steps} steps kept, "
             f"{ledger.steps_recomputed} recomputed, {ledger.restarts} restart{'' if ledger.restarts == 1 else 's'})"), label_width))
     elif not steps_logged:
         lines.append(line("goodput", "not timed: the run logged no steps (a metrics.jsonl line per step, with its "

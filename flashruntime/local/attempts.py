@@ -23,6 +23,7 @@ from flashruntime.local.guard import (
     preempted,
     signals_deferred,
 )
+from flashruntime.local.hang_watch import HangVerdict, HangWatch
 from flashruntime.local.output_metrics import OutputMetrics
 from flashruntime.local.run import Run
 from flashruntime.local.straggler_watch import StragglerWatch
@@ -95,6 +96,8 @@ def run_param_set(
                 run.recorder.update_trial(trial_index, {}, attempt_id=attempt_id)
         sampler = _start_sampler(handle)
         exits = ExitWatch(handle.processes).start() if isinstance(handle, LocalLaunchHandle) else None
+        hangs = (HangWatch(handle, attempt_id, run.hang_timeout_s, run.record_event).start()
+                 if isinstance(handle, LocalLaunchHandle) and run.hang_timeout_s != 0 else None)
         saves = CheckpointWatch(framework, run.record_event).start()
         curves = OutputMetrics(handle.output_dir).start()
         stragglers = StragglerWatch(handle.output_dir, attempt_id, run.record_event,
@@ -106,6 +109,7 @@ def run_param_set(
                 if sampler is not None:
                     _stop_sampler(sampler)
                 sightings = exits.stop() if exits is not None else []
+                hang = hangs.stop() if hangs is not None else None
             finish_attempt(run, handle, attempt_id, state)  # first: a cancel arriving now finds it settled
         finally:
             saves.stop()
@@ -127,7 +131,7 @@ def run_param_set(
             break
         went_first = first_exit(sightings, int(handle.execution_id)) if sightings else None
         decision = _classify_failure(run, handle, attempt_id, recovery_mode, restart=restart,
-                                     went_first=went_first, processes=len(sightings))
+                                     went_first=went_first, processes=len(sightings), hang=hang)
         failure_class = decision.failure_class
         if not budget.relaunches(restart, decision):
             break
@@ -171,16 +175,20 @@ _LAST_LINES = 5  # of a failed attempt's log, shown when it names no exception
 
 
 def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, recovery_mode: str, *, restart: int,
-                      went_first: ProcessSighting | None = None, processes: int = 0) -> RecoveryDecision:
+                      went_first: ProcessSighting | None = None, processes: int = 0,
+                      hang: HangVerdict | None = None) -> RecoveryDecision:
     """Classify failed attempt ``restart`` (0: the first), record the class, the decision and
     the log lines that show the error (for the failure summary), and return the decision.
     When the run's restart budget cannot pay for the relaunch it calls for, it says so. What Ray reported of an
     attempt it lost (``reported_failure`` of a Ray handle) is its class and evidence.
     ``went_first``: the rank the exit watch saw gone while the others still ran, named first.
-    ``processes``: how many the watch saw; an attempt of one process is no group to restart."""
+    ``processes``: how many the watch saw; an attempt of one process is no group to restart.
+    ``hang``: what the hang watch found before it stopped the attempt: the class and evidence."""
     log_tail = read_log_tail(handle.output_dir / LOG_NAME)
     reported = getattr(handle, "reported_failure", None)
-    if reported is not None:
+    if hang is not None:  # the ranks' exits are the watch's doing: neither they nor the log say why
+        failure, evidence, went_first = FailureClass.HANG, hang.evidence(), None
+    elif reported is not None:
         failure, evidence = reported
     else:
         verdict = judge_exit(handle.exit_code, log_tail, recovery_mode)
@@ -191,14 +199,17 @@ def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, reco
     if processes == 1 and "restart the group" in decision.reason:
         decision = decision.model_copy(update={"reason": decision.reason.replace("restart the group",
                                                                                   "relaunch the command")})
-    excerpt = failure_excerpt(log_tail)
+    # A hung attempt's log ends with what its stop made the ranks print: the stacks say what it was doing.
+    excerpt = failure_excerpt("" if hang is not None else log_tail)
     spent = run.budget.spent_by(restart, decision)
-    last_lines = [] if excerpt.exception else [line for line in log_tail.splitlines() if line.strip()][-_LAST_LINES:]
+    last_lines = [] if excerpt.exception or hang is not None else [
+        line for line in log_tail.splitlines() if line.strip()][-_LAST_LINES:]
     run.recorder.update_attempt(attempt_id, {"failure": {
         "class": str(failure), "evidence": evidence, "action": str(decision.action), "reason": decision.reason,
         "exception": excerpt.exception, "traceback": list(excerpt.traceback), "rank": excerpt.tag,
         "last_lines": last_lines, "restarts_spent": spent,
         "first_exit": None if went_first is None else {"rank": went_first.rank, "pid": went_first.pid},
+        **({"hang": hang.as_json()} if hang is not None else {}),
     }})
     run.record_event("FAILURE_CLASSIFIED", f"{attempt_id}: {failure} (exit {handle.exit_code}; {evidence})")
     run.record_event("RECOVERY_ACTION_SELECTED",

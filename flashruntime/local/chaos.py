@@ -9,6 +9,8 @@ A ``ChaosPlan`` lists faults, each fired once, in the first attempt that reaches
 - ``kill_attempt``: SIGKILL the attempt's leader (torchrun, or the plain command), as a
   lost machine would; the launcher's sweep then reaps the ranks;
 - ``hang_rank``: stop one rank (SIGSTOP) for ``seconds``, then let it go on (SIGCONT);
+- ``hang_forever``: stop one rank (SIGSTOP) until the hang watch detects it and stops the
+  attempt (see ``flashruntime.local.hang_watch``);
 - ``slow``: for ``seconds``, stop every rank for ``factor`` of each 200 ms, as a
   throttled or shared machine would;
 - ``corrupt_checkpoint``: flip a byte in a part of the newest valid checkpoint, so its
@@ -44,7 +46,7 @@ from flashruntime.monitor.exits import rank_of
 
 __all__ = ["ChaosInjector", "ChaosPlan", "Fault"]
 
-FaultKind = Literal["kill_rank", "kill_attempt", "hang_rank", "slow", "corrupt_checkpoint"]
+FaultKind = Literal["kill_rank", "kill_attempt", "hang_rank", "slow", "corrupt_checkpoint", "hang_forever"]
 POLL_S = 0.05
 FRAMEWORK_POLL_S = 0.5  # a script's own checkpoints are looked for this often (a directory walk)
 _SLOW_PERIOD_S = 0.2
@@ -56,7 +58,7 @@ class Fault(BaseModel):
     kind: FaultKind
     at_step: int | None = Field(default=None, ge=1)
     between: tuple[int, int] | None = None  # a random step in [low, high], drawn with the plan's seed
-    rank: int = Field(default=0, ge=0)  # kill_rank, hang_rank
+    rank: int = Field(default=0, ge=0)  # kill_rank, hang_rank, hang_forever
     seconds: float = Field(default=5.0, gt=0, le=3600)  # hang_rank, slow
     factor: float = Field(default=0.5, gt=0, lt=1)  # slow: the share of each period the ranks are stopped
 
@@ -73,6 +75,7 @@ class Fault(BaseModel):
             "kill_rank": f"SIGKILL rank {self.rank}",
             "kill_attempt": "SIGKILL the attempt's leader",
             "hang_rank": f"stop rank {self.rank} for {self.seconds:g} s",
+            "hang_forever": f"stop rank {self.rank} until the hang is detected",
             "slow": f"stop every rank {self.factor:.0%} of the time for {self.seconds:g} s",
             "corrupt_checkpoint": "corrupt a part of the newest valid checkpoint",
         }[self.kind]
@@ -229,6 +232,10 @@ class ChaosInjector:
             done = pid is not None and _signal(pid, signal.SIGSTOP)
             if done:
                 self._later(fault.seconds, lambda: _signal(pid, signal.SIGCONT))  # type: ignore[arg-type]
+            detail = f"pid {pid}" if done else f"no process of rank {fault.rank} was found"
+        elif fault.kind == "hang_forever":  # the hang watch's stop continues it, to act on its SIGTERM
+            pid = _rank_pids(attempt_dir, handle).get(fault.rank)
+            done = pid is not None and _signal(pid, signal.SIGSTOP)
             detail = f"pid {pid}" if done else f"no process of rank {fault.rank} was found"
         elif fault.kind == "slow":
             pids = sorted(_rank_pids(attempt_dir, handle).values()) or [int(handle.execution_id)]

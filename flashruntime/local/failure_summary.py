@@ -49,6 +49,8 @@ def _attempt_block(row: dict[str, Any], attempt_number: int, attempts: int, budg
             lines += [" " * (_LABEL + 2) + line for line in failure["last_lines"][1:]]
         if failure.get("rank"):
             lines.append(_line("rank", _rank(failure["rank"])))
+        if isinstance(failure.get("hang"), dict) and failure["hang"].get("stacks"):
+            lines.append(_line("stacks", failure["hang"]["stacks"]))
         hint = _HINTS.get(failure.get("evidence", ""))
         if hint:
             lines.append(_line("hint", hint))

@@ -74,6 +74,8 @@ class Run:
         # Globs (relative to the working directory) of checkpoints the script keeps itself, beyond
         # the layouts recognised anyway (see flashruntime.checkpoint.frameworks).
         self.checkpoint_patterns: list[str] = []
+        # Seconds without progress that make a hang (None: the default rule; 0: no hang watch).
+        self.hang_timeout_s: float | None = None
         self.metric: str | None = workload.outputs.primary_metric
         self.mode: str = resolve_mode(self.metric, None, workload.outputs.maximize_if_set())
         self._events: list[dict[str, Any]] = []

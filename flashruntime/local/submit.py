@@ -31,6 +31,7 @@ from flashruntime.local.guard import (
     untrack,
     wind_down_and_die,
 )
+from flashruntime.local.hang_watch import hang_setting
 from flashruntime.local.live_output import LiveOutput
 from flashruntime.local.run import Run
 from flashruntime.local.sweep import Sweep, run_sweep
@@ -68,6 +69,7 @@ def submit(
     executor: str = "local",
     ray_address: str | None = None,
     tensorboard_dir: str | Path | None = None,
+    hang_timeout_s: float | None = None,
 ) -> Run:
     """Launch ``workload`` and drive it to a terminal state (inline, or on a thread with ``wait=False``).
 
@@ -98,6 +100,12 @@ def submit(
     ``tensorboard_dir`` (else ``$FLASHML_TENSORBOARD_DIR``): when the run ends, its metrics and
     every trial's are written there as TensorBoard event files, ``<dir>/<run name>[/<trial>]``
     (see ``flashruntime.trackers.tensorboard_events``; needs the ``tensorboard`` extra).
+    ``hang_timeout_s``: seconds without progress (heartbeats of ``flashruntime.torch``, else the steps of
+    ``metrics.jsonl``, else any output) after which an attempt counts as hung: its ranks' stacks are
+    dumped into ``hang-stacks.txt`` in the attempt directory, it is stopped, classified ``hang`` and
+    relaunched from the last valid checkpoint (see ``flashruntime.local.hang_watch``). Default:
+    ``$FLASHML_HANG_TIMEOUT_S``, else ``max(10 x the median step time, 60 s)`` once steps are timed;
+    0 turns the watch off.
     Raises ``InvalidSubmission`` for arguments that cannot describe a run, before anything starts
     (and, with ``executor="ray"``, ``LaunchError`` for a cluster that cannot be reached).
     """
@@ -157,6 +165,7 @@ def submit(
         preempt_settings(os.environ)  # what a SIGTERM does is settled before anything runs
     except ValueError as exc:
         raise InvalidSubmission(str(exc)) from None
+    hang_timeout = hang_setting(hang_timeout_s, os.environ)
     problem = task_params_problem(workload)
     if problem is not None:  # a trial's placeholder it cannot fill: refused here, not as a KeyError mid-run
         raise InvalidSubmission(problem)
@@ -167,6 +176,7 @@ def submit(
     output_dir = Path(os.path.expanduser(str(output_dir))).resolve()
     run = Run(workload, output_dir, max_restarts, checkpoint_dir=checkpoint_dir)
     run.checkpoint_patterns = checkpoint_patterns
+    run.hang_timeout_s = hang_timeout
     if metric is not None or mode is not None:
         chosen = metric or run.metric
         run.recorder.set_metric(chosen, resolve_mode(chosen, mode, workload.outputs.maximize_if_set()))

@@ -254,6 +254,7 @@ class EventType(StrEnum):
     LEASE_RELEASED = "LEASE_RELEASED"
     # training health
     STRAGGLER_DETECTED = "STRAGGLER_DETECTED"
+    HANG_DETECTED = "HANG_DETECTED"
 
 
 class Event(WireModel):
@@ -486,6 +487,7 @@ class FailureClass(StrEnum):
     CORRELATED_INCIDENT = "correlated_incident"
     CONTROL_PLANE_FAILURE = "control_plane_failure"
     UNKNOWN = "unknown"
+    HANG = "hang"  # no progress for the hang timeout: assigned by the hang watch, not by classify
 
 
 class RecoveryActionType(StrEnum):

@@ -91,6 +91,10 @@ _TABLE: dict[tuple[FailureClass, str], _Entry] = {
         "unclassified failure: retry the task"),
     (F.UNKNOWN, COORDINATED): _Entry(A.PAUSE_JOB, "job", False, True,
         "unclassified failure: pause the job for an operator; it resumes from the last valid checkpoint"),
+    (F.HANG, INDEPENDENT): _Entry(A.RETRY_TASK, "task", False, False,
+        "hung: no progress for the hang timeout: stop it and retry the task"),
+    (F.HANG, COORDINATED): _Entry(A.RESTART_GROUP, "group", False, True,
+        "hung: no progress for the hang timeout: stop the group and restart it from the last valid checkpoint"),
 }
 # fmt: on
 

@@ -14,7 +14,7 @@ import socket
 import time
 
 from flashruntime.files import write_atomic
-from flashruntime.torch import _compute_time, _state
+from flashruntime.torch import _compute_time, _hang, _state
 
 THROTTLE_SECONDS = 1.0
 
@@ -56,7 +56,9 @@ def beat(step: int | None = None, *, force: bool = False, now: float | None = No
         record = heartbeat_record(state.last_step, ts=time.time())
         directory = _state.output_dir() / "ranks"
         directory.mkdir(parents=True, exist_ok=True)
-        write_atomic(directory / f"rank-{record['rank']}.json", json.dumps(record) + "\n")
+        path = directory / f"rank-{record['rank']}.json"
+        write_atomic(path, json.dumps(record) + "\n")
+        _hang.arm(directory, _state.rank(), path)
         state.last_beat = moment
         return True
     except Exception:

@@ -55,3 +55,14 @@ def test_sweep_parallel_smoke() -> None:
     row = _rows("sweep_parallel")["parallel_2_vs_1"]
     assert row["status"] == "measured" and row["comparator"]["name"] == "--parallel 1"
     assert row["target"] == targets.SWEEP_PARALLEL_OVER_SERIAL.as_dict() and row["ratio"] > 0
+
+
+@pytest.mark.torch
+def test_hang_mttd_smoke() -> None:
+    pytest.importorskip("torch")
+    rows = _rows("hang_mttd")
+    row = rows["mttd_s"]
+    assert row["status"] == "measured" and row["comparator"]["name"] == "torchrun --max-restarts=1 alone"
+    assert row["target"] == targets.HANG_MTTD_S.as_dict()
+    assert "final states ['SUCCEEDED']" in row["notes"][0], row["notes"]
+    assert rows["hung_s"]["median"] > 0

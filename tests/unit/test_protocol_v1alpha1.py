@@ -220,7 +220,7 @@ def test_event_type_members_in_order() -> None:
         "CHECKPOINT_REJECTED",
         "FAILURE_CLASSIFIED", "RECOVERY_ACTION_SELECTED", "RECOVERY_FROZEN",
         "TASK_CANCELLED", "LEASE_RENEWAL_REFUSED", "NODE_CORDONED", "LEASE_RELEASED",
-        "STRAGGLER_DETECTED",
+        "STRAGGLER_DETECTED", "HANG_DETECTED",
     ]
     assert all(e.value == e.name for e in p.EventType)
 
@@ -232,7 +232,7 @@ def test_other_enums_in_order() -> None:
     assert [e.value for e in p.FailureClass] == [
         "application_error", "data_error", "worker_crash", "node_loss", "accelerator_failure",
         "communication_error", "network_degradation", "storage_timeout", "artifact_corruption", "preemption",
-        "correlated_incident", "control_plane_failure", "unknown",
+        "correlated_incident", "control_plane_failure", "unknown", "hang",
     ]
     assert all(e.name == e.value.upper() for e in p.FailureClass)
     assert [e.value for e in p.RecoveryActionType] == [

@@ -65,7 +65,10 @@ def test_classify_never_yields_data_error_or_network_degradation() -> None:
     produced = {classify(FailureSignals(**case["signals"])) for case in GOLDEN["cases"]}
     assert FailureClass.DATA_ERROR not in produced
     assert FailureClass.NETWORK_DEGRADATION not in produced
-    assert produced == set(FailureClass) - {FailureClass.DATA_ERROR, FailureClass.NETWORK_DEGRADATION}
+    # A hang is what the hang watch saw (no progress for the timeout), never read from exit signals.
+    assert FailureClass.HANG not in produced
+    assert produced == set(FailureClass) - {FailureClass.DATA_ERROR, FailureClass.NETWORK_DEGRADATION,
+                                            FailureClass.HANG}
 
 
 @pytest.mark.parametrize(
