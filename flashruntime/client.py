@@ -313,12 +313,15 @@ class CoordinatorClient:
         return self.request_json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/complete", dict(body),
                                  idempotent=True) or {}
 
-    def fail(self, lease_id: str, reason: str, *, exit_code: int | None = None) -> dict[str, Any]:
+    def fail(self, lease_id: str, reason: str, *, exit_code: int | None = None, hung: bool = False) -> dict[str, Any]:
         """``POST /v1alpha1/attempts/{lease_id}/fail``; ``exit_code`` of the attempt's command, when it
-        ran, lets the coordinator judge the failure from it and the task's log."""
+        ran, lets the coordinator judge the failure from it and the task's log; ``hung``: the
+        worker's hang watch stopped it."""
         body: dict[str, Any] = {"reason": reason}
         if exit_code is not None:
             body["exit_code"] = exit_code
+        if hung:
+            body["hung"] = True
         return self.request_json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/fail", body,
                                  idempotent=False) or {}
 

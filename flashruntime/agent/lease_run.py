@@ -15,6 +15,7 @@ outcome is reported, so a restart after ``kill -9`` can stop what it left runnin
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import logging
@@ -53,6 +54,7 @@ from flashruntime.launchers.local import (
     spawn_contained,
 )
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
+from flashruntime.monitor.hang_watch import HangVerdict, HangWatch
 from flashruntime.protocol.task_logs import TASK_LOG_NAME, task_log_key
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Lease
 from flashruntime.signing import PublicKey
@@ -174,8 +176,10 @@ class LeaseRunner:
         journal: AttemptJournal | None = None,
         confinement: Confinement | None = None,
         trusted_submitter_keys: Mapping[str, PublicKey] | None = None,
+        hang_timeout_s: float | None = None,
     ) -> None:
         self._client = client
+        self._hang_timeout_s = hang_timeout_s  # see monitor.hang_watch.hang_setting: None is the default rule
         self._trusted_submitter_keys = trusted_submitter_keys
         self._confinement = confinement
         self._journal = journal
@@ -276,11 +280,16 @@ class LeaseRunner:
             # unreaped zombie, which os.kill(pid, 0) reports alive, stalling the sweep.
             handle.extra_pids = sampler.last_seen_pids
         sampler.start()
+        hangs = HangWatch(handle, lease.lease_id, self._hang_timeout_s,
+                          lambda _type, message: logger.warning("lease %s: %s", lease.lease_id, message))
+        hung: HangVerdict | None = None
         try:
             shipper.start()
+            hangs.start()
             state = handle.wait(timeout_seconds=0)
             while not state.terminal and not self._interrupted(heartbeat):
                 state = handle.wait(timeout_seconds=self._timing.child_poll_s)
+            hung = hangs.stop()
             # A child that failed while the agent was stopping may have died of the same stop
             # (a supervisor signals the whole service): not the task's failure either.
             if not state.terminal or (self._stopping.is_set() and handle.exit_code != 0):
@@ -289,9 +298,23 @@ class LeaseRunner:
                 return self._after_interrupt(lease, heartbeat, shipper)
             wall_seconds = self._timing.clock() - started
         finally:
+            hangs.stop()
             sampler.stop()
             shipper.stop()
+        if hung is not None:
+            return self._fail_hung(lease, dirs, hung, handle.exit_code, shipper)
         return self._finish(lease, heartbeat, dirs, handle.exit_code, wall_seconds, shipper)
+
+    def _fail_hung(self, lease: Lease, dirs: LeaseDirs, hung: HangVerdict, exit_code: int | None,
+                   shipper: TaskLogShipper) -> Outcome:
+        """An attempt the hang watch stopped: its ranks' stacks are appended to its log, which is
+        shipped, and the coordinator is told it hung (it judges the failure ``hang``)."""
+        # The log is the evidence that travels; the fail must go anyway.
+        with contextlib.suppress(OSError), open(dirs.log, "a", encoding="utf-8") as log:
+            log.write("\n" + hung.stacks_path.read_text(encoding="utf-8"))
+        shipper.ship(final=True)
+        judged = exit_code if exit_code is not None and -255 <= exit_code <= 255 else None
+        return self._fail(lease, f"hang: {hung.evidence()}", Outcome.FAILED, exit_code=judged, hung=True)
 
     def _after_interrupt(self, lease: Lease, heartbeat: LeaseHeartbeat,
                          shipper: TaskLogShipper | None = None) -> Outcome:
@@ -355,14 +378,15 @@ class LeaseRunner:
                     answer.get("detail") or "")
         return Outcome.COMPLETED
 
-    def _fail(self, lease: Lease, reason: str, outcome: Outcome, *, exit_code: int | None = None) -> Outcome:
+    def _fail(self, lease: Lease, reason: str, outcome: Outcome, *, exit_code: int | None = None,
+              hung: bool = False) -> Outcome:
         reason = reason[:_REASON_LIMIT * 4]
         logger.info("lease %s failed: %s", lease.lease_id, reason)
         try:
             # Repeated like the idempotent calls: a repeat of a fail that was applied gets 410
             # (the lease is gone), which ends the attempt just the same.
             sent = self._settled(lambda: self._client.retry.run(
-                lambda: self._client.fail(lease.lease_id, reason, exit_code=exit_code)))
+                lambda: self._client.fail(lease.lease_id, reason, exit_code=exit_code, hung=hung)))
         except CoordinatorHTTPError as exc:
             logger.warning("lease %s: fail refused: %s", lease.lease_id, exc)
             return Outcome.ABANDONED

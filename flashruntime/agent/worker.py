@@ -45,6 +45,7 @@ from flashruntime.client import CoordinatorClient, RetryPolicy
 from flashruntime.errors import (
     CoordinatorHTTPError,
     CoordinatorUnavailable,
+    InvalidSubmission,
     LaunchError,
     WorkDirInUse,
     WorkerConfigError,
@@ -52,6 +53,7 @@ from flashruntime.errors import (
 from flashruntime.launchers.containment import ContainmentKind, containment, containment_in_force
 from flashruntime.launchers.local import proc_available, stop_leftover_attempt
 from flashruntime.monitor.gpus import query_gpus
+from flashruntime.monitor.hang_watch import hang_setting
 from flashruntime.protocol.v1alpha1 import GpuInfo, Lease, NodeCapabilities, NodeHeartbeat, NodeRegistration
 from flashruntime.signing import PublicKey, load_trusted_keys
 
@@ -128,9 +130,16 @@ class WorkerAgent:
         task_user: str | None = None,
         sandbox_probe: BwrapProbe | None = None,
         trusted_submitter_keys: str | os.PathLike[str] | Mapping[str, PublicKey] | None = None,
+        hang_timeout_s: float | None = None,
     ) -> None:
         if runner not in RUNNERS:
             raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
+        # Seconds without progress before a task counts as hung (else $FLASHML_HANG_TIMEOUT_S,
+        # else the default rule of monitor.hangs; 0: no watch).
+        try:
+            self.hang_timeout_s = hang_setting(hang_timeout_s, os.environ)
+        except InvalidSubmission as exc:
+            raise WorkerConfigError(str(exc)) from None
         # A file or directory of .pub keys (SigningError, a ValueError, when unusable), or keys by id.
         self.trusted_submitter_keys: dict[str, PublicKey] | None = (
             None if trusted_submitter_keys is None
@@ -364,7 +373,8 @@ class WorkerAgent:
                              timing=self.timing, stopping=self._stopping,
                              require_code_grant=self.client.authenticates, journal=journal,
                              confinement=confinement,
-                             trusted_submitter_keys=self.trusted_submitter_keys)
+                             trusted_submitter_keys=self.trusted_submitter_keys,
+                             hang_timeout_s=self.hang_timeout_s)
         try:
             self._report_abandoned(journal, leftovers)
             self._claim_loop(runner)

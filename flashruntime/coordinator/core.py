@@ -72,7 +72,7 @@ from flashruntime.protocol.v1alpha1 import (
     SubmittedBy,
     TaskState,
 )
-from flashruntime.recovery.verdict import judge_exit, judge_no_result
+from flashruntime.recovery.verdict import judge_exit, judge_hang, judge_no_result
 from flashruntime.scheduler import IsolationAwarePlacement
 
 __all__ = ["SUBMITTED_BY_KEY", "Coordinator", "NoBackend"]
@@ -83,6 +83,8 @@ log = logging.getLogger("flashruntime.service")
 # The backends a coordinator may run. Both queue their tasks in the lease store: agents claim
 # the tasks of ``leases`` jobs, the Ray dispatcher those of ``ray`` jobs (FLASHML_RAY_ADDRESS).
 BACKENDS = ("leases", "ray")
+# Of a hung attempt's reason, what its FAILURE_CLASSIFIED event keeps as evidence.
+_HANG_EVIDENCE_CHARS = 500
 # How long /readyz waits for the database: less than a prober's usual timeout.
 READINESS_TIMEOUT_S = 2.0
 DEFAULT_BACKEND = "leases"
@@ -428,15 +430,18 @@ class Coordinator:
     def lease(self, lease_id: str) -> Lease | None:
         return self.manager.lease_info(lease_id)
 
-    def fail_attempt(self, lease: Lease, reason: str, exit_code: int | None) -> None:
+    def fail_attempt(self, lease: Lease, reason: str, exit_code: int | None, *, hung: bool = False) -> None:
         """A worker's failed attempt. With its ``exit_code`` the failure is judged by the recovery
         policy from that and the task's log (``judge_exit``, as for a local run and on Ray): a
         deterministic error is not retried, and a ``FAILURE_CLASSIFIED`` event says why, in the
-        transaction of the failure. Without it (the command never ran), the task's budget decides."""
-        if exit_code is None:
+        transaction of the failure. One the worker's hang watch stopped (``hung``) is a ``hang``,
+        its reason the evidence. Without either (the command never ran), the task's budget decides."""
+        if exit_code is None and not hung:
             self.manager.fail(lease.lease_id, reason, now=self.now())
             return
-        if exit_code == 0:
+        if hung:
+            verdict = judge_hang(reason[:_HANG_EVIDENCE_CHARS], TASK_MODE, at=self.now())
+        elif exit_code == 0:
             verdict = judge_no_result(TASK_MODE, at=self.now())
         else:
             path = task_log_path(self.artifacts, lease.job_id, lease.task_id, lease.payload)

@@ -163,7 +163,7 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
 
     @router.post("/v1alpha1/attempts/{lease_id}/fail", response_model=FailResult)
     def fail(lease_id: str, body: FailRequest, identity: Identity = caller) -> dict[str, str]:
-        coordinator.fail_attempt(held_lease(identity, lease_id), body.reason, body.exit_code)
+        coordinator.fail_attempt(held_lease(identity, lease_id), body.reason, body.exit_code, hung=body.hung)
         return {"status": "requeued-or-exhausted"}
 
     @router.post("/v1alpha1/attempts/{lease_id}/release", response_model=ReleaseResult)

@@ -23,7 +23,7 @@ from flashruntime.local.guard import (
     preempted,
     signals_deferred,
 )
-from flashruntime.local.hang_watch import HangVerdict, HangWatch
+from flashruntime.monitor.hang_watch import HangVerdict, HangWatch
 from flashruntime.local.output_metrics import OutputMetrics
 from flashruntime.local.run import Run
 from flashruntime.local.straggler_watch import StragglerWatch

@@ -10,7 +10,7 @@ A ``ChaosPlan`` lists faults, each fired once, in the first attempt that reaches
   lost machine would; the launcher's sweep then reaps the ranks;
 - ``hang_rank``: stop one rank (SIGSTOP) for ``seconds``, then let it go on (SIGCONT);
 - ``hang_forever``: stop one rank (SIGSTOP) until the hang watch detects it and stops the
-  attempt (see ``flashruntime.local.hang_watch``);
+  attempt (see ``flashruntime.monitor.hang_watch``);
 - ``slow``: for ``seconds``, stop every rank for ``factor`` of each 200 ms, as a
   throttled or shared machine would;
 - ``corrupt_checkpoint``: flip a byte in a part of the newest valid checkpoint, so its

@@ -31,7 +31,7 @@ from flashruntime.local.guard import (
     untrack,
     wind_down_and_die,
 )
-from flashruntime.local.hang_watch import hang_setting
+from flashruntime.monitor.hang_watch import hang_setting
 from flashruntime.local.live_output import LiveOutput
 from flashruntime.local.run import Run
 from flashruntime.local.sweep import Sweep, run_sweep
@@ -103,7 +103,7 @@ def submit(
     ``hang_timeout_s``: seconds without progress (heartbeats of ``flashruntime.torch``, else the steps of
     ``metrics.jsonl``, else any output) after which an attempt counts as hung: its ranks' stacks are
     dumped into ``hang-stacks.txt`` in the attempt directory, it is stopped, classified ``hang`` and
-    relaunched from the last valid checkpoint (see ``flashruntime.local.hang_watch``). Default:
+    relaunched from the last valid checkpoint (see ``flashruntime.monitor.hang_watch``). Default:
     ``$FLASHML_HANG_TIMEOUT_S``, else ``max(10 x the median step time, 60 s)`` once steps are timed;
     0 turns the watch off.
     Raises ``InvalidSubmission`` for arguments that cannot describe a run, before anything starts

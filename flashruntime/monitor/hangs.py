@@ -122,7 +122,11 @@ def observe(progress: Progress, reading: ProgressReading, now: float) -> Progres
     changes: dict[str, Any] = {}
     switched = source != progress.source
     if switched:
-        changes.update(source=source, mark=mark, advanced=False, last_progress_at=now, top_step=None,
+        # A step record is written once its step is done: progress made, however soon after it
+        # the watch first looked. Not so a heartbeat (``prepare`` beats before the first step)
+        # or output (a start prints too).
+        stepped = source == METRICS and reading.top_step(source) is not None
+        changes.update(source=source, mark=mark, advanced=stepped, last_progress_at=now, top_step=None,
                        top_step_at=None)
     elif mark != progress.mark:
         changes.update(mark=mark, advanced=True, last_progress_at=now)
@@ -217,7 +221,8 @@ def _stalled(ranks: tuple[RankBeat, ...], changed_at: dict[int, float]) -> tuple
 
 def judge(progress: Progress, now: float, setting: float | None) -> Hang | None:
     """The hang ``progress`` shows at ``now``, or None. Nothing is judged before the source in use
-    has advanced once (imports, data loading and rendezvous take what they take), nor without a
+    has advanced once, or shown a step done (imports, data loading and rendezvous take what
+    they take), nor without a
     timeout (see ``hang_timeout``), nor once every rank has said it is exiting (a teardown, however
     slow, is no training step)."""
     if not progress.advanced or progress.source is None or progress.last_progress_at is None:

@@ -529,10 +529,13 @@ class CompleteRequest(WireModel):
 class FailRequest(WireModel):
     """A failed attempt. ``exit_code``: how its command exited, when it ran; the coordinator then
     judges the failure from it and the task's log by the recovery policy (a deterministic error
-    is not retried), as a local run and the Ray backend do."""
+    is not retried), as a local run and the Ray backend do. ``hung``: the worker's hang watch
+    stopped it (its ``reason`` says which ranks stopped advancing); it is judged ``hang``."""
 
     reason: str
     exit_code: int | None = Field(default=None, ge=-255, le=255)
+    # The worker's hang watch stopped the attempt: no progress for its hang timeout.
+    hung: StrictBool = False
 
 
 class ReleaseRequest(WireModel):

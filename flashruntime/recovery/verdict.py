@@ -13,7 +13,7 @@ from flashruntime.recovery.policy import decide
 from flashruntime.recovery.signals import describe_launch, from_local_launch
 from flashruntime.recovery.taxonomy import classify
 
-__all__ = ["AttemptVerdict", "judge_exit", "judge_no_result"]
+__all__ = ["AttemptVerdict", "judge_exit", "judge_hang", "judge_no_result"]
 
 
 @dataclass(frozen=True)
@@ -48,4 +48,11 @@ def judge_no_result(mode: str, *, at: datetime | None = None) -> AttemptVerdict:
     command does not do what a task must, and would not on a retry."""
     evidence = "exit 0 without metrics.json"
     failure = FailureClass.APPLICATION_ERROR
+    return AttemptVerdict(failure, evidence, decide(failure, mode, {"evidence": evidence}, at=at))
+
+
+def judge_hang(evidence: str, mode: str, *, at: datetime | None = None) -> AttemptVerdict:
+    """The verdict on an attempt its hang watch stopped (``evidence``: which ranks stopped
+    advancing, and for how long): transient, run again from the last valid checkpoint."""
+    failure = FailureClass.HANG
     return AttemptVerdict(failure, evidence, decide(failure, mode, {"evidence": evidence}, at=at))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flashruntime.local.hang_watch import stop_processes
+from flashruntime.monitor.hang_watch import stop_processes
 from flashruntime.monitor.stacks import dump_stacks, py_spy_path, render_stacks
 from tests._support import REPO_ROOT
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from flashruntime.errors import InvalidSubmission
-from flashruntime.local.hang_watch import hang_setting
+from flashruntime.monitor.hang_watch import hang_setting
 from flashruntime.monitor import stacks as monitor_stacks
 from flashruntime.monitor.hangs import (
     HEARTBEATS,
@@ -64,6 +64,16 @@ def test_nothing_is_judged_before_the_source_first_advances() -> None:
     started = feed([(1.0, beats(0, 0))])  # prepare's heartbeat, then a long first step
     assert judge(started, 1000.0, 5.0) is None
     assert judge(feed([(1.0, beats(0, 0)), (2.0, beats(1, 1))]), 7.0, 5.0) is not None
+
+
+def test_a_step_record_already_there_at_the_first_look_is_progress_made() -> None:
+    # A fast script can write its first steps before the watch first looks, then stop.
+    first_look = feed([(0.5, ProgressReading(metrics_step=3, metrics_ts=0.4))])
+    assert judge(first_look, 4.0, 5.0) is None
+    hang = judge(first_look, 6.0, 5.0)
+    assert hang is not None and hang.last_step == 3 and hang.source == "metrics.jsonl"
+    # Output alone at the first look is still the script starting.
+    assert judge(feed([(0.5, ProgressReading(log_size=100))]), 600.0, 5.0) is None
 
 
 def test_a_rank_still_advancing_is_progress() -> None:

@@ -28,6 +28,7 @@ ENV = "FLASHML_HANG_TIMEOUT_S"
 PERIOD_S = 0.5
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL: a hung rank has nothing left to save
 _POLL_S = 0.05
+_MOST_UNRANKED = 16  # processes of a command without ranks whose stacks are dumped
 
 
 def hang_setting(value: float | None, environ: Mapping[str, str]) -> float | None:
@@ -146,7 +147,8 @@ class HangWatch:
 
     def _ranks(self, hang: Hang) -> dict[int, int | None]:
         """pid -> rank of the attempt's ranks: the heartbeats' pids, else each rank's first process
-        (by the ``RANK`` it was started with); the attempt's leader when it has no ranks."""
+        (by the ``RANK`` it was started with); when it has no ranks, each of its processes (up to
+        ``_MOST_UNRANKED``): the command may run under a launcher of its own (a sandbox's)."""
         live = self._handle.processes()
         ranks: dict[int, int | None] = {b.pid: b.rank for b in hang.ranks if b.pid is not None and b.pid in live}
         named = set(ranks.values())
@@ -156,5 +158,7 @@ class HangWatch:
                 ranks[pid] = rank
                 named.add(rank)
         if not ranks:
-            ranks[int(self._handle.execution_id)] = None
+            leader = int(self._handle.execution_id)
+            for pid in [leader, *sorted(live - {leader})][:_MOST_UNRANKED]:
+                ranks[pid] = None
         return ranks
