@@ -43,6 +43,7 @@ from flashruntime.checkpoint.frameworks import checkpoint_files, newest
 from flashruntime.checkpoint.local import MANIFEST_NAME, latest_valid_manifest
 from flashruntime.local.framework_resume import FrameworkCheckpoints
 from flashruntime.monitor.exits import rank_of
+from flashruntime.monitor.records import json_object
 
 __all__ = ["ChaosInjector", "ChaosPlan", "Fault"]
 
@@ -95,19 +96,11 @@ class ChaosPlan(BaseModel):
                 for fault in self.faults]
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def _last_step(attempt_dir: Path) -> int | None:
     """The newest step the attempt reported: its ranks' heartbeats and rank 0's last record."""
     steps = []
     for beat in (attempt_dir / "ranks").glob("rank-*.json"):
-        record = _read_json(beat)
+        record = json_object(beat)
         if record and isinstance(record.get("step"), int):
             steps.append(record["step"])
     try:
@@ -132,7 +125,7 @@ def _rank_pids(attempt_dir: Path, handle: Any = None) -> dict[int, int]:
     attempt's processes, by the ``RANK`` / ``LOCAL_RANK`` each was started with."""
     pids = {}
     for beat in (attempt_dir / "ranks").glob("rank-*.json"):
-        record = _read_json(beat)
+        record = json_object(beat)
         if record and isinstance(record.get("rank"), int) and isinstance(record.get("pid"), int):
             pids[record["rank"]] = record["pid"]
     processes = getattr(handle, "processes", None)
@@ -256,7 +249,7 @@ class ChaosInjector:
         if manifest is None or not manifest.parts:
             return self._corrupt_framework_checkpoint(job_id, root)
         step_dir = next((path.parent for path in sorted(root.glob(f"step-*/{MANIFEST_NAME}"))
-                         if (_read_json(path) or {}).get("manifest_id") == manifest.manifest_id), None)
+                         if (json_object(path) or {}).get("manifest_id") == manifest.manifest_id), None)
         part = manifest.parts[0]
         path = None if step_dir is None else step_dir / part.key
         if path is None or not path.is_file():

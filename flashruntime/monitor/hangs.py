@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from flashruntime.monitor.records import json_object
+
 __all__ = [
     "FLOOR_S",
     "HEARTBEATS",
@@ -240,14 +242,6 @@ def judge(progress: Progress, now: float, setting: float | None) -> Hang | None:
                 stopped_s=stopped, median_step_s=median)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -283,7 +277,7 @@ def read_progress(attempt_dir: Path, log_name: str) -> ProgressReading:
     except OSError:
         files = []
     for path in files:
-        record = _read_json(path)
+        record = json_object(path)
         rank = None if record is None else _int(record.get("rank"))
         if record is not None and rank is not None:
             beats.append(RankBeat(rank, _int(record.get("step")), _number(record.get("ts")), _int(record.get("pid")),

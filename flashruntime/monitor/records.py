@@ -43,3 +43,13 @@ def step_records(path: str | os.PathLike[str]) -> Iterator[tuple[int, float, dic
         step, ts = record.get("step"), finite_number(record.get("ts"))
         if isinstance(step, int) and not isinstance(step, bool) and ts is not None:
             yield step, ts, record
+
+
+def json_object(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The JSON object in the file at ``path``; None when it cannot be read or holds anything else."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            value = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None

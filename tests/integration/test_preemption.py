@@ -214,6 +214,22 @@ def test_an_unmodified_script_gets_the_signal_and_the_grace_then_the_attempt_is_
     assert not any(pid_alive(pid) for pid in ranks)
 
 
+def _signal_once_started(driver: subprocess.Popen[str], out: Path, signum: int) -> tuple[int, str]:
+    """Send ``signum`` to the process driving the run in ``out`` once its attempt's command has
+    written its pid; → (that pid, the driver's stderr) after the driver ended."""
+    pid_file = out / "local" / "task-000" / "pid"
+    try:
+        wait_until(lambda: pid_file.exists() and bool(pid_file.read_text()), "the attempt to start", timeout=60)
+        child = int(pid_file.read_text())
+        driver.send_signal(signum)
+        _, stderr = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    return child, stderr
+
+
 def test_the_configured_signal_to_the_submit_cli_is_forwarded_to_the_command(tmp_path: Path) -> None:
     """As Slurm's ``--signal=USR1@90`` sends it: the CLI forwards it, then dies of it."""
     src, out = tmp_path / "src", tmp_path / "out"
@@ -224,16 +240,7 @@ def test_the_configured_signal_to_the_submit_cli_is_forwarded_to_the_command(tmp
                             "--source", str(src), "--output-dir", str(out), "--no-watch"],
                            env={**os.environ, "FLASHML_PREEMPT_SIGNAL": "USR1", "PYTHONPATH": str(REPO_ROOT)},
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
-    pid_file = out / "local" / "task-000" / "pid"
-    try:
-        wait_until(lambda: pid_file.exists() and bool(pid_file.read_text()), "the attempt to start", timeout=60)
-        child = int(pid_file.read_text())
-        cli.send_signal(signal.SIGUSR1)
-        _, stderr = cli.communicate(timeout=120)
-    finally:
-        if cli.poll() is None:
-            cli.kill()
-            cli.wait()
+    child, stderr = _signal_once_started(cli, out, signal.SIGUSR1)
     assert cli.returncode == -signal.SIGUSR1, stderr
     doc = json.loads((out / "run.json").read_text())
     [row] = doc["attempts"]
@@ -258,16 +265,7 @@ def test_a_run_driven_on_a_thread_is_preempted_too(tmp_path: Path) -> None:
     out = tmp_path / "out"
     driver = subprocess.Popen([sys.executable, "-c", BACKGROUND, str(out)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
-    pid_file = out / "local" / "task-000" / "pid"
-    try:
-        wait_until(lambda: pid_file.exists() and bool(pid_file.read_text()), "the attempt to start", timeout=60)
-        child = int(pid_file.read_text())
-        driver.send_signal(signal.SIGTERM)
-        _, stderr = driver.communicate(timeout=120)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
+    child, stderr = _signal_once_started(driver, out, signal.SIGTERM)
     assert driver.returncode == -signal.SIGTERM, stderr
     doc = json.loads((out / "run.json").read_text())
     [row] = doc["attempts"]  # two restarts allowed, none spent
