@@ -23,13 +23,13 @@ from flashruntime.local.guard import (
     preempted,
     signals_deferred,
 )
-from flashruntime.monitor.hang_watch import HangVerdict, HangWatch
 from flashruntime.local.output_metrics import OutputMetrics
 from flashruntime.local.run import Run
 from flashruntime.local.straggler_watch import StragglerWatch
 from flashruntime.local.trial_workdir import is_shared
 from flashruntime.monitor.exits import ExitWatch, ProcessSighting, first_exit
 from flashruntime.monitor.framework_metrics import final_figures
+from flashruntime.monitor.hang_watch import HangVerdict, HangWatch, ReportedHang
 from flashruntime.protocol.v1alpha1 import FailureClass, RecoveryDecision
 from flashruntime.recovery import decide, judge_exit
 from flashruntime.recovery.signals import failure_excerpt
@@ -98,6 +98,8 @@ def run_param_set(
         exits = ExitWatch(handle.processes).start() if isinstance(handle, LocalLaunchHandle) else None
         hangs = (HangWatch(handle, attempt_id, run.hang_timeout_s, run.record_event).start()
                  if isinstance(handle, LocalLaunchHandle) and run.hang_timeout_s != 0 else None)
+        if hasattr(handle, "on_hang"):  # an attempt watched where it runs (a Ray task) reports its detection
+            handle.on_hang = lambda words: run.record_event("HANG_DETECTED", words)  # it names the attempt
         saves = CheckpointWatch(framework, run.record_event).start()
         curves = OutputMetrics(handle.output_dir).start()
         stragglers = StragglerWatch(handle.output_dir, attempt_id, run.record_event,
@@ -109,7 +111,7 @@ def run_param_set(
                 if sampler is not None:
                     _stop_sampler(sampler)
                 sightings = exits.stop() if exits is not None else []
-                hang = hangs.stop() if hangs is not None else None
+                hang = hangs.stop() if hangs is not None else getattr(handle, "reported_hang", None)
             finish_attempt(run, handle, attempt_id, state)  # first: a cancel arriving now finds it settled
         finally:
             saves.stop()
@@ -176,7 +178,7 @@ _LAST_LINES = 5  # of a failed attempt's log, shown when it names no exception
 
 def _classify_failure(run: Run, handle: LocalLaunchHandle, attempt_id: str, recovery_mode: str, *, restart: int,
                       went_first: ProcessSighting | None = None, processes: int = 0,
-                      hang: HangVerdict | None = None) -> RecoveryDecision:
+                      hang: HangVerdict | ReportedHang | None = None) -> RecoveryDecision:
     """Classify failed attempt ``restart`` (0: the first), record the class, the decision and
     the log lines that show the error (for the failure summary), and return the decision.
     When the run's restart budget cannot pay for the relaunch it calls for, it says so. What Ray reported of an

@@ -31,10 +31,10 @@ from flashruntime.local.guard import (
     untrack,
     wind_down_and_die,
 )
-from flashruntime.monitor.hang_watch import hang_setting
 from flashruntime.local.live_output import LiveOutput
 from flashruntime.local.run import Run
 from flashruntime.local.sweep import Sweep, run_sweep
+from flashruntime.monitor.hang_watch import hang_setting
 from flashruntime.recovery.policy import COORDINATED
 from flashruntime.recovery.preemption import preempt_settings
 from flashruntime.run_dirs import new_run_dir
@@ -185,7 +185,7 @@ def submit(
         from flashruntime.ray_backend.launcher import RayLauncher, cluster_cpus
 
         launcher = RayLauncher(ray_address, output_dir, checkpoint_dir=checkpoint_dir,
-                               num_gpus=workload.resources.gpus or 0)
+                               num_gpus=workload.resources.gpus or 0, hang_timeout_s=hang_timeout)
         if max_concurrent_trials is None and fan_out:
             max_concurrent_trials = cluster_cpus(ray_address)
     else:

@@ -22,7 +22,7 @@ from flashruntime.monitor.hangs import Hang, Progress, judge, observe, read_prog
 from flashruntime.monitor.stacks import STACKS_NAME, dump_stacks, render_stacks
 from flashruntime.periodic import Periodic
 
-__all__ = ["ENV", "HangVerdict", "HangWatch", "hang_setting", "stop_processes"]
+__all__ = ["ENV", "HangVerdict", "HangWatch", "ReportedHang", "hang_setting", "stop_processes"]
 
 ENV = "FLASHML_HANG_TIMEOUT_S"
 PERIOD_S = 0.5
@@ -69,6 +69,25 @@ class HangVerdict:
     def as_json(self) -> dict[str, Any]:
         return {**self.hang.as_json(), "detected_at": self.detected_at, "stacks": str(self.stacks_path),
                 "stack_methods": dict(self.methods)}
+
+
+@dataclass(frozen=True)
+class ReportedHang:
+    """A ``HangVerdict`` as it crossed a process boundary (a Ray task reports the one its watch
+    reached on the attempt's node): the same evidence and document."""
+
+    words: str
+    document: dict[str, Any]
+
+    @classmethod
+    def of(cls, verdict: HangVerdict) -> ReportedHang:
+        return cls(verdict.evidence(), verdict.as_json())
+
+    def evidence(self) -> str:
+        return self.words
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(self.document)
 
 
 def _signal(pid: int, signum: int) -> None:

@@ -8,6 +8,10 @@ a cluster whose nodes mount the run's directory; a node that does not see it fai
 attempt with a message saying so. The driver (``flash.submit``) keeps everything else as for
 a local run: restarts by the recovery policy, trials, metrics, ``run.json``.
 
+The attempt's hang watch runs beside it in the Ray task, on its node, as it would beside a
+local attempt: it dumps the ranks' stacks there, stops the attempt and reports what it found,
+which the driver classifies ``hang``.
+
 Ray never retries an attempt (``max_retries=0``); a Ray worker that dies fails the attempt
 with no exit code, classified as Ray reported it (``reported_failure``: the run's restarts
 follow that class), a line in its log says so, and what the dead worker left running is
@@ -21,13 +25,14 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from flashruntime.errors import BadRayAddress, InvalidSubmission, LaunchError
 from flashruntime.launchers import Launcher, LaunchHandle, LaunchState
 from flashruntime.launchers.local import LOG_NAME, LocalProcessLauncher, read_log_tail, stop_leftover_attempt
+from flashruntime.monitor.hang_watch import HangWatch, ReportedHang
 from flashruntime.ray_backend.cluster import (
     ALIVE,
     ALIVE_S,
@@ -51,10 +56,13 @@ POLL_S = 0.1
 
 
 def run_local_attempt(spec_json: dict[str, Any], job_id: str, attempt_id: str, output_root: str,
-                      checkpoint_dir: str | None, term_grace_s: float) -> Iterator[tuple[str, Any]]:
-    """In the Ray worker: launch the attempt with the local launcher and follow it. Yields
-    ``("started", placement + pid + previous_dir)`` then ``("finished", exit_code)``, or one
-    ``("refused", why)``."""
+                      checkpoint_dir: str | None, term_grace_s: float,
+                      hang_timeout_s: float | None = None) -> Iterator[tuple[str, Any]]:
+    """In the Ray worker: launch the attempt with the local launcher and follow it, its hang
+    watch beside it (``hang_timeout_s`` as ``flash.submit`` takes it; 0: none). Yields
+    ``("started", placement + pid + previous_dir)``, ``("hang_detected", words)`` when the
+    watch acts, ``("hung", ReportedHang)`` once it has stopped the attempt, then
+    ``("finished", exit_code)``; or one ``("refused", why)``."""
     from flashruntime.strategies import LaunchSpec
 
     if not os.path.isdir(output_root):
@@ -70,15 +78,27 @@ def run_local_attempt(spec_json: dict[str, Any], job_id: str, attempt_id: str, o
         return
     previous = str(handle.previous_dir) if handle.previous_dir is not None else None
     yield "started", {**placement(), "pid": int(handle.execution_id), "previous_dir": previous}
+    detected: queue.SimpleQueue[str] = queue.SimpleQueue()
+    hangs = (HangWatch(handle, attempt_id, hang_timeout_s, lambda _type, words: detected.put(words)).start()
+             if hang_timeout_s != 0 else None)
     try:
         state = handle.wait(timeout_seconds=0)
         while not state.terminal:
             state = handle.wait(timeout_seconds=ALIVE_S)
+            while not detected.empty():
+                yield "hang_detected", detected.get()
             if not state.terminal:
                 yield ALIVE, None  # where a cancel of a streaming task takes effect
     except BaseException:  # ray.cancel: nothing outlives the attempt
+        if hangs is not None:
+            hangs.stop()
         handle.cancel(grace_s=min(term_grace_s, 5.0))
         raise
+    verdict = hangs.stop() if hangs is not None else None
+    while not detected.empty():
+        yield "hang_detected", detected.get()
+    if verdict is not None:
+        yield "hung", ReportedHang.of(verdict)
     yield "finished", handle.exit_code
 
 
@@ -126,6 +146,10 @@ class RayLaunchHandle(LaunchHandle):
         self.extra_pids: Any = set
         # (failure class, evidence words) when Ray lost the attempt (its worker or node died).
         self.reported_failure: tuple[Any, str] | None = None
+        # What the attempt's hang watch on its node found, once it stopped the attempt; and who
+        # hears of a detection as it happens (the run records HANG_DETECTED).
+        self.reported_hang: ReportedHang | None = None
+        self.on_hang: Callable[[str], None] | None = None
         # The run's driver waits while a cancel (another thread) waits too: one reads at a time.
         self._reading = threading.Lock()
         self._messages: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -177,6 +201,11 @@ class RayLaunchHandle(LaunchHandle):
             self.where = body
             if body.get("previous_dir"):
                 self.previous_dir = Path(body["previous_dir"])
+        elif kind == "hang_detected":
+            if self.on_hang is not None:
+                self.on_hang(str(body))
+        elif kind == "hung":
+            self.reported_hang = body
         elif kind == "finished":
             self._end(body, None)
         elif kind == "refused":
@@ -248,8 +277,10 @@ class RayLauncher(Launcher):
     name = "ray"
 
     def __init__(self, address: str, output_root: str | Path, *, term_grace_s: float = 10.0,
-                 checkpoint_dir: str | Path | None = None, num_gpus: int = 0) -> None:
+                 checkpoint_dir: str | Path | None = None, num_gpus: int = 0,
+                 hang_timeout_s: float | None = None) -> None:
         self.address = address
+        self.hang_timeout_s = hang_timeout_s
         self.local = LocalProcessLauncher(output_root, term_grace_s=term_grace_s, checkpoint_dir=checkpoint_dir)
         self.output_root = self.local.output_root
         self.checkpoint_dir = self.local.checkpoint_dir
@@ -276,6 +307,7 @@ class RayLauncher(Launcher):
             options["num_gpus"] = self.num_gpus
         checkpoint = str(self.checkpoint_dir) if self.checkpoint_dir is not None else None
         stream = self._remote.options(**options).remote(
-            spec.model_dump(mode="json"), job_id, attempt_id, str(self.output_root), checkpoint, self.term_grace_s)
+            spec.model_dump(mode="json"), job_id, attempt_id, str(self.output_root), checkpoint, self.term_grace_s,
+            self.hang_timeout_s)
         return RayLaunchHandle(self._ray, stream, self.attempt_dir(job_id, attempt_id), self.term_grace_s,
                                name=options["name"])

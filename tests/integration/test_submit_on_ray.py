@@ -137,3 +137,30 @@ def test_arguments_that_cannot_describe_a_run_on_ray_are_refused_before_anything
     with pytest.raises(InvalidSubmission, match=words.replace("(", r"\(").replace("*", r"\*")):
         flash.submit(workload(tmp_path, "pass"), output_dir=tmp_path / "run", quiet=True, watch=False, **arguments)
     assert not (tmp_path / "run").exists()
+
+
+def test_an_attempt_that_hangs_on_ray_is_caught_on_its_node_dumped_and_relaunched(
+        ray_cluster: Any, tmp_path: Path) -> None:
+    marker = tmp_path / "hung-once"
+    # Steps to metrics.jsonl; the first attempt stops for good at step 3.
+    program = ("import json, os, sys, time\n"
+               "out = os.environ['FLASHML_OUTPUT_DIR']\n"
+               "first = not os.path.exists(sys.argv[1])\n"
+               "open(sys.argv[1], 'a').close()\n"
+               "for step in range(1, 6):\n"
+               "    open(os.path.join(out, 'metrics.jsonl'), 'a').write(json.dumps(dict(step=step, ts=time.time())) + '\\n')\n"
+               "    time.sleep(0.2)\n"
+               "    if first and step == 3:\n"
+               "        time.sleep(10 ** 6)\n"
+               "json.dump(dict(loss=0.5), open(os.path.join(out, 'metrics.json'), 'w'))")
+    run = flash.submit(workload(tmp_path, program, str(marker)), output_dir=tmp_path / "run", max_restarts=1,
+                       executor="ray", quiet=True, watch=False, hang_timeout_s=3)
+    assert str(run.state) == "SUCCEEDED"
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    first, second = record["attempts"]
+    assert (first["state"], second["state"]) == ("FAILED", "SUCCEEDED")
+    assert first["failure"]["class"] == "hang" and first["failure"]["hang"]["last_step"] == 3, first["failure"]
+    detected = [event["message"] for event in record["events"] if event["type"] == "HANG_DETECTED"]
+    assert len(detected) == 1 and detected[0].startswith("task-000: no progress for"), detected
+    stacks = Path(first["failure"]["hang"]["stacks"])
+    assert stacks.parent == Path(first["output_dir"]) and "<module> (<string>:9)" in stacks.read_text()
