@@ -68,9 +68,11 @@ def test_smoke_run_rows() -> None:
 
 def test_flatness_row_is_the_ratio_of_medians(monkeypatch: pytest.MonkeyPatch) -> None:
     """A full run's flatness row: per-cycle median at N=100k over the one at N=1k
-    (here with the drains shrunk to 200 tasks, so the test stays fast)."""
+    (here with the drains shrunk to 200 tasks and a fifth of the cycles per round, so the
+    test stays fast)."""
     make_specs = lease_throughput._specs
     monkeypatch.setattr(lease_throughput, "_specs", lambda n: make_specs(min(n, 200)))
+    monkeypatch.setattr(lease_throughput, "CYCLES_PER_ROUND", {"memory": 4_000, "sqlite": 1_000})
     rows = _by_metric(lease_throughput.run(2, False))
     # every N is drained ~CYCLES_PER_ROUND[kind] cycles' worth per round; in memory over at least MEMORY_ROUNDS rounds
     per_round = lease_throughput.CYCLES_PER_ROUND
@@ -79,7 +81,7 @@ def test_flatness_row_is_the_ratio_of_medians(monkeypatch: pytest.MonkeyPatch) -
     assert rounds == lease_throughput._rounds(2, full=True)
     expected = {(kind, n): rounds[kind] * max(1, per_round[kind] // n)
                 for kind in ("memory", "sqlite") for n in (1_000, 10_000, 100_000)}
-    assert expected[("memory", 1_000)] == 100 and expected[("sqlite", 1_000)] == 10
+    assert expected[("memory", 1_000)] == 20 and expected[("sqlite", 1_000)] == 2
     for (kind, n), count in expected.items():
         assert rows[f"cycles_per_s_{kind}_n{n}"]["repeats"] == count
         assert rows[f"per_cycle_median_us_{kind}_n{n}"]["repeats"] == count
