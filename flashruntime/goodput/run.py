@@ -13,6 +13,8 @@ Every run gets one, chaos or not, computed from ``run.json`` and each attempt's
   to the relaunched attempt's first step), and the steps recomputed.
 - **hung**: of the lost work, the time attempts the hang watch stopped spent without progress
   before it saw them (each from its last progress to the detection).
+- **preempted**: of the lost work, the time preempted attempts took from the notice to their
+  end (saving the agreed step and leaving), apart from the hung time.
 
 The ledger reads each ``metrics.jsonl`` once, front to back, keeping sums only, so a long
 history costs no memory. Records without an integer ``step`` or a numeric ``ts`` are
@@ -87,6 +89,7 @@ class GoodputLedger:
     timed: bool
     recoveries: tuple[Recovery, ...]
     hung_s: float = 0.0  # of the lost work: attempts hung, from their last progress to the detection
+    preempted_s: float = 0.0  # of the lost work: attempts preempted, from the notice to their end (the save)
 
     def as_json(self) -> dict[str, Any]:
         document = asdict(self)
@@ -168,7 +171,14 @@ def goodput_ledger(
         steps=kept, steps_recomputed=recomputed, restarts=sum(len(rows) - 1 for rows in by_job.values()),
         timed=timed, recoveries=tuple(recoveries),
         hung_s=sum(idle for idle in (_hang_idle(row) for row in attempts) if idle is not None),
+        preempted_s=sum(ended for ended in (_preemption_s(row) for row in attempts) if ended is not None),
     )
+
+
+def _preemption_s(row: dict[str, Any]) -> float | None:
+    """How long a preempted attempt took from the notice to its end (saving, leaving), or None."""
+    preempted = row.get("preempted")
+    return finite_number(preempted.get("ended_in_s")) if isinstance(preempted, dict) else None
 
 
 def _hang(row: dict[str, Any]) -> dict[str, Any] | None:
@@ -241,7 +251,9 @@ def ledger_lines(ledger: GoodputLedger, label_width: int = 10, *, steps_logged: 
         lines.append(line("goodput", (
             f"{ledger.goodput:.1%} (useful step time {seconds(ledger.useful_s)} of {seconds(ledger.wall_s)} wall; "
             f"lost work {seconds(ledger.lost_work_s)}"
-            f"{f', of it hung {seconds(ledger.hung_s)}' if ledger.hung_s else ''}; {ledger.steps} steps kept, "
+            f"{f', of it hung {seconds(ledger.hung_s)}' if ledger.hung_s else ''}"
+            f"{f', of it ending in a preemption {seconds(ledger.preempted_s)}' if ledger.preempted_s else ''}; "
+            f"{ledger.steps} steps kept, "
             f"{ledger.steps_recomputed} recomputed, {ledger.restarts} restart{'' if ledger.restarts == 1 else 's'})"), label_width))
     elif not steps_logged:
         lines.append(line("goodput", "not timed: the run logged no steps (a metrics.jsonl line per step, with its "

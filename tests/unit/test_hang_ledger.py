@@ -66,3 +66,16 @@ def test_a_hang_until_detected_is_a_fault_of_the_plan() -> None:
     fault = Fault(kind="hang_forever", rank=1, at_step=30)
     assert fault.describe(30) == "hang_forever at step 30: stop rank 1 until the hang is detected"
     assert ChaosPlan(faults=[fault]).steps() == [30]
+
+
+def test_the_time_a_preemption_took_is_counted_apart_from_hung_time() -> None:
+    document = _document()
+    document["attempts"][1] = {**document["attempts"][1], "state": "PREEMPTED", "finished_at": 169.0,
+                               "preempted": {"signal": "SIGTERM", "grace_s": 25.0, "ended_in_s": 2.5,
+                                             "within_grace": True, "saved_step": 30}}
+    ledger = _ledger(document)
+    assert ledger.preempted_s == 2.5 and ledger.hung_s == 12.0
+    (goodput,) = [text for text in ledger_lines(ledger) if "goodput" in text]
+    assert "of it hung 12.00 s, of it ending in a preemption 2.50 s;" in goodput
+    assert _ledger(_document()).preempted_s == 0.0
+    assert "preemption" not in " ".join(ledger_lines(_ledger(_document())))
