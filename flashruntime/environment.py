@@ -55,7 +55,7 @@ VARIABLES: tuple[Variable, ...] = (
              "e.g. SIGTERM,SIGUSR1); none: a SIGTERM cancels the run"),
     Variable("FLASHML_PREEMPT_GRACE_S", "flash.submit, flashruntime.torch", "25",
              "seconds the ranks get after a preemption notice to save and end before what is left is killed"),
-    Variable("FLASHML_HANG_TIMEOUT_S", "flash.submit, flashruntime submit / chaos", "",
+    Variable("FLASHML_HANG_TIMEOUT_S", "flash.submit, flashruntime submit / chaos, the worker", "",
              "seconds without progress after which an attempt counts as hung, its stacks are dumped and it is "
              "relaunched (hang_timeout_s= wins); unset: max(10 x the median step time, 60 s) once steps are "
              "timed; 0: no hang watch"),
