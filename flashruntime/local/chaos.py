@@ -28,7 +28,6 @@ from it.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -43,7 +42,8 @@ from flashruntime.checkpoint.frameworks import checkpoint_files, newest
 from flashruntime.checkpoint.local import MANIFEST_NAME, latest_valid_manifest
 from flashruntime.local.framework_resume import FrameworkCheckpoints
 from flashruntime.monitor.exits import rank_of
-from flashruntime.monitor.records import json_object
+from flashruntime.monitor.records import json_object, last_step_record
+from flashruntime.rank_files import RANKS_DIR, heartbeat_paths
 
 __all__ = ["ChaosInjector", "ChaosPlan", "Fault"]
 
@@ -99,24 +99,13 @@ class ChaosPlan(BaseModel):
 def _last_step(attempt_dir: Path) -> int | None:
     """The newest step the attempt reported: its ranks' heartbeats and rank 0's last record."""
     steps = []
-    for beat in (attempt_dir / "ranks").glob("rank-*.json"):
+    for beat in heartbeat_paths(attempt_dir / RANKS_DIR):
         record = json_object(beat)
         if record and isinstance(record.get("step"), int):
             steps.append(record["step"])
-    try:
-        with open(attempt_dir / "metrics.jsonl", "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 4096))
-            for line in reversed(handle.read().splitlines()):
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(record, dict) and isinstance(record.get("step"), int):
-                    steps.append(record["step"])
-                    break
-    except OSError:
-        pass
+    last = last_step_record(attempt_dir / "metrics.jsonl")
+    if last is not None:
+        steps.append(last["step"])
     return max(steps) if steps else None
 
 
@@ -124,7 +113,7 @@ def _rank_pids(attempt_dir: Path, handle: Any = None) -> dict[int, int]:
     """Each rank's pid: from the torch helper's heartbeats, else (a script without it) from the
     attempt's processes, by the ``RANK`` / ``LOCAL_RANK`` each was started with."""
     pids = {}
-    for beat in (attempt_dir / "ranks").glob("rank-*.json"):
+    for beat in heartbeat_paths(attempt_dir / RANKS_DIR):
         record = json_object(beat)
         if record and isinstance(record.get("rank"), int) and isinstance(record.get("pid"), int):
             pids[record["rank"]] = record["pid"]

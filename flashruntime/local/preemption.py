@@ -17,12 +17,12 @@ from typing import Any
 from flashruntime.checkpoint.local import latest_valid_manifest
 from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LocalLaunchHandle
+from flashruntime.rank_files import RANKS_DIR, preempted_paths
 from flashruntime.recovery.preemption import signal_name
 
 __all__ = ["PREEMPTED", "Notice", "notice_targets"]
 
 PREEMPTED = "PREEMPTED"  # an attempt row's state once the notice reached it
-_RECORD_GLOB = "rank-*.preempted.json"  # what flashruntime.torch writes per rank after its save
 _PROC = Path("/proc")
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 
@@ -170,7 +170,7 @@ class Notice:
 
 def _rank_records(attempt_dir: Path) -> list[dict[str, Any]]:
     records = []
-    for path in sorted((attempt_dir / "ranks").glob(_RECORD_GLOB)):
+    for path in preempted_paths(attempt_dir / RANKS_DIR):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):

@@ -7,9 +7,7 @@ event per episode, with the episode in the attempt's row of run.json.
 
 from __future__ import annotations
 
-import glob
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -19,6 +17,7 @@ from typing import Any
 
 from flashruntime.periodic import Periodic
 from flashruntime.protocol.v1alpha1 import EventType
+from flashruntime.rank_files import heartbeat_paths
 
 __all__ = ["FACTOR", "RECOVERED_BELOW", "WINDOW", "Episodes", "RankTimes", "Straggler", "StragglerWatch", "detect",
            "ratios", "read_rank_times"]
@@ -114,7 +113,7 @@ def read_rank_times(ranks_dir: Path) -> list[RankTimes]:
     """The compute times of every heartbeat file under ``ranks_dir`` that has them; a torn,
     foreign or unreadable file is skipped (the next reading sees it whole)."""
     found = []
-    for path in sorted(glob.glob(os.path.join(glob.escape(str(ranks_dir)), "rank-*.json"))):
+    for path in heartbeat_paths(ranks_dir):
         try:
             with open(path, "rb") as handle:
                 record = json.loads(handle.read(_MAX_BYTES))

@@ -11,14 +11,13 @@ takes one reading of an attempt directory.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from flashruntime.monitor.records import json_object
+from flashruntime.monitor.records import finite_number, json_object, last_step_record
+from flashruntime.rank_files import RANKS_DIR, heartbeat_paths
 
 __all__ = [
     "FLOOR_S",
@@ -41,7 +40,6 @@ _TRUST = {None: 0, LOG: 1, METRICS: 2, HEARTBEATS: 3}
 STEP_TIMES = 10.0  # the default timeout, in median step times ...
 FLOOR_S = 60.0  # ... and never less than this
 _SAMPLES = 64  # the step-time samples the median is taken over (the newest)
-_TAIL_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -224,9 +222,8 @@ def _stalled(ranks: tuple[RankBeat, ...], changed_at: dict[int, float]) -> tuple
 def judge(progress: Progress, now: float, setting: float | None) -> Hang | None:
     """The hang ``progress`` shows at ``now``, or None. Nothing is judged before the source in use
     has advanced once, or shown a step done (imports, data loading and rendezvous take what
-    they take), nor without a
-    timeout (see ``hang_timeout``), nor once every rank has said it is exiting (a teardown, however
-    slow, is no training step)."""
+    they take), nor without a timeout (see ``hang_timeout``), nor once every rank has said it is
+    exiting (a teardown, however slow, is no training step)."""
     if not progress.advanced or progress.source is None or progress.last_progress_at is None:
         return None
     if progress.ranks and all(b.exiting for b in progress.ranks):
@@ -246,43 +243,18 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _last_metrics(path: Path) -> tuple[int | None, float | None]:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - _TAIL_BYTES))
-            lines = handle.read().splitlines()
-    except OSError:
-        return None, None
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and _int(record.get("step")) is not None:
-            return record["step"], _number(record.get("ts"))
-    return None, None
-
-
 def read_progress(attempt_dir: Path, log_name: str) -> ProgressReading:
     """One reading of ``attempt_dir``: its ranks' heartbeats, the last step of its
     ``metrics.jsonl`` and the size of its log ``log_name``. Never raises."""
     beats = []
-    try:
-        files = sorted((attempt_dir / "ranks").glob("rank-*.json"))
-    except OSError:
-        files = []
-    for path in files:
+    for path in heartbeat_paths(attempt_dir / RANKS_DIR):
         record = json_object(path)
         rank = None if record is None else _int(record.get("rank"))
         if record is not None and rank is not None:
-            beats.append(RankBeat(rank, _int(record.get("step")), _number(record.get("ts")), _int(record.get("pid")),
-                                  exiting=record.get("exiting") is True))
-    step, ts = _last_metrics(attempt_dir / "metrics.jsonl")
+            beats.append(RankBeat(rank, _int(record.get("step")), finite_number(record.get("ts")),
+                                  _int(record.get("pid")), exiting=record.get("exiting") is True))
+    last = last_step_record(attempt_dir / "metrics.jsonl")
+    step, ts = (None, None) if last is None else (last["step"], finite_number(last.get("ts")))
     try:
         size = (attempt_dir / log_name).stat().st_size
     except OSError:

@@ -53,3 +53,22 @@ def json_object(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def last_step_record(path: str | os.PathLike[str], tail_bytes: int = 4096) -> dict[str, Any] | None:
+    """The last record with an integer ``step`` among the final ``tail_bytes`` of a
+    ``metrics.jsonl``, read from its end; None when there is none (or no file)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - tail_bytes))
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and not isinstance(record["step"], bool):
+            return record
+    return None

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from flashruntime.rank_files import SELF_DUMP_SIGNAL, self_dump_path
 
 __all__ = [
     "SELF_DUMP_SIGNAL",
@@ -28,15 +29,9 @@ __all__ = [
 ]
 
 STACKS_NAME = "hang-stacks.txt"  # in the attempt directory
-SELF_DUMP_SIGNAL = getattr(signal, "SIGUSR2", None)
 PY_SPY_TIMEOUT_S = 20.0
 SELF_DUMP_WAIT_S = 3.0
 _POLL_S = 0.05
-
-
-def self_dump_path(ranks_dir: Path, rank: int) -> Path:
-    """Where a rank running the torch helper writes its own stacks: ``ranks/stack-<rank>.txt``."""
-    return Path(ranks_dir) / f"stack-{rank}.txt"
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,7 @@ running. It is armed only over the signal's default action, so a handler of the 
 never replaced. The word: at exit, the rank's heartbeat gains ``"exiting": true``, so the
 teardown of a rank that finished (destroying its process group, freeing its memory) is never
 taken for a hang. Armed once per process, by its first heartbeat; never raises. The signal and
-the file are the contract ``flashruntime.monitor.stacks`` reads (kept apart so a rank never
-imports the runtime's monitoring code).
+the file are named in ``flashruntime.rank_files``, which ``flashruntime.monitor.stacks`` reads too.
 """
 
 from __future__ import annotations
@@ -19,14 +18,10 @@ from pathlib import Path
 from typing import IO
 
 from flashruntime.files import write_atomic
+from flashruntime.rank_files import SELF_DUMP_SIGNAL, self_dump_path
 
-SELF_DUMP_SIGNAL = getattr(signal, "SIGUSR2", None)
 _DUMP_FILE: list[IO[str]] = []  # the open dump file, kept for the life of the process
 _ARMED = [False]
-
-
-def self_dump_path(ranks_dir: Path, rank: int) -> Path:
-    return Path(ranks_dir) / f"stack-{rank}.txt"
 
 
 def arm(ranks_dir: Path, rank: int, heartbeat: Path) -> None:

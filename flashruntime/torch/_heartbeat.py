@@ -14,6 +14,7 @@ import socket
 import time
 
 from flashruntime.files import write_atomic
+from flashruntime.rank_files import RANKS_DIR, heartbeat_path
 from flashruntime.torch import _compute_time, _hang, _state
 
 THROTTLE_SECONDS = 1.0
@@ -54,9 +55,9 @@ def beat(step: int | None = None, *, force: bool = False, now: float | None = No
         if not heartbeat_due(state.last_beat, moment, force=force or _compute_time.take_first_full()):
             return False
         record = heartbeat_record(state.last_step, ts=time.time())
-        directory = _state.output_dir() / "ranks"
+        directory = _state.output_dir() / RANKS_DIR
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"rank-{record['rank']}.json"
+        path = heartbeat_path(directory, _state.rank())
         write_atomic(path, json.dumps(record) + "\n")
         _hang.arm(directory, _state.rank(), path)
         state.last_beat = moment

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashruntime.files import write_atomic
+from flashruntime.rank_files import RANKS_DIR, preempted_path
 from flashruntime.recovery.preemption import preempt_settings, signal_name
 from flashruntime.torch import _state
-
-RECORD_SUFFIX = ".preempted.json"  # beside the heartbeat: ranks/rank-<r>.preempted.json
 
 
 @dataclass
@@ -92,9 +91,9 @@ def leave(step: int) -> None:
         "noticed_at": NOTICE.received_at, "saved_at": now, "grace_s": NOTICE.grace_s,
     }
     with contextlib.suppress(OSError):  # the checkpoint is what matters; the record only tells the driver of it
-        directory = _state.output_dir() / "ranks"
+        directory = _state.output_dir() / RANKS_DIR
         directory.mkdir(parents=True, exist_ok=True)
-        write_atomic(directory / f"rank-{_state.rank()}{RECORD_SUFFIX}", json.dumps(record) + "\n")
+        write_atomic(preempted_path(directory, _state.rank()), json.dumps(record) + "\n")
     heard = "another rank's notice" if record["signal"] is None else f"the preemption notice ({record['signal']})"
     print(f"flashruntime: rank {_state.rank()} saved step {step} after {heard}; leaving", file=sys.stderr,
           flush=True)

@@ -21,6 +21,7 @@ from flashruntime.checkpoint.local import MANIFEST_NAME, latest_valid_manifest, 
 from flashruntime.goodput.run import goodput_ledger, step_records
 from flashruntime.monitor.progress import FRAMEWORK_METRICS_NAME
 from flashruntime.protocol.v1alpha1 import CheckpointValidation
+from flashruntime.rank_files import heartbeat_paths
 from flashruntime.viewer.series import MetricsCache, MetricsView, ReadBudget, strict_loads
 from flashruntime.viewer.tasks import task_view
 
@@ -217,7 +218,7 @@ def _text_lines(path: Path, keep: int) -> list[str]:
 
 def _ranks(ranks_dir: Path) -> list[dict[str, Any]]:
     found = []
-    for path in sorted(glob.glob(os.path.join(glob.escape(str(ranks_dir)), "rank-*.json"))):
+    for path in heartbeat_paths(ranks_dir):
         try:
             with open(path, "rb") as handle:
                 record = strict_loads(handle.read(WINDOW_BYTES))
