@@ -7,7 +7,6 @@ platform is taking the machine away, and a re-run with the same output directory
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from typing import Any
 from flashruntime.checkpoint.local import latest_valid_manifest
 from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LocalLaunchHandle
+from flashruntime.monitor.records import json_object
 from flashruntime.rank_files import RANKS_DIR, preempted_paths
 from flashruntime.recovery.preemption import signal_name
 
@@ -169,12 +169,4 @@ class Notice:
 
 
 def _rank_records(attempt_dir: Path) -> list[dict[str, Any]]:
-    records = []
-    for path in preempted_paths(attempt_dir / RANKS_DIR):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
+    return [record for path in preempted_paths(attempt_dir / RANKS_DIR) if (record := json_object(path)) is not None]
