@@ -333,6 +333,31 @@ class CoordinatorClient:
         return self.request_json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/release",
                                  {"reason": reason, "abandoned": abandoned}, idempotent=False) or {}
 
+    # checkpoints of lease tasks ------------------------------------------------
+    def _checkpoints_path(self, job_id: str, task_id: str, route: str) -> str:
+        return f"/v1alpha1/jobs/{quote_segment(job_id)}/tasks/{quote_segment(task_id)}/checkpoints/{route}"
+
+    def register_checkpoint_part(self, job_id: str, task_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST …/checkpoints/parts`` (``{attempt_id, step, part}``); the last registration of
+        a key wins, so it is retried like a read."""
+        return self.request_json("POST", self._checkpoints_path(job_id, task_id, "parts"), dict(body),
+                                 idempotent=True) or {}
+
+    def commit_checkpoint(self, job_id: str, task_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST …/checkpoints/commit`` → the committed manifest; a refusal is a 409. Tried once:
+        a repeat would commit a second manifest of the same step."""
+        return self.request_json("POST", self._checkpoints_path(job_id, task_id, "commit"), dict(body),
+                                 idempotent=False) or {}
+
+    def latest_checkpoint(self, job_id: str, task_id: str) -> dict[str, Any] | None:
+        """``GET …/checkpoints/latest`` → the task's selectable manifest, or None when it has none."""
+        try:
+            return self.request_json("GET", self._checkpoints_path(job_id, task_id, "latest"), idempotent=True)
+        except CoordinatorHTTPError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     # artifacts -----------------------------------------------------------------
     def get_artifact(self, key: str) -> bytes:
         """``GET /v1alpha1/artifacts/{key}`` → the bytes; a missing one raises ``ArtifactNotFound``."""

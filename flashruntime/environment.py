@@ -50,10 +50,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("FLASHML_CONTAINMENT", "flash.submit, the worker", "auto",
              "what holds each attempt's processes: auto (a cgroup v2 per attempt where one can be made, else a "
              "child subreaper), cgroup, subreaper or process-group"),
-    Variable("FLASHML_PREEMPT_SIGNAL", "flash.submit, flashruntime.torch", "SIGTERM",
+    Variable("FLASHML_PREEMPT_SIGNAL", "flash.submit, flashruntime.torch, the worker", "SIGTERM",
              "the signals to flash.submit that are a preemption notice, forwarded to the ranks (comma-separated, "
-             "e.g. SIGTERM,SIGUSR1); none: a SIGTERM cancels the run"),
-    Variable("FLASHML_PREEMPT_GRACE_S", "flash.submit, flashruntime.torch", "25",
+             "e.g. SIGTERM,SIGUSR1); none: a SIGTERM cancels the run. A worker that stops forwards the first "
+             "to its task's ranks and hands their checkpoint to the coordinator"),
+    Variable("FLASHML_PREEMPT_GRACE_S", "flash.submit, flashruntime.torch, the worker", "25",
              "seconds the ranks get after a preemption notice to save and end before what is left is killed"),
     Variable("FLASHML_HANG_TIMEOUT_S", "flash.submit, flashruntime submit / chaos, the worker", "",
              "seconds without progress after which an attempt counts as hung, its stacks are dumped and it is "

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flashruntime.agent.checkpoint_handoff import hand_over, restore
 from flashruntime.agent.inputs import (
     LeaseDirs,
     TaskInterrupted,
@@ -44,7 +45,7 @@ from flashruntime.agent.sandbox import Confinement
 from flashruntime.agent.state import AttemptEntry, AttemptJournal
 from flashruntime.agent.task_command import RUNNERS, build_command, child_env, code_grant_problem  # noqa: F401  (importable here too)
 from flashruntime.client import CoordinatorClient, is_transient
-from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable
+from flashruntime.errors import CheckpointError, CoordinatorHTTPError, CoordinatorUnavailable
 from flashruntime.launchers.containment import AttemptContainer
 from flashruntime.launchers.local import (
     LocalLaunchHandle,
@@ -55,8 +56,11 @@ from flashruntime.launchers.local import (
 )
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
 from flashruntime.monitor.hang_watch import HangVerdict, HangWatch
+from flashruntime.monitor.preemption import Notice
 from flashruntime.protocol.task_logs import TASK_LOG_NAME, task_log_key
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Lease
+from flashruntime.rank_files import RANKS_DIR, preempted_paths
+from flashruntime.recovery.preemption import PreemptSettings
 from flashruntime.signing import PublicKey
 
 logger = logging.getLogger("flashruntime.worker")
@@ -177,8 +181,12 @@ class LeaseRunner:
         confinement: Confinement | None = None,
         trusted_submitter_keys: Mapping[str, PublicKey] | None = None,
         hang_timeout_s: float | None = None,
+        preempt: PreemptSettings | None = None,
     ) -> None:
         self._client = client
+        # What a stop does to a running task: the notice forwarded to its ranks, their grace to
+        # save and leave, the checkpoint handed over. None (or no signal): the task is stopped.
+        self._preempt = preempt
         self._hang_timeout_s = hang_timeout_s  # see monitor.hang_watch.hang_setting: None is the default rule
         self._trusted_submitter_keys = trusted_submitter_keys
         self._confinement = confinement
@@ -246,6 +254,7 @@ class LeaseRunner:
             inputs = prepare_inputs(self._client, payload, dirs, self._datasets,
                                     should_stop=lambda: self._interrupted(heartbeat))
             write_spec(dirs, lease.task_id, params, inputs)
+            self._restore(lease, dirs)
             if self._interrupted(heartbeat):
                 raise TaskInterrupted("stopped before the child started")
             # Journaled before the child exists: a kill -9 from here on leaves a record of
@@ -283,6 +292,7 @@ class LeaseRunner:
         hangs = HangWatch(handle, lease.lease_id, self._hang_timeout_s,
                           lambda _type, message: logger.warning("lease %s: %s", lease.lease_id, message))
         hung: HangVerdict | None = None
+        notice: Notice | None = None
         try:
             shipper.start()
             hangs.start()
@@ -290,9 +300,11 @@ class LeaseRunner:
             while not state.terminal and not self._interrupted(heartbeat):
                 state = handle.wait(timeout_seconds=self._timing.child_poll_s)
             hung = hangs.stop()
+            if self._preempting(heartbeat, handle, dirs):
+                notice = self._notice(handle, dirs)
             # A child that failed while the agent was stopping may have died of the same stop
             # (a supervisor signals the whole service): not the task's failure either.
-            if not state.terminal or (self._stopping.is_set() and handle.exit_code != 0):
+            elif not state.terminal or (self._stopping.is_set() and handle.exit_code != 0):
                 handle.cancel()
                 shipper.stop()
                 return self._after_interrupt(lease, heartbeat, shipper)
@@ -301,6 +313,8 @@ class LeaseRunner:
             hangs.stop()
             sampler.stop()
             shipper.stop()
+        if notice is not None:
+            return self._after_preemption(lease, heartbeat, dirs, handle, notice, shipper)
         if hung is not None:
             return self._fail_hung(lease, dirs, hung, handle.exit_code, shipper)
         return self._finish(lease, heartbeat, dirs, handle.exit_code, wall_seconds, shipper)
@@ -315,6 +329,90 @@ class LeaseRunner:
         shipper.ship(final=True)
         judged = exit_code if exit_code is not None and -255 <= exit_code <= 255 else None
         return self._fail(lease, f"hang: {hung.evidence()}", Outcome.FAILED, exit_code=judged, hung=True)
+
+    def _preempting(self, heartbeat: LeaseHeartbeat, handle: LocalLaunchHandle, dirs: LeaseDirs) -> bool:
+        """Whether the agent's stop is a preemption of this attempt: the agent takes notices,
+        the lease is still ours, and the child is running, or ended of the stop (it failed, or
+        its ranks saved after the same signal reached them)."""
+        if not self._stopping.is_set() or heartbeat.lost.is_set():
+            return False
+        if self._preempt is None or not self._preempt.signals:
+            return False
+        state = handle.poll()
+        return not state.terminal or handle.exit_code != 0 or bool(preempted_paths(dirs.out / RANKS_DIR))
+
+    def _notice(self, handle: LocalLaunchHandle, dirs: LeaseDirs) -> Notice:
+        """Forward the notice to the attempt's ranks and give them the grace to save and leave;
+        what is left then is killed."""
+        assert self._preempt is not None
+        notice = Notice(self._preempt.signals[0], self._preempt.grace_s, clock=self._timing.clock)
+        notice.forward(handle)
+        if notice.reached(handle):
+            told = notice.told(handle)
+            self._note(dirs, f"preemption notice: {notice.name} forwarded to pid(s) "
+                             f"{', '.join(map(str, told)) or '(none: the task had ended)'}; "
+                             f"{notice.grace_s:g} s to save and leave")
+            notice.settle(handle)
+        else:
+            notice.ended_before(handle)
+        return notice
+
+    def _after_preemption(self, lease: Lease, heartbeat: LeaseHeartbeat, dirs: LeaseDirs,
+                          handle: LocalLaunchHandle, notice: Notice, shipper: TaskLogShipper) -> Outcome:
+        """A preempted attempt: its newest checkpoint handed to the coordinator (the step every
+        rank saved after the notice, else the newest one it kept), its log shipped, and the
+        lease given back, so the task is requeued without spending a budget and its next
+        attempt, on whichever machine, resumes from that step."""
+        requeued = "the task is requeued without spending its budget"
+        row, message = notice.report(handle, lease.lease_id, dirs.ckpt,
+                                   resume_from=requeued + ", to resume from step {step}",
+                                   resume_newest=requeued + ", to resume from the newest checkpoint handed over")
+        if heartbeat.lost.is_set():
+            raise _LeaseLost()
+        handed = self._hand_over(lease, dirs, row["saved_step"])
+        message = f"{message}; {handed}"
+        self._note(dirs, message)
+        shipper.ship(final=True)
+        return self._release(lease, f"{SHUTDOWN_REASON}: {message}"[:_REASON_LIMIT * 4])
+
+    def _hand_over(self, lease: Lease, dirs: LeaseDirs, step: int | None) -> str:
+        """Hand the attempt's checkpoint (``step``, else its newest) to the coordinator; what became of it, in words."""
+        try:
+            handed = self._settled(lambda: ("sent", hand_over(self._client, lease, dirs.ckpt, step)))
+        except (CheckpointError, OSError) as exc:
+            return f"its checkpoint was not handed over: {exc}"
+        except CoordinatorHTTPError as exc:
+            return f"the coordinator refused its checkpoint: HTTP {exc.status}: {exc.detail}"
+        if handed is None:
+            return "its checkpoint was not handed over: the coordinator stayed unreachable"
+        if handed[1] is None:
+            return "it kept no verified checkpoint to hand over"
+        return f"handed {handed[1].describe()} to the coordinator"
+
+    def _restore(self, lease: Lease, dirs: LeaseDirs) -> None:
+        """Bring the task's checkpoint that another machine handed over into its checkpoint
+        directory, unless this machine holds that step or a later one; noted in the task's log.
+        A checkpoint that cannot be brought is noted too, and the task starts from what is here."""
+        try:
+            restored = self._settled(lambda: ("sent", restore(self._client, lease, dirs.ckpt)))
+        except (CheckpointError, OSError) as exc:
+            problem: str | None = str(exc)
+        except CoordinatorHTTPError as exc:
+            problem = f"HTTP {exc.status}: {exc.detail}"
+        else:
+            if restored is not None and restored[1] is not None:
+                self._note(dirs, f"restored {restored[1].describe()}, handed over by an earlier attempt")
+                return
+            problem = None if restored is not None else "the coordinator stayed unreachable"
+        if problem is not None:
+            self._note(dirs, f"the checkpoint an earlier attempt handed over was not restored ({problem}); the "
+                             "task starts from what this machine holds")
+
+    def _note(self, dirs: LeaseDirs, message: str) -> None:
+        """A line of the agent's own in the task's log (which is shipped), and in the agent's."""
+        logger.info("%s: %s", dirs.root.name, message)
+        with contextlib.suppress(OSError), open(dirs.log, "a", encoding="utf-8") as log:
+            log.write(f"flashruntime agent: {message}\n")
 
     def _after_interrupt(self, lease: Lease, heartbeat: LeaseHeartbeat,
                          shipper: TaskLogShipper | None = None) -> Outcome:

@@ -16,6 +16,7 @@ from flashruntime.agent.sandbox import Confinement, confine, prepare_task_dirs, 
 from flashruntime.agent.signed_work import signature_problem
 from flashruntime.protocol.task_modules import ALLOWED_TASK_MODULES
 from flashruntime.protocol.v1alpha1 import Lease
+from flashruntime.recovery.preemption import GRACE_ENV, SIGNAL_ENV
 from flashruntime.signing import PublicKey
 
 __all__ = ["CONTRACT_VARIABLES", "CREDENTIAL_VARIABLES", "INHERITED_PREFIXES", "INHERITED_VARIABLES",
@@ -31,10 +32,11 @@ CONTRACT_VARIABLES = ("FLASHML_OUTPUT_DIR", "FLASHML_CKPT_DIR", "FLASHML_JOB_ID"
 # What a task takes from the worker's own environment: the search paths (PYTHONPATH: where the
 # worker's Python finds the task modules it runs), whether Python output is unbuffered (so a
 # log streams as it is written), locale, terminal, and the GPU selection and driver libraries
-# the machine needs. Nothing else: the worker's environment holds its credentials.
+# the machine needs, and the preemption notice the worker forwards (so the ranks catch the
+# signal it sends and save within its grace). Nothing else: the worker's environment holds its credentials.
 INHERITED_VARIABLES = ("PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "LANG", "LANGUAGE", "TZ", "TERM",
                        "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES",
-                       "NVIDIA_DRIVER_CAPABILITIES", "LD_LIBRARY_PATH")
+                       "NVIDIA_DRIVER_CAPABILITIES", "LD_LIBRARY_PATH", SIGNAL_ENV, GRACE_ENV)
 INHERITED_PREFIXES = ("LC_",)
 # Credentials of workers and clients: never in a task's environment, from either side.
 CREDENTIAL_VARIABLES = ("FLASHML_NODE_TOKEN", "FLASHML_NODE_TOKEN_FILE", "FLASHML_TOKEN", "FLASHML_JOIN_CODE")

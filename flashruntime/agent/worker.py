@@ -55,6 +55,7 @@ from flashruntime.launchers.local import proc_available, stop_leftover_attempt
 from flashruntime.monitor.gpus import query_gpus
 from flashruntime.monitor.hang_watch import hang_setting
 from flashruntime.protocol.v1alpha1 import GpuInfo, Lease, NodeCapabilities, NodeHeartbeat, NodeRegistration
+from flashruntime.recovery.preemption import preempt_settings
 from flashruntime.signing import PublicKey, load_trusted_keys
 
 __all__ = ["WorkerAgent"]
@@ -139,6 +140,12 @@ class WorkerAgent:
         try:
             self.hang_timeout_s = hang_setting(hang_timeout_s, os.environ)
         except InvalidSubmission as exc:
+            raise WorkerConfigError(str(exc)) from None
+        # What a stop does to a running task ($FLASHML_PREEMPT_SIGNAL, $FLASHML_PREEMPT_GRACE_S):
+        # the notice forwarded to its ranks, their grace to save, the checkpoint handed over.
+        try:
+            self.preempt = preempt_settings(os.environ)
+        except ValueError as exc:
             raise WorkerConfigError(str(exc)) from None
         # A file or directory of .pub keys (SigningError, a ValueError, when unusable), or keys by id.
         self.trusted_submitter_keys: dict[str, PublicKey] | None = (
@@ -374,7 +381,7 @@ class WorkerAgent:
                              require_code_grant=self.client.authenticates, journal=journal,
                              confinement=confinement,
                              trusted_submitter_keys=self.trusted_submitter_keys,
-                             hang_timeout_s=self.hang_timeout_s)
+                             hang_timeout_s=self.hang_timeout_s, preempt=self.preempt)
         try:
             self._report_abandoned(journal, leftovers)
             self._claim_loop(runner)

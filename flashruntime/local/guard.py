@@ -11,7 +11,7 @@ an atexit hook. ``flashruntime.local.submit`` drives the runs; this module only 
 A preemption signal (SIGTERM unless ``FLASHML_PREEMPT_SIGNAL`` says otherwise) is that
 cancel with a grace: it is forwarded to the attempts' ranks, which get
 ``FLASHML_PREEMPT_GRACE_S`` to save and end by themselves before what is left is killed,
-and each such attempt is recorded PREEMPTED (see ``flashruntime.local.preemption``).
+and each such attempt is recorded PREEMPTED (see ``flashruntime.monitor.preemption``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any
 
 from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LocalLaunchHandle
-from flashruntime.local.preemption import PREEMPTED, Notice
 from flashruntime.local.run import Run, _event
+from flashruntime.monitor.preemption import PREEMPTED, Notice
 from flashruntime.recovery.preemption import PreemptSettings, preempt_settings
 
 __all__ = [

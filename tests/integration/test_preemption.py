@@ -42,7 +42,7 @@ SCRIPT = textwrap.dedent("""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     model, optimizer, loader = ft.prepare(model, optimizer, loader)
     out = os.environ["FLASHML_OUTPUT_DIR"]
-    go = os.path.join(out, "..", "..", "go")
+    go = os.environ.get("PREEMPT_GO") or os.path.join(out, "..", "..", "go")
     batches = iter(loader)
     for step in range(ft.start_step(), total):
         try:

@@ -18,7 +18,7 @@ import pytest
 
 from flashruntime.agent import worker_cli as worker_command
 from flashruntime.agent.state import STATE_DIR, AttemptEntry, AttemptJournal, WorkDirLock, lock_holder
-from flashruntime.errors import WorkDirInUse
+from flashruntime.errors import WorkDirInUse, WorkerConfigError
 from tests._support import pid_alive, wait_until
 from tests.integration.test_service_worker import (
     STUBBORN,
@@ -46,7 +46,8 @@ def _journal(tmp_path: Path) -> list[AttemptEntry]:
     return AttemptJournal(tmp_path / "work").entries()
 
 
-def test_sigterm_stops_the_child_and_releases_the_lease_without_failing_it(coordinator, tmp_path):
+def test_sigterm_stops_the_child_and_releases_the_lease_without_failing_it(coordinator, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHML_PREEMPT_GRACE_S", "0.5")  # the child ignores the notice: it is killed after this
     lease_id = coordinator.add_lease(argv_payload(STUBBORN))
     agent = make_agent(coordinator, tmp_path, runner="trusted")
     pids: list[int] = []
@@ -61,7 +62,10 @@ def test_sigterm_stops_the_child_and_releases_the_lease_without_failing_it(coord
     killer.start()
     assert run_agent(agent) == 0
     killer.join()
-    assert coordinator.released == {lease_id: {"reason": "agent shutdown", "abandoned": False}}
+    assert list(coordinator.released) == [lease_id] and coordinator.released[lease_id]["abandoned"] is False
+    reason = coordinator.released[lease_id]["reason"]
+    assert reason.startswith(f"agent shutdown: {lease_id} preempted by SIGTERM: forwarded to pid "), reason
+    assert "it was killed when the 0.5 s grace ran out" in reason and "no verified checkpoint to hand over" in reason
     assert coordinator.failed == {} and coordinator.completed == {}
     assert pids and not any(pid_alive(pid) for pid in pids)
     # while it ran, the attempt was in the journal with its first process; once reported, it is not
@@ -69,6 +73,33 @@ def test_sigterm_stops_the_child_and_releases_the_lease_without_failing_it(coord
     assert (entry.lease_id, entry.node_id) == (lease_id, "node-a") and entry.pid in pids
     assert entry.output_dir == str(lease_dir(tmp_path, lease_id).resolve() / "out")
     assert _journal(tmp_path) == []
+
+
+def test_with_no_preemption_signal_a_stop_stops_the_child_and_hands_nothing_over(coordinator, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHML_PREEMPT_SIGNAL", "none")
+    lease_id = coordinator.add_lease(argv_payload(STUBBORN))
+    agent = make_agent(coordinator, tmp_path, runner="trusted")
+    pids: list[int] = []
+
+    def send_sigterm() -> None:
+        pids.extend(_wait_for_pids(lease_dir(tmp_path, lease_id) / "out" / "pids"))
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = threading.Thread(target=send_sigterm)
+    killer.start()
+    assert run_agent(agent) == 0
+    killer.join()
+    assert coordinator.released == {lease_id: {"reason": "agent shutdown", "abandoned": False}}
+    assert pids and not any(pid_alive(pid) for pid in pids)
+    assert "preemption notice" not in (lease_dir(tmp_path, lease_id) / "launcher.log").read_text()
+
+
+@pytest.mark.parametrize(("name", "value"), [("FLASHML_PREEMPT_GRACE_S", "soon"), ("FLASHML_PREEMPT_SIGNAL", "KILL")])
+def test_a_preemption_setting_the_worker_cannot_use_stops_it_at_start(coordinator, tmp_path, monkeypatch, name,
+                                                                      value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(WorkerConfigError, match=name):
+        make_agent(coordinator, tmp_path, runner="trusted")
 
 
 def test_sigusr1_drains_the_running_task_to_its_end_and_claims_nothing_more(coordinator, tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import flashruntime.torch as ft
-from flashruntime.local.preemption import is_torchrun, notice_targets
+from flashruntime.monitor.preemption import is_torchrun, notice_targets
 from flashruntime.recovery.preemption import DEFAULT_GRACE_S, PreemptSettings, preempt_settings
 from flashruntime.torch import _preempt, _state
 
@@ -86,6 +86,28 @@ def test_a_torchrun_still_without_workers_is_told_itself() -> None:
 
 def test_a_plain_command_is_told_itself() -> None:
     assert notice_targets(10, {10, 11}, cmdline=lambda pid: ["python", "train.py"], parent=lambda pid: 10) == [10]
+
+
+# The sandbox's launcher (bwrap, which forwards no signal), its init in the task's pid
+# namespace, then the command: torchrun with two workers, or a plain script.
+_SANDBOXED = {10: ["/usr/bin/bwrap", "--unshare-pid", "--", "torchrun", "train.py"], 11: ["bwrap", "--", "torchrun"],
+              12: ["torchrun", "train.py"], 13: ["python", "train.py"], 14: ["python", "train.py"]}
+_SANDBOXED_PARENTS = {11: 10, 12: 11, 13: 12, 14: 12}
+
+
+def test_a_sandboxed_torchrun_s_workers_are_told_through_the_sandbox_s_launcher() -> None:
+    targets = notice_targets(10, set(_SANDBOXED), cmdline=lambda pid: _SANDBOXED[pid], parent=_SANDBOXED_PARENTS.get)
+    assert targets == [13, 14]
+
+
+def test_a_sandboxed_plain_command_is_told_itself_and_never_the_launcher() -> None:
+    argv = {10: ["bwrap", "--", "python", "train.py"], 11: ["bwrap"], 12: ["python", "train.py"], 13: ["python"]}
+    parents = {11: 10, 12: 11, 13: 12}  # 13: a child of the script
+    assert notice_targets(10, set(argv), cmdline=lambda pid: argv[pid], parent=parents.get) == [12]
+
+
+def test_a_launcher_whose_command_has_not_started_is_told_itself() -> None:
+    assert notice_targets(10, {10}, cmdline=lambda pid: ["bwrap", "--", "python"], parent=lambda pid: None) == [10]
 
 
 # --- the ranks' side --------------------------------------------------------------

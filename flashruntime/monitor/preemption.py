@@ -1,8 +1,8 @@
-"""A preemption of the attempts this process drives: the notice signal it received is
-forwarded to each attempt's ranks (torchrun's workers, or the command itself), the attempt
-gets the grace budget to save and end by itself, whatever is left is then killed, and the
-attempt's record says what its ranks saved. Restarting is not this run's business: the
-platform is taking the machine away, and a re-run with the same output directory resumes.
+"""A preemption of the attempts this process drives: the notice signal is forwarded to each
+attempt's ranks (torchrun's workers, or the command itself), the attempt gets the grace
+budget to save and end by itself, whatever is left is then killed, and the attempt's record
+says what its ranks saved. What follows is the driver's: a local run ends, and a re-run with
+the same output directory resumes; an agent hands the checkpoint over and gives its lease back.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ __all__ = ["PREEMPTED", "Notice", "notice_targets"]
 PREEMPTED = "PREEMPTED"  # an attempt row's state once the notice reached it
 _PROC = Path("/proc")
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+_RESUME_LOCAL = "the restart budget is untouched; submit again with the same output_dir to resume from step {step}"
+_RESUME_NEWEST_LOCAL = "submit again with the same output_dir to resume from the newest checkpoint it kept"
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -55,13 +57,25 @@ def is_torchrun(argv: list[str]) -> bool:
     return any(argv[i] == "-m" and argv[i + 1] in _TORCHRUN_MODULES for i in range(min(len(argv) - 1, 3)))
 
 
+def _is_bwrap(argv: list[str]) -> bool:
+    return bool(argv) and os.path.basename(argv[0]) == "bwrap"
+
+
 def notice_targets(leader: int, processes: set[int], *, cmdline: Callable[[int], list[str]] = _cmdline,
                    parent: Callable[[int], int | None] = _parent) -> list[int]:
-    """Who gets the notice: torchrun's own workers when the attempt's leader is torchrun (a
-    signal torchrun does not handle would end it and orphan them; one it does handle, it
-    answers by stopping them itself), else the leader, the command. Never the rest of the
-    tree: a data loader's worker process dies of a SIGTERM and takes its rank down with it.
+    """Who gets the notice: the command, seen through the sandbox's launcher (``bwrap``, which
+    forwards no signal, and its init in the task's pid namespace), or, when the command is
+    torchrun, torchrun's own workers (a signal torchrun does not handle would end it and
+    orphan them; one it does handle, it answers by stopping them itself). Never the rest of
+    the tree: a data loader's worker process dies of a SIGTERM and takes its rank down with it.
     A torchrun with no worker yet (still in its rendezvous) is told itself."""
+    seen = {leader}
+    while _is_bwrap(cmdline(leader)):
+        children = sorted(pid for pid in processes if pid not in seen and parent(pid) == leader)
+        if len(children) != 1:
+            break
+        leader = children[0]
+        seen.add(leader)
     if is_torchrun(cmdline(leader)):
         workers = sorted(pid for pid in processes if pid != leader and parent(pid) == leader)
         if workers:
@@ -107,6 +121,13 @@ class Notice:
         self._reached[id(handle)] = {"handle": handle, "told": told, "at": self.clock(), "ended": None,
                                      "killed": False}
 
+    def ended_before(self, handle: Any) -> None:
+        """``handle`` ended before the notice could be forwarded (its ranks got the platform's
+        signal themselves): reported like a reached attempt that was told nothing."""
+        if not self.reached(handle):
+            now = self.clock()
+            self._reached[id(handle)] = {"handle": handle, "told": [], "at": now, "ended": now, "killed": False}
+
     def told(self, handle: Any) -> list[int]:
         """The pids the notice was sent to for ``handle`` (reached ones only)."""
         return list(self._reached[id(handle)]["told"])
@@ -130,10 +151,12 @@ class Notice:
             entry["ended"] = self.clock()
         return state
 
-    def report(self, handle: Any, attempt_id: str, checkpoint_dir: Path | None) -> tuple[dict[str, Any], str]:
+    def report(self, handle: Any, attempt_id: str, checkpoint_dir: Path | None, *,
+               resume_from: str = _RESUME_LOCAL, resume_newest: str = _RESUME_NEWEST_LOCAL) -> tuple[dict[str, Any], str]:
         """The ``preempted`` section of the attempt's row and the event's message: the step
         every rank saved (from their records and the verified manifest), and whether the
-        attempt ended within the grace."""
+        attempt ended within the grace. The message ends with what resumes it: ``resume_from``
+        (formatted with ``step``) after a save, else ``resume_newest``."""
         entry = self._reached[id(handle)]
         told = entry["told"]
         ended_at = self.clock() if entry["ended"] is None else entry["ended"]
@@ -160,11 +183,10 @@ class Notice:
         ending = (f"it ended by itself after {ended_in_s:g} s, within the {self.grace_s:g} s grace" if within else
                   f"it was killed when the {self.grace_s:g} s grace ran out")
         if saved_step is not None:
-            saved = (f"every rank ({world}) saved step {saved_step} ({manifest.manifest_id}); the restart budget is "
-                     f"untouched; submit again with the same output_dir to resume from step {saved_step}")
+            saved = (f"every rank ({world}) saved step {saved_step} ({manifest.manifest_id}); "
+                     + resume_from.format(step=saved_step))
         else:
-            saved = ("no save after the notice was reported; submit again with the same output_dir to resume from "
-                     "the newest checkpoint it kept")
+            saved = "no save after the notice was reported; " + resume_newest
         return row, f"{attempt_id} preempted by {self.name}: forwarded to {whom}; {ending}; {saved}"
 
 
