@@ -50,6 +50,29 @@ def _with_seconds(parse: Any) -> Any:
     return parse_with_seconds
 
 
+def _step_grace(text: str) -> dict[str, Any]:
+    """``STEP`` or ``STEP:GRACE`` (seconds; else ``$FLASHML_PREEMPT_GRACE_S``, else 25)."""
+    head, colon, grace = text.rpartition(":")
+    if not colon:
+        return {**_step(text), "seconds": _default_grace()}
+    try:
+        seconds = float(grace)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"GRACE must be a number of seconds, got {grace!r}") from None
+    if not 0 < seconds <= 3600:
+        raise argparse.ArgumentTypeError(f"GRACE must be more than 0 and at most 3600 seconds, got {grace!r}")
+    return {**_step(head), "seconds": seconds}
+
+
+def _default_grace() -> float:
+    from flashruntime.recovery.preemption import DEFAULT_GRACE_S, preempt_settings
+
+    try:
+        return preempt_settings(os.environ).grace_s or DEFAULT_GRACE_S
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "chaos", help="run a command with faults injected on purpose, and report how it recovered",
@@ -72,6 +95,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
                         help="seconds without progress that make a hang (default: $FLASHML_HANG_TIMEOUT_S, else "
                              "max(10 x the median step time, 60 s); 0: no hang watch)")
+    parser.add_argument("--preempt", type=_step_grace, action="append", default=[], metavar="STEP[:GRACE]",
+                        help="send the ranks the preemption notice at STEP with GRACE seconds to save (default: "
+                             "$FLASHML_PREEMPT_GRACE_S, else 25), as a spot reclaim would; the attempt is "
+                             "relaunched without spending a restart")
     parser.add_argument("--slow", type=_with_seconds(_step), action="append", default=[], metavar="STEP:SECONDS",
                         help="stop every rank half of each 200 ms for SECONDS from STEP")
     parser.add_argument("--corrupt-checkpoint", type=_step, action="append", default=[], metavar="STEP",
@@ -100,6 +127,7 @@ def _plan(args: argparse.Namespace) -> Any:
     faults += [Fault(kind="hang_rank", **f) for f in args.hang_rank]
     faults += [Fault(kind="hang_forever", **f) for f in args.hang_forever]
     faults += [Fault(kind="slow", **f) for f in args.slow]
+    faults += [Fault(kind="preempt", **f) for f in args.preempt]
     return ChaosPlan(faults=faults, seed=args.seed)
 
 

@@ -21,6 +21,7 @@ from flashruntime.local.framework_resume import CheckpointWatch, FrameworkCheckp
 from flashruntime.local.guard import (
     finish_attempt,
     preempted,
+    preemption_of,
     signals_deferred,
 )
 from flashruntime.local.output_metrics import OutputMetrics
@@ -66,11 +67,14 @@ def run_param_set(
         return run.cancel_requested or (stopped is not None and stopped.is_set())
 
     budget = run.budget
-    for restart in range(budget.attempts):
+    restart = 0  # relaunches spent
+    started = 0  # attempts started: a relaunch after chaos mode's preemption spends no restart
+    while restart < budget.attempts:
         if halted():
             break
-        attempt_id = base_id if restart == 0 else f"{base_id}-r{restart}"
-        if restart >= 1:
+        attempt_id = base_id if started == 0 else f"{base_id}-r{started}"
+        started += 1
+        if started > 1:
             _select_resume(run, launcher.checkpoint_root(job_id), attempt_id, framework,
                            failed_loading=failure_class is FailureClass.ARTIFACT_CORRUPTION)
         else:
@@ -129,6 +133,9 @@ def run_param_set(
         if preempted(handle):
             state = LaunchState.CANCELLED  # stopped from outside; it spends no restart
             break
+        if preemption_of(handle) is not None:
+            failure_class = None
+            continue  # chaos mode's preemption: the machine is back at once; relaunched, no restart spent
         if state is not LaunchState.FAILED:
             break
         went_first = first_exit(sightings, int(handle.execution_id)) if sightings else None
@@ -137,6 +144,7 @@ def run_param_set(
         failure_class = decision.failure_class
         if not budget.relaunches(restart, decision):
             break
+        restart += 1
     return state, metrics
 
 

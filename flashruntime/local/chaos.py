@@ -13,6 +13,10 @@ A ``ChaosPlan`` lists faults, each fired once, in the first attempt that reaches
   attempt (see ``flashruntime.monitor.hang_watch``);
 - ``slow``: for ``seconds``, stop every rank for ``factor`` of each 200 ms, as a
   throttled or shared machine would;
+- ``preempt``: send the attempt's ranks the preemption notice (the first signal of
+  ``FLASHML_PREEMPT_SIGNAL``) with ``seconds`` of grace, as a spot reclaim would, and kill
+  what is left when the grace is over; the attempt ends PREEMPTED and, as if the machine were
+  replaced at once, is relaunched without spending a restart;
 - ``corrupt_checkpoint``: flip a byte in a part of the newest valid checkpoint, so its
   sha256 no longer verifies and a resume must pick the one before it; for a script that
   keeps its own checkpoints, in the newest of those (``flashruntime.checkpoint.frameworks``).
@@ -42,12 +46,14 @@ from flashruntime.checkpoint.frameworks import checkpoint_files, newest
 from flashruntime.checkpoint.local import MANIFEST_NAME, latest_valid_manifest
 from flashruntime.local.framework_resume import FrameworkCheckpoints
 from flashruntime.monitor.exits import rank_of
+from flashruntime.monitor.preemption import Notice
 from flashruntime.monitor.records import json_object, last_step_record
 from flashruntime.rank_files import RANKS_DIR, heartbeat_paths
+from flashruntime.recovery.preemption import SIGNAL_ENV, preempt_settings
 
 __all__ = ["ChaosInjector", "ChaosPlan", "Fault"]
 
-FaultKind = Literal["kill_rank", "kill_attempt", "hang_rank", "slow", "corrupt_checkpoint", "hang_forever"]
+FaultKind = Literal["kill_rank", "kill_attempt", "hang_rank", "slow", "corrupt_checkpoint", "hang_forever", "preempt"]
 POLL_S = 0.05
 FRAMEWORK_POLL_S = 0.5  # a script's own checkpoints are looked for this often (a directory walk)
 _SLOW_PERIOD_S = 0.2
@@ -60,7 +66,7 @@ class Fault(BaseModel):
     at_step: int | None = Field(default=None, ge=1)
     between: tuple[int, int] | None = None  # a random step in [low, high], drawn with the plan's seed
     rank: int = Field(default=0, ge=0)  # kill_rank, hang_rank, hang_forever
-    seconds: float = Field(default=5.0, gt=0, le=3600)  # hang_rank, slow
+    seconds: float = Field(default=5.0, gt=0, le=3600)  # hang_rank, slow; preempt: the grace
     factor: float = Field(default=0.5, gt=0, lt=1)  # slow: the share of each period the ranks are stopped
 
     @model_validator(mode="after")
@@ -79,6 +85,7 @@ class Fault(BaseModel):
             "hang_forever": f"stop rank {self.rank} until the hang is detected",
             "slow": f"stop every rank {self.factor:.0%} of the time for {self.seconds:g} s",
             "corrupt_checkpoint": "corrupt a part of the newest valid checkpoint",
+            "preempt": f"send the preemption notice with {self.seconds:g} s of grace",
         }[self.kind]
         return f"{self.kind} at step {step}: {what}"
 
@@ -225,6 +232,8 @@ class ChaosInjector:
             detail = f"pids {pids}"
         elif fault.kind == "corrupt_checkpoint":
             detail, done = self._corrupt(str(row.get("job_id", "local")))
+        elif fault.kind == "preempt":
+            detail, done = self._preempt(handle, fault.seconds)
         self._run.recorder.add_chaos_injection({
             "kind": fault.kind, "step": step, "reached_step": reached, "attempt_id": attempt_id, "ts": time.time(),
             "done": done, "detail": detail,
@@ -257,6 +266,21 @@ class ChaosInjector:
         path = max(files, key=lambda p: (p.stat().st_size, str(p)))
         middle = _flip_middle_byte(path)
         return f"{framework.describe(chosen)}, file {path.name}, byte {middle}", True
+
+    def _preempt(self, handle: Any, grace_s: float) -> tuple[str, bool]:
+        """Send the ranks the notice and settle the attempt when the grace is over; the attempt
+        loop sees the notice on the handle and relaunches without spending a restart."""
+        signals = preempt_settings(os.environ).signals
+        if not signals:
+            return f"{SIGNAL_ENV} is none: no signal is a notice", False
+        notice = Notice(signals[0], grace_s)
+        handle.chaos_notice = notice  # before the signal: a rank may save and leave at once
+        notice.forward(handle)
+        if not notice.reached(handle):
+            return "the attempt had ended", False
+        self._later(0.0, lambda: notice.settle(handle))
+        told = notice.told(handle)
+        return f"{notice.name} to pid(s) {', '.join(map(str, told)) or 'none'}", bool(told)
 
     def _later(self, delay: float, action: Any) -> None:
         def run() -> None:

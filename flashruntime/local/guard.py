@@ -38,6 +38,7 @@ __all__ = [
     "finish_attempt",
     "on_main_thread",
     "preempted",
+    "preemption_of",
     "restore_handlers",
     "signals_deferred",
     "stop_active_attempts",
@@ -264,9 +265,18 @@ def _forward(run: Run, notice: Notice, attempt_id: str, handle: Any) -> None:
 
 
 def preempted(handle: Any) -> bool:
-    """Whether a preemption notice reached the attempt of ``handle``: it ended for that, not
-    by a failure to classify or a success to credit."""
+    """Whether the preemption notice this process received reached the attempt of ``handle``:
+    it ended for that, not by a failure to classify or a success to credit, and the run ends."""
     return GUARD.preemption is not None and GUARD.preemption.reached(handle)
+
+
+def preemption_of(handle: Any) -> Notice | None:
+    """The notice that reached the attempt of ``handle``: the one this process received, or
+    one chaos mode sent its ranks (``handle.chaos_notice``), after which the run goes on."""
+    if preempted(handle):
+        return GUARD.preemption
+    notice = getattr(handle, "chaos_notice", None)
+    return notice if isinstance(notice, Notice) and notice.reached(handle) else None
 
 
 def finish_attempt(run: Run, handle: Any, attempt_id: str, state: LaunchState) -> None:
@@ -278,9 +288,13 @@ def finish_attempt(run: Run, handle: Any, attempt_id: str, state: LaunchState) -
     shown = str(state)
     changes: dict[str, Any] = {}
     events = []
-    if preempted(handle) and GUARD.preemption is not None:
+    notice = preemption_of(handle)
+    if notice is not None:
         shown = PREEMPTED
-        changes["preempted"], message = GUARD.preemption.report(handle, attempt_id, run.checkpoint_dir)
+        wording = {} if notice is GUARD.preemption else {
+            "resume_from": "the restart budget is untouched; relaunched to resume from step {step}",
+            "resume_newest": "the restart budget is untouched; relaunched to resume from the newest checkpoint"}
+        changes["preempted"], message = notice.report(handle, attempt_id, run.checkpoint_dir, **wording)
         events.append(_event("ATTEMPT_PREEMPTED", message))
     with signals_deferred():
         run.recorder.record_attempt_end(

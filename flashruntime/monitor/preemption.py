@@ -111,15 +111,17 @@ class Notice:
         if not isinstance(handle, LocalLaunchHandle) or self.reached(handle) or handle.poll().terminal:
             return
         pids = notice_targets(int(handle.execution_id), handle.processes())
-        told = []
+        told: list[int] = []
+        # Reached before any rank is told: one that saves and leaves at once ends an attempt
+        # its driver must already see as preempted.
+        self._reached[id(handle)] = {"handle": handle, "told": told, "at": self.clock(), "ended": None,
+                                     "killed": False}
         for pid in pids:
             try:
                 os.kill(pid, self.signum)
             except OSError:  # gone meanwhile
                 continue
             told.append(pid)
-        self._reached[id(handle)] = {"handle": handle, "told": told, "at": self.clock(), "ended": None,
-                                     "killed": False}
 
     def ended_before(self, handle: Any) -> None:
         """``handle`` ended before the notice could be forwarded (its ranks got the platform's

@@ -71,3 +71,38 @@ def test_a_killed_rank_and_a_corrupted_checkpoint_are_survived_and_reported_trut
     shown = subprocess.run([str(CONSOLE_SCRIPT), "runs", "--show", str(tmp_path / "out" / "chaos")], env=env,
                            capture_output=True, text=True, timeout=120, check=False)
     assert shown.returncode == 0 and "MTTD" in shown.stdout and f"{goodput['goodput']:.1%}" in shown.stdout
+
+
+def test_a_preemption_is_saved_relaunched_without_a_restart_and_ends_at_the_fault_free_result(tmp_path: Path) -> None:
+    env = {**os.environ, "FLASHML_RUNS_DIR": str(tmp_path / "runs")}
+    done = subprocess.run(
+        [str(CONSOLE_SCRIPT), "chaos", COMMAND, "--preempt", "25:120", "--max-restarts", "0",
+         "--output-dir", str(tmp_path / "out"), "--json", "--quiet"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    run = json.loads((tmp_path / "out" / "chaos" / "run.json").read_text())
+    reference = json.loads((tmp_path / "out" / "reference" / "run.json").read_text())
+
+    (fault,) = report["faults"]
+    assert (fault["kind"], fault["done"]) == ("preempt", True) and fault["detail"].startswith("SIGTERM to pid(s) ")
+    # No restart was allowed, and none was spent: the preempted attempt was relaunched all the same.
+    assert run["state"] == "SUCCEEDED" and [a["state"] for a in run["attempts"]] == ["PREEMPTED", "SUCCEEDED"]
+    preempted = run["attempts"][0]["preempted"]
+    assert preempted["within_grace"] is True and preempted["ranks_saved"] == [0, 1]
+    saved = preempted["saved_step"]
+    assert saved in (25, 26)
+    (message,) = [e["message"] for e in run["events"] if e["type"] == "ATTEMPT_PREEMPTED"]
+    assert f"every rank (2) saved step {saved}" in message and "relaunched to resume from step" in message
+    assert not [e for e in run["events"] if e["type"] in ("FAILURE_CLASSIFIED", "RUN_PREEMPTED")]
+    resumed = [e["message"] for e in run["events"] if e["type"] == "RESUME_SELECTED"]
+    assert resumed[-1].startswith(f"task-000-r1 resumes from step {saved} ")
+
+    first = run["attempts"][0]
+    reached = max(json.loads(line)["step"] for line in
+                  (Path(first["output_dir"]) / "metrics.jsonl").read_text().splitlines())
+    assert reached - saved <= 1  # steps the preemption lost
+    loss, fault_free = run["trials"][-1]["final_loss"], reference["trials"][-1]["final_loss"]
+    assert abs(loss - fault_free) <= 1e-6 and report["result"]["equal"] is True
+    assert report["goodput"]["preempted_s"] == pytest.approx(preempted["ended_in_s"]) and preempted["ended_in_s"] > 0
