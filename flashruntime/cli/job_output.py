@@ -31,6 +31,7 @@ from flashruntime.cli.jobs import (
     EXIT_UNREACHABLE,
     add_job_id,
     add_token_option,
+    ago,
     cli_client,
     coordinator_call,
 )
@@ -274,21 +275,6 @@ handle_tasks = _command("tasks", _tasks_body)
 JOB_LIST_LIMIT = 20
 
 
-def age(created_at: str | None, now: datetime) -> str:
-    """How long ago ``created_at`` (ISO 8601) was, as ``kubectl get`` says it: 45s, 12m, 3h, 2d."""
-    try:
-        created = datetime.fromisoformat(str(created_at))
-    except ValueError:
-        return "-"
-    if created.tzinfo is None:
-        created = created.replace(tzinfo=timezone.utc)
-    seconds = max(0, int((now - created).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
 def listed_jobs(records: list[dict[str, Any]], *, states: str | None, owner: str | None,
                 limit: int) -> list[dict[str, Any]]:
     """The records ``jobs`` shows: in one of ``states`` (comma-separated, any case) and submitted
@@ -321,7 +307,7 @@ def _jobs_body(api: str, client: CoordinatorClient, args: argparse.Namespace) ->
         owner = (record.get("submitted_by") or {}).get("name") or "-"
         name = str(((record.get("spec") or {}).get("metadata") or {}).get("name") or "-")
         rows.append((job_id, name, str(record.get("state")), owner, f"{done}/{len(tasks)}",
-                     age(record.get("created_at"), now)))
+                     ago(record.get("created_at"), now)))
     sys.stdout.write(_table(("JOB", "NAME", "STATE", "OWNER", "TASKS", "AGE"), rows))
     return EXIT_OK
 

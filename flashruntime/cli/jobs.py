@@ -1,5 +1,7 @@
 """The coordinator's job routes from a shell: ``submit-spec``, ``status``, ``events``,
-``cancel``. Each prints the response as JSON (indent 2); ``submit-spec`` first warns on
+``cancel``. Each prints what the coordinator answered for a person (the job in a few
+aligned lines, with its tasks and the reason it failed; the events as a table, oldest
+first), or with ``--json`` the answer itself (indent 2); ``submit-spec`` first warns on
 stderr about each key JobSpec would ignore. Also the one way every coordinator command
 (here and in ``job_output``) calls the client and turns its errors into exit codes.
 
@@ -59,6 +61,10 @@ def add_token_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=argparse.SUPPRESS, help=TOKEN_HELP)
 
 
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the coordinator's answer as JSON, for scripts")
+
+
 def add_job_id(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job_id", type=_job_id, help="the job's id (job_id in submit-spec's answer)")
 
@@ -74,6 +80,7 @@ def register(subparsers: Any) -> None:
                         help="sign the command job with this private key ('flashruntime keys generate'), so workers "
                              "that trust its public key run it (needs the signing extra)")
     add_token_option(parser)
+    add_json_option(parser)
     parser.set_defaults(handler=handle_submit_spec)
     for name, method, suffix, help_text in _JOB_COMMANDS:
         parser = subparsers.add_parser(
@@ -83,6 +90,7 @@ def register(subparsers: Any) -> None:
         )
         add_job_id(parser)
         add_token_option(parser)
+        add_json_option(parser)
         parser.set_defaults(handler=functools.partial(_handle_job_route, name, method, suffix))
 
 
@@ -187,14 +195,91 @@ def _run(command: str, args: argparse.Namespace, method: str, path: str, body_fr
     except ValueError as exc:
         print(f"flashruntime {command}: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
+    token = resolve_token(getattr(args, "token", None))
     try:
         body = None if body_from is None else _spec_body(command, body_from, sign_key)
-        answer = request(api, method, path, body, token=resolve_token(getattr(args, "token", None)))
+        answer = request(api, method, path, body, token=token)
     except CommandError as exc:
         print(f"flashruntime {command}: {exc}", file=sys.stderr)
         return exc.code
-    print(json.dumps(answer, indent=2))
+    if getattr(args, "json", False):
+        print(json.dumps(answer, indent=2))
+    elif command == "events":
+        sys.stdout.write(events_text(answer if isinstance(answer, list) else [], dt.datetime.now(dt.timezone.utc)))
+    elif isinstance(answer, dict):
+        sys.stdout.write(job_text(command, answer, _tasks_of(api, answer, token), dt.datetime.now(dt.timezone.utc)))
+    else:
+        print(json.dumps(answer, indent=2))
     return EXIT_OK
+
+
+def _tasks_of(api: str, record: dict[str, Any], token: str | None) -> list[dict[str, Any]] | None:
+    """The job's task rows, for its summary line; None when they cannot be read (the record is shown anyway)."""
+    job_id = record.get("job_id")
+    if not isinstance(job_id, str):
+        return None
+    try:
+        rows = request(api, "GET", f"{JOBS_PATH}/{urllib.parse.quote(job_id, safe='')}/tasks", token=token)
+    except CommandError:
+        return None
+    return [row for row in rows if isinstance(row, dict)] if isinstance(rows, list) else None
+
+
+def ago(timestamp: Any, now: dt.datetime) -> str:
+    """How long before ``now`` an ISO 8601 time was, as ``kubectl get`` says it (45s, 12m, 3h, 2d); "-" when unreadable."""
+    try:
+        then = dt.datetime.fromisoformat(str(timestamp))
+    except ValueError:
+        return "-"
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=dt.timezone.utc)
+    seconds = max(0, int((now - then).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def job_text(command: str, record: dict[str, Any], tasks: list[dict[str, Any]] | None, now: dt.datetime) -> str:
+    """A job record in aligned lines: what it is, its state and age, its tasks by state, its
+    backend, why it failed, and what to type next."""
+    job_id = str(record.get("job_id", "-"))
+    name = ((record.get("spec") or {}).get("metadata") or {}).get("name") or record.get("name")
+    owner = (record.get("submitted_by") or {}).get("name")
+    state = str(record.get("state", "-"))
+    when = ago(record.get("created_at"), now)
+    lines = [("job", job_id + (f" ({name})" if name else "")),
+             ("state", ", ".join(part for part in (state, f"submitted {when} ago" if when != "-" else "",
+                                                   f"by {owner}" if owner else "") if part))]
+    if tasks is not None:
+        counts: dict[str, int] = {}
+        for task in tasks:
+            counts[str(task.get("state"))] = counts.get(str(task.get("state")), 0) + 1
+        lines.append(("tasks", f"{len(tasks)}" + (": " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+                                                  if counts else "")))
+    if record.get("backend"):
+        lines.append(("backend", str(record["backend"])))
+    if record.get("error"):
+        lines.append(("error", str(record["error"])))
+    elif state == "FAILED":
+        lines.append(("error", f"no reason recorded; flashruntime events {job_id} shows what happened"))
+    width = max(len(label) for label, _ in lines)
+    text = "".join(f"{label.ljust(width)}  {value}\n" for label, value in lines)
+    follow = {"submit-spec": f"follow it: flashruntime logs {job_id} --follow; flashruntime status {job_id}",
+              "cancel": f"cancel requested; flashruntime status {job_id} shows when its tasks have stopped"}
+    return text + (f"{follow[command]}\n" if command in follow else "")
+
+
+def events_text(events: list[Any], now: dt.datetime) -> str:
+    """The events as a table, oldest first: how long ago, the type, the message."""
+    rows = [(ago(event.get("timestamp"), now), str(event.get("type", "-")), str(event.get("message", "")))
+            for event in events if isinstance(event, dict)]
+    if not rows:
+        return "no events\n"
+    header = ("AGE", "TYPE", "MESSAGE")
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(2)]
+    return "".join(f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}".rstrip() + "\n"
+                   for row in (header, *rows))
 
 
 def _spec_body(command: str, path: Path, sign_key: str | None = None) -> bytes:

@@ -69,7 +69,7 @@ def finished(coordinator: str, tmp_path_factory: pytest.TempPathFactory) -> tupl
         "retryPolicy": {"maxTaskAttempts": 1}}}
     spec_file = tmp_path_factory.mktemp("spec") / "job.json"
     spec_file.write_text(json.dumps(spec))
-    submitted = flashruntime("submit-spec", str(spec_file), "--api", coordinator)
+    submitted = flashruntime("submit-spec", "--json", str(spec_file), "--api", coordinator)
     assert submitted.returncode == 0, submitted.stderr
     job_id = json.loads(submitted.stdout)["job_id"]
     follow = subprocess.Popen([str(CONSOLE_SCRIPT), "logs", job_id, "--follow", "--api", coordinator],
@@ -135,7 +135,7 @@ def test_tasks_and_artifacts_list_the_finished_job_and_download_fetches_it(
 
 def test_api_after_the_command(finished: tuple[str, str]) -> None:
     url, job_id = finished
-    status = flashruntime("status", job_id, "--api", url)
+    status = flashruntime("status", "--json", job_id, "--api", url)
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["state"] == "SUCCEEDED"
 
@@ -150,7 +150,7 @@ def test_a_jobspec_of_only_workload_and_resources_runs_to_success(coordinator: s
         "resources": {"minimumWorkers": 1, "maximumWorkers": 1}}}
     spec_file = tmp_path / "minimal.json"
     spec_file.write_text(json.dumps(spec))
-    submitted = flashruntime("submit-spec", str(spec_file), "--api", coordinator)
+    submitted = flashruntime("submit-spec", "--json", str(spec_file), "--api", coordinator)
     assert submitted.returncode == 0, submitted.stderr
     record = json.loads(submitted.stdout)
     assert (record["state"], record["backend"], record["spec"]["spec"]["image"]) == ("RUNNING", "leases", None)

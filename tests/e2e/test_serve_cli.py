@@ -38,17 +38,19 @@ def test_serve_then_submit_status_events_cancel_and_a_clean_stop(tmp_path: Path)
         wait_healthy(url, process=server)
         spec_file = tmp_path / "job.json"
         spec_file.write_text(json.dumps(SPEC))
-        submitted = _cli("submit-spec", str(spec_file), env=env)
+        submitted = _cli("submit-spec", "--json", str(spec_file), env=env)
         assert submitted.returncode == 0, submitted.stderr
         job = json.loads(submitted.stdout)
         assert job["state"] == "RUNNING" and job["backend"] == "leases"
-        status = _cli("status", job["job_id"], env=env)
+        status = _cli("status", "--json", job["job_id"], env=env)
         assert status.returncode == 0 and json.loads(status.stdout)["job_id"] == job["job_id"]
-        events = json.loads(_cli("events", job["job_id"], env=env).stdout)
+        events = json.loads(_cli("events", "--json", job["job_id"], env=env).stdout)
         assert [e["type"] for e in events[:2]] == ["JOB_ACCEPTED", "BACKEND_SELECTED"]
+        shown = _cli("events", job["job_id"], env=env).stdout.splitlines()
+        assert shown[0].split() == ["AGE", "TYPE", "MESSAGE"] and shown[1].split()[1] == "JOB_ACCEPTED", shown
         cancelled = _cli("cancel", job["job_id"], env=env)
-        assert cancelled.returncode == 0 and json.loads(cancelled.stdout)["state"] == "CANCELLED"
-        missing = _cli("status", "000000000000", env=env)
+        assert cancelled.returncode == 0 and cancelled.stdout.splitlines()[1].startswith("state    CANCELLED, ")
+        missing = _cli("status", "--json", "000000000000", env=env)
         assert missing.returncode == 1 and "404" in missing.stderr
         assert (tmp_path / "data" / "flashruntime.db").is_file() and not (tmp_path / "data" / "leases.db").exists()
         assert (tmp_path / "data" / "artifacts").is_dir()
@@ -56,7 +58,7 @@ def test_serve_then_submit_status_events_cancel_and_a_clean_stop(tmp_path: Path)
         out = stop_process(server)
     assert server.returncode == 0, out
     assert f"FlashRuntime coordinator on {url}" in out
-    unreachable = _cli("status", job["job_id"], env=env)
+    unreachable = _cli("status", "--json", job["job_id"], env=env)
     assert unreachable.returncode == 2
 
 
@@ -93,13 +95,13 @@ def test_serve_over_tls_with_tokens_and_the_cli_with_its_token(tmp_path: Path) -
             httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)  # no plain HTTP on the TLS port
         spec_file = tmp_path / "job.json"
         spec_file.write_text(json.dumps(SPEC))
-        anonymous = _cli("submit-spec", str(spec_file), env=env)
+        anonymous = _cli("submit-spec", "--json", str(spec_file), env=env)
         assert anonymous.returncode == 1
         assert "401" in anonymous.stderr and "pass --token or set FLASHML_TOKEN" in anonymous.stderr
-        submitted = _cli("submit-spec", str(spec_file), "--token", "tok-alice", env=env)
+        submitted = _cli("submit-spec", "--json", str(spec_file), "--token", "tok-alice", env=env)
         assert submitted.returncode == 0, submitted.stderr
         job_id = json.loads(submitted.stdout)["job_id"]
-        status = _cli("status", job_id, env={**env, "FLASHML_TOKEN": "tok-alice"})
+        status = _cli("status", "--json", job_id, env={**env, "FLASHML_TOKEN": "tok-alice"})
         assert status.returncode == 0 and json.loads(status.stdout)["submitted_by"]["name"] == "alice"
     finally:
         out = stop_process(server)

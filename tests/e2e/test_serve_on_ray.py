@@ -48,17 +48,17 @@ def test_a_six_trial_sweep_on_ray_through_the_command(tmp_path: Path) -> None:
             "command": [sys.executable, "-c", TRIAL, "{lr}"], "task_params": [{"lr": lr} for lr in RATES]}}}}
         spec_file = tmp_path / "sweep.json"
         spec_file.write_text(json.dumps(spec))
-        record: dict[str, Any] = json.loads(flashruntime(url, "submit-spec", str(spec_file)))
+        record: dict[str, Any] = json.loads(flashruntime(url, "submit-spec", "--json", str(spec_file)))
         job_id = record["job_id"]
         assert record["backend"] == "ray"  # the default of a coordinator with a Ray address
 
         deadline = time.monotonic() + 120  # a hang guard
-        while (record := json.loads(flashruntime(url, "status", job_id)))["state"] == "RUNNING":
+        while (record := json.loads(flashruntime(url, "status", "--json", job_id)))["state"] == "RUNNING":
             assert time.monotonic() < deadline
             time.sleep(0.2)
         assert record["state"] == "SUCCEEDED", flashruntime(url, "events", job_id)
 
-        events = json.loads(flashruntime(url, "events", job_id))
+        events = json.loads(flashruntime(url, "events", "--json", job_id))
         accepted = [event["data"]["task_id"] for event in events if event["type"] == "TASK_COMMIT_ACCEPTED"]
         assert sorted(accepted) == [f"task-{i:03d}" for i in range(6)]  # every trial committed, once
         tasks = flashruntime(url, "tasks", job_id)

@@ -68,7 +68,7 @@ def test_a_job_signed_with_sign_key_runs_on_a_worker_that_trusts_the_key(tmp_pat
     assert made.returncode == 0, made.stderr
     keys = json.loads(made.stdout)
     with serve_in_thread(settings_for(tmp_path / "data")) as url, httpx.Client(base_url=url, timeout=30) as api:
-        unsigned = cli("--api", url, "submit-spec", str(spec_file(tmp_path / "unsigned.json", tmp_path / "ran-unsigned")),
+        unsigned = cli("--api", url, "submit-spec", "--json", str(spec_file(tmp_path / "unsigned.json", tmp_path / "ran-unsigned")),
                        "--token", "tok-alice")
         assert unsigned.returncode == 0, unsigned.stderr
         code, log = run_worker(url, tmp_path / "work", "--token", "tok-box", "--node-id", "box-1", "--runner",
@@ -82,7 +82,7 @@ def test_a_job_signed_with_sign_key_runs_on_a_worker_that_trusts_the_key(tmp_pat
         assert "the command is not signed" in reasons
         assert not (tmp_path / "ran-unsigned").exists()
 
-        signed = cli("--api", url, "submit-spec", str(spec_file(tmp_path / "signed.json", tmp_path / "ran-signed")),
+        signed = cli("--api", url, "submit-spec", "--json", str(spec_file(tmp_path / "signed.json", tmp_path / "ran-signed")),
                      "--sign-key", keys["private_key"], "--token", "tok-alice")
         assert signed.returncode == 0, signed.stderr
         code, log = run_worker(url, tmp_path / "work", "--token", "tok-box", "--node-id", "box-1", "--runner",
@@ -96,6 +96,6 @@ def test_a_job_signed_with_sign_key_runs_on_a_worker_that_trusts_the_key(tmp_pat
 def test_submit_spec_says_what_is_wrong_with_a_sign_key(tmp_path: Path) -> None:
     bad = tmp_path / "bad.key"
     bad.write_text("not a key\n")
-    answer = cli("--api", "http://127.0.0.1:9", "submit-spec", str(spec_file(tmp_path / "s.json", tmp_path / "m")),
+    answer = cli("--api", "http://127.0.0.1:9", "submit-spec", "--json", str(spec_file(tmp_path / "s.json", tmp_path / "m")),
                  "--sign-key", str(bad))
     assert answer.returncode == 1 and "--sign-key:" in answer.stderr and "flashruntime keys generate" in answer.stderr

@@ -143,11 +143,11 @@ def test_safe_destination_stays_strictly_inside(tmp_path: Path) -> None:
 def test_global_options_after_the_command_and_token_before_it(fake: FakeCoordinator,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     fake.routes[("GET", f"/v1alpha1/jobs/{JOB}")] = (200, RECORD)
-    assert run_cli("status", JOB, "--api", fake.url) == 0
+    assert run_cli("status", JOB, "--api", fake.url, "--json") == 0
     assert json.loads(capsys.readouterr().out) == RECORD
-    assert run_cli("--api", "http://127.0.0.1:9", "status", "--api", fake.url, JOB) == 0  # after wins
-    assert run_cli("--token", "tok-before", "--api", fake.url, "status", JOB) == 0
-    assert run_cli("--token", "tok-before", "status", JOB, "--token", "tok-after", "--api", fake.url) == 0
+    assert run_cli("--api", "http://127.0.0.1:9", "status", "--api", fake.url, JOB, "--json") == 0  # after wins
+    assert run_cli("--token", "tok-before", "--api", fake.url, "status", JOB, "--json") == 0
+    assert run_cli("--token", "tok-before", "status", JOB, "--token", "tok-after", "--api", fake.url, "--json") == 0
     assert [r.headers.get("Authorization") for r in fake.requests] == [
         None, None, "Bearer tok-before", "Bearer tok-after"]
 

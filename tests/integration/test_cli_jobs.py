@@ -6,6 +6,7 @@ where the URL comes from (``--api`` > FLASHML_RUNTIME_API > http://localhost:810
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 import threading
@@ -150,7 +151,7 @@ def test_submit_spec_json_posts_the_file_and_prints_the_record(
 ) -> None:
     fake.routes[("POST", "/v1alpha1/jobs")] = (201, RECORD)
     spec = _write(tmp_path, "job.json", json.dumps(SPEC))
-    assert run_cli("--api", fake.url, "submit-spec", str(spec)) == 0
+    assert run_cli("--api", fake.url, "submit-spec", str(spec), "--json") == 0
     out = capsys.readouterr()
     assert out.out == json.dumps(RECORD, indent=2) + "\n"
     assert out.err == ""
@@ -167,7 +168,7 @@ def test_submit_spec_yaml_sends_the_same_body_as_its_json_twin(
     fake.routes[("POST", "/v1alpha1/jobs")] = (201, RECORD)
     # any suffix other than .json is YAML; an unquoted timestamp goes out as ISO 8601
     spec = _write(tmp_path, "job.spec", SPEC_YAML + "  note: 2024-05-01\n")
-    assert run_cli("--api", fake.url, "submit-spec", str(spec)) == 0
+    assert run_cli("--api", fake.url, "submit-spec", str(spec), "--json") == 0
     assert json.loads(capsys.readouterr().out) == RECORD
     assert json.loads(fake.requests[0].body) == {**SPEC, "spec": {**SPEC["spec"], "note": "2024-05-01"}}
 
@@ -180,7 +181,7 @@ def test_submit_spec_warns_about_each_key_jobspec_ignores_and_still_posts_the_fi
                 "spec": {**SPEC["spec"], "retry_policy": {"maxTaskAttempts": 2},
                          "resources": {"gpu_per_task": 1, "maximumWorkers": 3}}}
     spec = _write(tmp_path, "job.json", json.dumps(misspelt))
-    assert run_cli("--api", fake.url, "submit-spec", str(spec)) == 0
+    assert run_cli("--api", fake.url, "submit-spec", str(spec), "--json") == 0
     out = capsys.readouterr()
     assert out.err.splitlines() == [
         ("flashruntime submit-spec: warning: metadata.label is not a field of JobSpec and is ignored "
@@ -254,11 +255,74 @@ def test_job_commands_call_their_route_and_print_pretty_json(
 ) -> None:
     path = f"/v1alpha1/jobs/0123456789ab{suffix}"
     fake.routes[(method, path)] = (200, answer)
-    assert run_cli("--api", fake.url, command, "0123456789ab") == 0
+    assert run_cli("--api", fake.url, command, "0123456789ab", "--json") == 0
     assert capsys.readouterr().out == json.dumps(answer, indent=2) + "\n"
     [request] = fake.requests
     assert (request.method, request.path) == (method, path)
     assert request.body == b""
+
+
+FAILED_RECORD = {"job_id": "0123456789ab", "state": "FAILED", "backend": "leases",
+                 "created_at": "2026-01-01T00:00:00Z", "submitted_by": {"name": "alice"},
+                 "spec": {"metadata": {"name": "sweep-a"}},
+                 "error": "1 task failed: attempt 3 of task task-001: application_error (exit 1)"}
+TASK_ROWS = [{"task_id": "task-000", "state": "COMPLETED"}, {"task_id": "task-001", "state": "FAILED"},
+             {"task_id": "task-002", "state": "COMPLETED"}]
+
+
+def test_status_reads_as_lines_with_its_tasks_and_the_reason_it_failed(
+    fake: FakeCoordinator, run_cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.routes[("GET", "/v1alpha1/jobs/0123456789ab")] = (200, FAILED_RECORD)
+    fake.routes[("GET", "/v1alpha1/jobs/0123456789ab/tasks")] = (200, TASK_ROWS)
+    assert run_cli("--api", fake.url, "status", "0123456789ab") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "job      0123456789ab (sweep-a)"
+    assert lines[1].startswith("state    FAILED, submitted ") and lines[1].endswith(" ago, by alice")
+    assert lines[2:] == ["tasks    3: 2 COMPLETED, 1 FAILED", "backend  leases",
+                         "error    1 task failed: attempt 3 of task task-001: application_error (exit 1)"]
+
+
+def test_a_failed_job_without_a_recorded_reason_says_where_to_look(
+    fake: FakeCoordinator, run_cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.routes[("GET", "/v1alpha1/jobs/0123456789ab")] = (200, {**FAILED_RECORD, "error": None})
+    assert run_cli("--api", fake.url, "status", "0123456789ab") == 0  # no tasks route: the record alone
+    out = capsys.readouterr().out
+    assert "error    no reason recorded; flashruntime events 0123456789ab shows what happened" in out
+    assert "tasks" not in out
+
+
+def test_submit_spec_and_cancel_say_what_to_type_next(
+    fake: FakeCoordinator, run_cli: Callable[..., int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.routes[("POST", "/v1alpha1/jobs")] = (201, {**RECORD, "job_id": "0123456789ab"})
+    fake.routes[("POST", "/v1alpha1/jobs/0123456789ab/cancel")] = (200, {**RECORD, "state": "CANCELLED"})
+    assert run_cli("--api", fake.url, "submit-spec", str(_write(tmp_path, "job.json", json.dumps(SPEC)))) == 0
+    submitted = capsys.readouterr().out
+    assert submitted.startswith("job      0123456789ab (sweep-a)\nstate    RUNNING\nbackend  leases\n"), submitted
+    assert submitted.endswith("follow it: flashruntime logs 0123456789ab --follow; "
+                              "flashruntime status 0123456789ab\n"), submitted
+    assert run_cli("--api", fake.url, "cancel", "0123456789ab") == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "state    CANCELLED", "backend  leases",
+        "cancel requested; flashruntime status 0123456789ab shows when its tasks have stopped"]
+
+
+def test_events_read_as_a_table_oldest_first(
+    fake: FakeCoordinator, run_cli: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.routes[("GET", "/v1alpha1/jobs/0123456789ab/events")] = (200, [
+        {"type": "JOB_ACCEPTED", "message": "job sweep-a accepted", "timestamp": "2026-01-01T00:00:00Z"},
+        {"type": "TASK_EXHAUSTED", "message": "task task-001 failed for good", "timestamp": "not a time"}])
+    assert run_cli("--api", fake.url, "events", "0123456789ab") == 0
+    header, first, second = capsys.readouterr().out.splitlines()
+    assert header == "AGE   TYPE            MESSAGE"
+    assert re.fullmatch(r"\d+d +JOB_ACCEPTED    job sweep-a accepted", first), first
+    assert second == "-     TASK_EXHAUSTED  task task-001 failed for good"
+    fake.routes[("GET", "/v1alpha1/jobs/0123456789ab/events")] = (200, [])
+    assert run_cli("--api", fake.url, "events", "0123456789ab") == 0
+    assert capsys.readouterr().out == "no events\n"
 
 
 def test_job_id_is_one_path_segment(fake: FakeCoordinator, run_cli: Callable[..., int]) -> None:
@@ -381,7 +445,7 @@ def test_http_commands_work_with_the_core_install_only(fake: FakeCoordinator, tm
     code = (
         "from flashruntime.cli import dispatch as cli\n"
         f"cli.COMMAND_MODULES = tuple(m for m in cli.COMMAND_MODULES if m != {JOBS_MODULE!r}) + ({JOBS_MODULE!r},)\n"
-        f"status = cli.main(['--api', {fake.url!r}, 'status', 'j1'])\n"
+        f"status = cli.main(['--api', {fake.url!r}, 'status', 'j1', '--json'])\n"
         f"yaml_spec = cli.main(['--api', {fake.url!r}, 'submit-spec', {str(spec)!r}])\n"
         "print('codes', status, yaml_spec)\n"
     )
