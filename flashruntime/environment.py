@@ -110,6 +110,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("FLASHML_MAX_PENDING_TASKS", _COORDINATOR, "100000",
              "the most queued tasks one submitter's jobs may have"),
     Variable("FLASHML_SWEEP_INTERVAL_S", _COORDINATOR, "2", "how often silent leases are expired, in seconds"),
+    Variable("FLASHML_HANG_CORDON_AFTER", _COORDINATOR, "3",
+             "a node whose attempts hang this many times within FLASHML_HANG_CORDON_WINDOW_S is cordoned for that "
+             "long (0: never)"),
+    Variable("FLASHML_HANG_CORDON_WINDOW_S", _COORDINATOR, "3600",
+             "the window in which a node's hung attempts are counted, and the length of the cordon they cause"),
     Variable("FLASHML_RATE_LIMIT", _COORDINATOR, "100 with tokens, off without",
              "requests per second per credential (0: off)"),
     Variable("FLASHML_METRICS_PUBLIC", _COORDINATOR, "0", "1: /metrics without a token"),

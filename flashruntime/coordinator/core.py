@@ -17,7 +17,7 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, cast
 
@@ -457,6 +457,29 @@ class Coordinator:
 
         self.state.run(fail)
         self.keep_attempt_log(lease)  # only once the fail was accepted: a stale one keeps nothing
+        if hung:
+            self._count_hang_against_node(lease)
+
+    def _count_hang_against_node(self, lease: Lease) -> None:
+        """A hang is recorded against its node (a node-scoped ``HANG_DETECTED``); the node whose
+        attempts hung ``hang_cordon_after`` times within ``hang_cordon_window_s`` (of any job) is
+        cordoned for that long, so the tasks it would take go to machines that make progress."""
+        now, node_id = self.now(), lease.node_id
+        recorded = self._service_event("", EventType.HANG_DETECTED,
+                                       f"node {node_id}: attempt {lease.lease_id} of {lease.job_id}/{lease.task_id} "
+                                       "hung", {"node_id": node_id, "job_id": lease.job_id, "task_id": lease.task_id,
+                                                "lease_id": lease.lease_id})
+        self.state.run(lambda: self.record_event(recorded))
+        after, window_s = self.settings.hang_cordon_after, self.settings.hang_cordon_window_s
+        if after == 0 or node_id in self.manager.cordoned(now):
+            return
+        since = now - timedelta(seconds=window_s)
+        hangs = [event for event in self.ledger.events_for("") if event.type is EventType.HANG_DETECTED
+                 and event.data.get("node_id") == node_id and event.timestamp >= since]
+        if len(hangs) >= after:
+            reason = (f"{len(hangs)} attempts hung within {window_s:g} s (the last: {lease.job_id}/{lease.task_id}); "
+                      f"uncordon it early with DELETE /v1alpha1/nodes/{node_id}/cordon")
+            self.manager.cordon(node_id, until=now + timedelta(seconds=window_s), reason=reason, now=now)
 
     def complete(self, lease: Lease, request: CompleteRequest) -> dict[str, Any]:
         """Commit ``request`` under ``lease`` (the caller may act on it): a repeat of the accepted

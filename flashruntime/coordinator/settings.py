@@ -66,6 +66,14 @@ class RuntimeSettings(BaseSettings):
         2.0, "FLASHML_SWEEP_INTERVAL_S", "a number of seconds, finite and > 0",
         "how often silent leases are expired: a lost worker's task is requeued within its lease_seconds plus this",
         gt=0, allow_inf_nan=False)
+    hang_cordon_after: int = _setting(
+        3, "FLASHML_HANG_CORDON_AFTER", "a whole number >= 0",
+        "a node whose attempts hang this many times within FLASHML_HANG_CORDON_WINDOW_S (as its worker's hang watch "
+        "reports them) is cordoned for that long; 0: never", ge=0)
+    hang_cordon_window_s: float = _setting(
+        3600.0, "FLASHML_HANG_CORDON_WINDOW_S", "a number of seconds, finite and > 0",
+        "the window in which a node's hung attempts are counted, and how long the cordon they cause lasts",
+        gt=0, allow_inf_nan=False)
     max_json_kb: int = _setting(1024, "FLASHML_MAX_JSON_KB", "a whole number of KiB > 0",
                                 "the largest JSON request body, in KiB (413 above, before it is read)", gt=0)
     max_tasks_per_job: int = _setting(
