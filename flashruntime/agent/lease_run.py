@@ -45,7 +45,7 @@ from flashruntime.agent.sandbox import Confinement
 from flashruntime.agent.state import AttemptEntry, AttemptJournal
 from flashruntime.agent.task_command import RUNNERS, build_command, child_env, code_grant_problem  # noqa: F401  (importable here too)
 from flashruntime.client import CoordinatorClient, is_transient
-from flashruntime.errors import CheckpointError, CoordinatorHTTPError, CoordinatorUnavailable
+from flashruntime.errors import CheckpointError, CoordinatorHTTPError, CoordinatorUnavailable, InvalidSubmission
 from flashruntime.launchers.containment import AttemptContainer
 from flashruntime.launchers.local import (
     LocalLaunchHandle,
@@ -55,7 +55,7 @@ from flashruntime.launchers.local import (
     spawn_contained,
 )
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
-from flashruntime.monitor.hang_watch import HangVerdict, HangWatch
+from flashruntime.monitor.hang_watch import HangVerdict, HangWatch, task_hang_setting
 from flashruntime.monitor.preemption import Notice
 from flashruntime.protocol.task_logs import TASK_LOG_NAME, task_log_key
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Lease
@@ -251,6 +251,10 @@ class LeaseRunner:
             params = payload.get("params", {})
             if not isinstance(params, dict):
                 raise TaskRefused(f"payload params must be an object, got {params!r}")
+            try:
+                hang_timeout_s = task_hang_setting(payload_env, self._hang_timeout_s)
+            except InvalidSubmission as exc:
+                raise TaskRefused(str(exc)) from None
             inputs = prepare_inputs(self._client, payload, dirs, self._datasets,
                                     should_stop=lambda: self._interrupted(heartbeat))
             write_spec(dirs, lease.task_id, params, inputs)
@@ -289,7 +293,7 @@ class LeaseRunner:
             # unreaped zombie, which os.kill(pid, 0) reports alive, stalling the sweep.
             handle.extra_pids = sampler.last_seen_pids
         sampler.start()
-        hangs = HangWatch(handle, lease.lease_id, self._hang_timeout_s,
+        hangs = HangWatch(handle, lease.lease_id, hang_timeout_s,
                           lambda _type, message: logger.warning("lease %s: %s", lease.lease_id, message))
         hung: HangVerdict | None = None
         notice: Notice | None = None

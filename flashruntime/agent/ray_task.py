@@ -8,7 +8,10 @@ speaking HTTP: the inputs arrive as bytes (the coordinator read them from its ar
 and the log and the output files go back in the messages the generator yields. It yields
 ``("started", placement)``, then ``("log", bytes)`` whenever the log grew (at most every
 ``log_every_s``) and ``("alive", None)`` every ``ALIVE_S`` otherwise, then one
-``("finished", result)`` or ``("refused", reason)``. A cancel (``ray.cancel``) arrives at a
+``("finished", result)`` or ``("refused", reason)``. The attempt is watched for hangs as a
+worker agent watches its tasks (the job's own ``FLASHML_HANG_TIMEOUT_S`` in its env, else the
+Ray node's, else the default rule): a hung attempt is stopped, its stacks are appended to its log, and its result says
+so (``hung``: which ranks stopped advancing, and where). A cancel (``ray.cancel``) arrives at a
 yield: the attempt's processes are stopped before it propagates. A Ray worker killed outright cannot do that; ``stop_leftovers`` (run on the
 same node) stops what it left, found by the attempt's environment marker.
 """
@@ -27,9 +30,10 @@ from flashruntime.agent.inputs import lease_dirs, prepare_inputs, write_spec
 from flashruntime.agent.lease_run import output_files, start_child
 from flashruntime.agent.log_shipper import read_task_log
 from flashruntime.agent.task_command import build_command, child_env
-from flashruntime.errors import TaskRefused
+from flashruntime.errors import InvalidSubmission, TaskRefused
 from flashruntime.launchers.local import read_log_tail, stop_leftover_attempt
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
+from flashruntime.monitor.hang_watch import HangWatch, hang_setting, task_hang_setting
 from flashruntime.protocol.v1alpha1 import Lease
 from flashruntime.ray_backend.cluster import ALIVE, ALIVE_S, placement
 
@@ -89,16 +93,18 @@ def run_task_attempt(lease_json: dict[str, Any], inputs: dict[str, bytes],
         env = child_env(payload_env, dirs, lease)
         if where["gpu_ids"]:
             env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(where["gpu_ids"]))
+        hang_timeout_s = task_hang_setting(payload_env, hang_setting(None, os.environ))
         handle = start_child(argv, env, dirs, TERM_GRACE_S)
-    except (TaskRefused, OSError) as exc:
+    except (TaskRefused, InvalidSubmission, OSError) as exc:
         if dirs is not None:
             shutil.rmtree(dirs.root, ignore_errors=True)
-        reason = str(exc) if isinstance(exc, TaskRefused) else f"Ray worker error preparing the task: {exc}"
+        reason = str(exc) if not isinstance(exc, OSError) else f"Ray worker error preparing the task: {exc}"
         yield "refused", reason
         return
     started = time.monotonic()
     sampler = ResourceSampler(dirs.root, int(handle.execution_id), period_s=2.0)
     sampler.start()
+    hangs = HangWatch(handle, lease.lease_id, hang_timeout_s, lambda _type, _message: None).start()
     shipped_at, shipped_size, alive_at = started, 0, started
     try:
         state = handle.wait(timeout_seconds=0)
@@ -119,12 +125,17 @@ def run_task_attempt(lease_json: dict[str, Any], inputs: dict[str, bytes],
                 alive_at = now
     except BaseException:
         # ray.cancel (KeyboardInterrupt), or the generator closed: nothing outlives the attempt.
+        hangs.stop()
         handle.cancel(grace_s=2.0)
         sampler.stop()  # stop() may be called twice; its last reading must not outlive the directory
         shutil.rmtree(dirs.root, ignore_errors=True)
         raise
     finally:
         sampler.stop()
+    hung = hangs.stop()
+    if hung is not None:  # the stacks travel in the log, the only evidence that leaves the node
+        with open(dirs.log, "a", encoding="utf-8") as log:
+            log.write("\n" + hung.stacks_path.read_text(encoding="utf-8"))
     wall_seconds = time.monotonic() - started
     exit_code = handle.exit_code
     metrics = dirs.out / "metrics.json"
@@ -139,6 +150,7 @@ def run_task_attempt(lease_json: dict[str, Any], inputs: dict[str, bytes],
         "log_tail": read_log_tail(dirs.log),
         "files": files,
         "evidence": {**evidence.model_dump(mode="json"), **where},
+        "hung": None if hung is None else hung.evidence(),
     }
     shutil.rmtree(dirs.root, ignore_errors=True)  # the task's checkpoint directory stays for its next attempt
     yield "finished", result

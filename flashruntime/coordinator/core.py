@@ -84,7 +84,6 @@ log = logging.getLogger("flashruntime.service")
 # the tasks of ``leases`` jobs, the Ray dispatcher those of ``ray`` jobs (FLASHML_RAY_ADDRESS).
 BACKENDS = ("leases", "ray")
 # Of a hung attempt's reason, what its FAILURE_CLASSIFIED event keeps as evidence.
-_HANG_EVIDENCE_CHARS = 500
 # How long /readyz waits for the database: less than a prober's usual timeout.
 READINESS_TIMEOUT_S = 2.0
 DEFAULT_BACKEND = "leases"
@@ -440,7 +439,7 @@ class Coordinator:
             self.manager.fail(lease.lease_id, reason, now=self.now())
             return
         if hung:
-            verdict = judge_hang(reason[:_HANG_EVIDENCE_CHARS], TASK_MODE, at=self.now())
+            verdict = judge_hang(reason, TASK_MODE, at=self.now())
         elif exit_code == 0:
             verdict = judge_no_result(TASK_MODE, at=self.now())
         else:

@@ -54,7 +54,7 @@ from flashruntime.ray_backend.cluster import (
 from flashruntime.ray_backend.failures import classify_ray_error, is_cancellation
 from flashruntime.ray_backend.resources import ray_options
 from flashruntime.recovery import AttemptVerdict, decide, judge_exit
-from flashruntime.recovery.verdict import judge_no_result
+from flashruntime.recovery.verdict import judge_hang, judge_no_result
 from flashruntime.scheduler.policy import NodeView, PlacementPolicy
 
 __all__ = ["BACKEND_KEY", "RAY_NODE_ID", "BackendPlacement", "RayDispatcher", "backend_of"]
@@ -358,6 +358,11 @@ class RayDispatcher:
             return
         log_tail = str(result.get("log_tail") or "")
         now = coordinator.now()
+        hung = result.get("hung")
+        if isinstance(hung, str) and hung:  # its node's hang watch stopped it
+            self._failed(flight, judge_hang(hung, TASK_MODE, at=now), f"hang: {hung[:500]}",
+                         evidence, lost=False)
+            return
         if exit_code == 0:
             reason = ("exit 0 without out/metrics.json: a task must write metrics.json into $FLASHML_OUTPUT_DIR; "
                       f"its last line: {last_line(log_tail)}")

@@ -52,6 +52,15 @@ def hang_setting(value: float | None, environ: Mapping[str, str]) -> float | Non
     return float(value)
 
 
+def task_hang_setting(task_env: Mapping[str, str], machine_setting: float | None) -> float | None:
+    """The hang timeout of a fleet task: its job's own ``FLASHML_HANG_TIMEOUT_S`` (in the
+    command's ``parameters.env``) where it sets one, else the machine's setting. A value that
+    is not a number of seconds >= 0 raises ``InvalidSubmission``."""
+    if task_env.get(ENV, "").strip():
+        return hang_setting(None, task_env)
+    return machine_setting
+
+
 @dataclass(frozen=True)
 class HangVerdict:
     """What the watch found and did: the hang, when it was seen (wall time), where the stacks are

@@ -51,8 +51,13 @@ def judge_no_result(mode: str, *, at: datetime | None = None) -> AttemptVerdict:
     return AttemptVerdict(failure, evidence, decide(failure, mode, {"evidence": evidence}, at=at))
 
 
+_HANG_EVIDENCE_CHARS = 500  # a watch's words travel from workers and Ray nodes: bounded before they are kept
+
+
 def judge_hang(evidence: str, mode: str, *, at: datetime | None = None) -> AttemptVerdict:
     """The verdict on an attempt its hang watch stopped (``evidence``: which ranks stopped
-    advancing, and for how long): transient, run again from the last valid checkpoint."""
+    advancing, and for how long, kept to its first 500 characters): transient, run again
+    from the last valid checkpoint."""
     failure = FailureClass.HANG
+    evidence = evidence[:_HANG_EVIDENCE_CHARS]
     return AttemptVerdict(failure, evidence, decide(failure, mode, {"evidence": evidence}, at=at))

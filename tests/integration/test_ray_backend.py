@@ -5,6 +5,7 @@ that Ray cannot honour."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -335,3 +336,44 @@ def test_a_coordinator_that_stops_gives_its_running_leases_back_and_stops_their_
     assert (task["state"], task["released"], task["failures"], task["expiries"]) == ("PENDING", 1, 0, 0)
     assert "LEASE_RELEASED" in kinds and "FAILURE_CLASSIFIED" not in kinds
     wait_until(lambda: not pid_alive(pid), f"the attempt's process {pid} to stop", timeout=30)
+
+
+# Steps to metrics.jsonl; its first attempt (no marker yet in the task's checkpoint
+# directory, which stays on the node for the next attempt) then waits forever.
+HANGS_ONCE = """
+import json, os, time
+marker = os.path.join(os.environ["FLASHML_CKPT_DIR"], "ran-once")
+first = not os.path.exists(marker)
+open(marker, "a").close()
+out = os.environ["FLASHML_OUTPUT_DIR"]
+with open(os.path.join(out, "metrics.jsonl"), "a") as lines:
+    for step in range(1, 4):
+        lines.write(json.dumps({"step": step, "ts": time.time()}) + "\\n")
+        lines.flush()
+        time.sleep(0.2)
+def waits_forever():
+    while True:
+        time.sleep(1)
+if first:
+    waits_forever()
+json.dump({"loss": 0.1}, open(os.path.join(out, "metrics.json"), "w"))
+"""
+
+
+def test_a_task_that_hangs_on_ray_is_caught_on_its_node_judged_hang_and_run_again(api: Any) -> None:
+    job_id = submit(api, job(command("-c", HANGS_ONCE, env={"FLASHML_HANG_TIMEOUT_S": "4"}), attempts=2))
+    record = terminal(api, job_id, timeout=180)
+    assert record["state"] == "SUCCEEDED", events(api, job_id)
+    (judged,) = events(api, job_id, "FAILURE_CLASSIFIED")
+    assert judged["data"]["failure_class"] == "hang" and judged["data"]["retried"] is True, judged
+    assert "no progress for" in judged["data"]["evidence"] and "step 3" in judged["data"]["evidence"], judged
+    logs = api.get(f"/v1alpha1/jobs/{job_id}/logs").json()["tasks"][0]["log"]
+    assert "waits_forever" in logs, logs  # the stacks the node dumped came back in the log
+
+
+def test_a_hang_timeout_that_is_no_number_refuses_the_task_on_ray(api: Any) -> None:
+    job_id = submit(api, job(command("-c", "pass", env={"FLASHML_HANG_TIMEOUT_S": "soon"}), attempts=1))
+    assert terminal(api, job_id)["state"] == "FAILED"
+    failed = events(api, job_id, "TASK_ATTEMPT_FAILED") + events(api, job_id, "FAILURE_CLASSIFIED")
+    assert any("FLASHML_HANG_TIMEOUT_S='soon' is not a number of seconds" in event["message"]
+               + json.dumps(event["data"]) for event in failed), failed

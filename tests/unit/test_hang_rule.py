@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from flashruntime.errors import InvalidSubmission
-from flashruntime.monitor.hang_watch import hang_setting
 from flashruntime.monitor import stacks as monitor_stacks
+from flashruntime.monitor.hang_watch import hang_setting, task_hang_setting
 from flashruntime.monitor.hangs import (
     HEARTBEATS,
     LOG,
@@ -164,3 +164,12 @@ def test_the_setting_from_the_argument_else_the_environment() -> None:
 def test_the_rank_and_the_monitor_agree_on_the_self_dump(tmp_path: Path) -> None:
     assert helper_hang.SELF_DUMP_SIGNAL == monitor_stacks.SELF_DUMP_SIGNAL
     assert helper_hang.self_dump_path(tmp_path, 3) == monitor_stacks.self_dump_path(tmp_path, 3)
+
+
+def test_a_fleet_task_s_own_hang_timeout_wins_over_its_machine_s() -> None:
+    assert task_hang_setting({"FLASHML_HANG_TIMEOUT_S": "4"}, 300.0) == 4.0
+    assert task_hang_setting({"FLASHML_HANG_TIMEOUT_S": "0"}, 300.0) == 0.0  # the job turns its watch off
+    assert task_hang_setting({"FLASHML_HANG_TIMEOUT_S": " "}, 300.0) == 300.0
+    assert task_hang_setting({}, None) is None
+    with pytest.raises(InvalidSubmission, match="FLASHML_HANG_TIMEOUT_S='soon' is not a number of seconds"):
+        task_hang_setting({"FLASHML_HANG_TIMEOUT_S": "soon"}, 300.0)
