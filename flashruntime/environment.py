@@ -44,9 +44,10 @@ VARIABLES: tuple[Variable, ...] = (
     # Local runs.
     Variable("FLASHML_RUNS_DIR", "flash.submit, flashruntime submit / runs", "~/.local/share/flashruntime/runs",
              "where runs without an output directory are kept (else the platform's user data directory)"),
-    Variable("FLASHML_TENSORBOARD_DIR", "flash.submit, flashruntime submit", "",
+    Variable("FLASHML_TENSORBOARD_DIR", "flash.submit, flashruntime submit, the coordinator", "",
              "when a run ends, its metrics and every trial's are written there as TensorBoard event files "
-             "(tensorboard_dir= and --tensorboard win; needs the tensorboard extra)"),
+             "(tensorboard_dir= and --tensorboard win; needs the tensorboard extra); on the coordinator, every "
+             "committed task's, under <job name>-<job id>/<task>/, from the files its worker uploaded"),
     Variable("FLASHML_CONTAINMENT", "flash.submit, the worker", "auto",
              "what holds each attempt's processes: auto (a cgroup v2 per attempt where one can be made, else a "
              "child subreaper), cgroup, subreaper or process-group"),

@@ -528,7 +528,29 @@ class Coordinator:
             # answered as to the winner's retry, so it is counted and recorded once.
             return {"accepted": True}
         self.metrics.count_commit("accepted")
+        if self.settings.tensorboard_dir:
+            self._write_tensorboard(lease, record.spec.commit_key if record is not None else "", now)
         return {"accepted": True}
+
+    def _write_tensorboard(self, lease: Lease, commit_key: str, now: datetime) -> None:
+        """A committed task's metrics as TensorBoard event files, from the files its worker
+        uploaded beside its result (``metrics.jsonl``, ``metrics.json``), so agents need no
+        tracker. A tracker that cannot be written is logged: never the commit's failure."""
+        from flashruntime.trackers.tensorboard_events import write_task_events
+
+        directory = commit_key.rpartition("/")[0]
+        steps = self.artifacts.read_path(f"{directory}/metrics.jsonl") if directory else None
+        final_path = self.artifacts.read_path(commit_key) if commit_key else None
+        job = self.job(lease.job_id)
+        name = f"{job.spec.metadata.name}-{lease.job_id}" if job is not None else lease.job_id
+        params = lease.payload.get("params")
+        try:
+            final = json.loads(final_path.read_text(encoding="utf-8")) if final_path is not None else None
+            write_task_events(self.settings.tensorboard_dir or "", name, lease.task_id, steps,
+                              final if isinstance(final, dict) else None, params if isinstance(params, dict) else None,
+                              now.timestamp())
+        except (FlashRuntimeError, OSError, ValueError) as exc:
+            log.warning("TensorBoard events of %s/%s not written: %s", lease.job_id, lease.task_id, exc)
 
     def _output_problem(self, commit_key: str, output_sha256: str) -> str | None:
         """Why the committed output is not acceptable, or None: the file at the task's

@@ -66,6 +66,11 @@ class RuntimeSettings(BaseSettings):
         2.0, "FLASHML_SWEEP_INTERVAL_S", "a number of seconds, finite and > 0",
         "how often silent leases are expired: a lost worker's task is requeued within its lease_seconds plus this",
         gt=0, allow_inf_nan=False)
+    tensorboard_dir: str | None = _setting(
+        None, "FLASHML_TENSORBOARD_DIR", "a directory path",
+        "where every committed task's metrics are written as TensorBoard event files, one directory per task under "
+        "one per job (<name>-<job id>/<task>/), from the files its worker uploaded; needs the tensorboard extra; "
+        "unset: none")
     hang_cordon_after: int = _setting(
         3, "FLASHML_HANG_CORDON_AFTER", "a whole number >= 0",
         "a node whose attempts hang this many times within FLASHML_HANG_CORDON_WINDOW_S (as its worker's hang watch "

@@ -4,7 +4,9 @@
 attempt's ``metrics.jsonl`` (else the curves read from its output,
 ``framework-metrics.jsonl``), each trial's final figures — and writes them under
 ``<logdir>/<run name>/`` (a sweep: one directory per trial, ``<logdir>/<run name>/<trial>/``),
-so ``tensorboard --logdir <logdir>`` compares runs and trials side by side. Every number of a
+so ``tensorboard --logdir <logdir>`` compares runs and trials side by side.
+``write_task_events`` writes one task of a coordinator job the same way, from the files its
+worker uploaded. Every number of a
 step record is a scalar at its step and wall time (a relaunch's recomputed steps included, as
 they ran); a trial's final figures are scalars under ``final/``; its parameters a text
 summary. Writing again replaces the event files written before, so the directory always
@@ -23,7 +25,7 @@ from flashruntime.errors import ModuleUnavailable
 from flashruntime.monitor.progress import FRAMEWORK_METRICS_NAME
 from flashruntime.monitor.records import finite_number, json_lines
 
-__all__ = ["EVENT_FILE_SUFFIX", "TENSORBOARD_DIR_ENV", "write_run_events"]
+__all__ = ["EVENT_FILE_SUFFIX", "TENSORBOARD_DIR_ENV", "write_run_events", "write_task_events"]
 
 TENSORBOARD_DIR_ENV = "FLASHML_TENSORBOARD_DIR"
 EVENT_FILE_SUFFIX = ".flashruntime"  # ours, so writing again removes ours only
@@ -50,13 +52,17 @@ def _scalars(record: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, fl
             yield f"{prefix}{key}", number
 
 
-def _step_records(attempt_dir: Path) -> Iterator[tuple[int, float | None, dict[str, Any]]]:
-    """(step, wall time, record) of the attempt's steps: its ``metrics.jsonl``, else the curves
-    read from its output."""
+def _steps_file(attempt_dir: Path) -> Path:
+    """The attempt's ``metrics.jsonl``, else the curves read from its output."""
     chosen = attempt_dir / "metrics.jsonl"
-    if not chosen.is_file():
-        chosen = attempt_dir / FRAMEWORK_METRICS_NAME
-    for record in json_lines(chosen):
+    return chosen if chosen.is_file() else attempt_dir / FRAMEWORK_METRICS_NAME
+
+
+def _step_records(steps_file: Path | None) -> Iterator[tuple[int, float | None, dict[str, Any]]]:
+    """(step, wall time, record) of each step in ``steps_file`` (JSON lines)."""
+    if steps_file is None:
+        return
+    for record in json_lines(steps_file):
         step = record.get("step")
         if isinstance(step, int) and not isinstance(step, bool):
             yield step, finite_number(record.get("ts")), record
@@ -91,18 +97,15 @@ class _Events:
         self._writer.close()
 
 
-def _write_one(directory: Path, attempts: Iterable[dict[str, Any]], final: dict[str, Any] | None,
+def _write_one(directory: Path, steps_files: Iterable[Path | None], final: dict[str, Any] | None,
                params: dict[str, Any] | None, ended_at: float) -> Path:
     events = _Events(directory)
     last_step, last_time = 0, ended_at
     try:
         if params:
             events.text("params", json.dumps(params, sort_keys=True, default=str), ended_at)
-        for attempt in attempts:
-            output = attempt.get("output_dir")
-            if not isinstance(output, str):
-                continue
-            for step, ts, record in _step_records(Path(output)):
+        for steps_file in steps_files:
+            for step, ts, record in _step_records(steps_file):
                 wall_time = ts if ts is not None else ended_at
                 for tag, value in _scalars(record):
                     events.scalar(tag, value, step, wall_time)
@@ -112,6 +115,20 @@ def _write_one(directory: Path, attempts: Iterable[dict[str, Any]], final: dict[
     finally:
         events.close()
     return directory
+
+
+def _attempt_steps(attempts: Iterable[dict[str, Any]]) -> list[Path]:
+    return [_steps_file(Path(row["output_dir"])) for row in attempts if isinstance(row.get("output_dir"), str)]
+
+
+def write_task_events(logdir: str | os.PathLike[str], run_name: str, task_id: str, steps_file: Path | None,
+                      final: dict[str, Any] | None, params: dict[str, Any] | None, ended_at: float) -> Path:
+    """Write one coordinator task under ``<logdir>/<run_name>/<task_id>/``: the steps of its
+    accepted attempt (``steps_file``, its uploaded ``metrics.jsonl``, when it has one), its
+    final figures (``metrics.json``) and its parameters, as a trial of a local sweep is
+    written. ``ModuleUnavailable`` without tensorboard."""
+    _writer_class()
+    return _write_one(Path(logdir) / run_name / task_id, [steps_file], final, params, ended_at)
 
 
 def write_run_events(run_dir: str | os.PathLike[str], logdir: str | os.PathLike[str]) -> list[Path]:
@@ -126,7 +143,7 @@ def write_run_events(run_dir: str | os.PathLike[str], logdir: str | os.PathLike[
     root = logdir / run_dir.name
     if not isinstance(sweep, dict):
         trials = [trial for trial in document.get("trials") or () if isinstance(trial, dict)]
-        return [_write_one(root, attempts, trials[-1] if trials else None, None, ended)]
+        return [_write_one(root, _attempt_steps(attempts), trials[-1] if trials else None, None, ended)]
     written = []
     for trial in sweep.get("trials") or ():
         trial_id = str(trial.get("trial_id"))
@@ -134,5 +151,5 @@ def write_run_events(run_dir: str | os.PathLike[str], logdir: str | os.PathLike[
         ended_at = finite_number(trial.get("finished_at")) or ended
         final = trial.get("metrics") if isinstance(trial.get("metrics"), dict) else None
         params = trial.get("params") if isinstance(trial.get("params"), dict) else None
-        written.append(_write_one(root / trial_id, mine, final, params, ended_at))
+        written.append(_write_one(root / trial_id, _attempt_steps(mine), final, params, ended_at))
     return written

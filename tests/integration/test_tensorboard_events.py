@@ -85,3 +85,41 @@ def test_a_tensorboard_dir_that_cannot_be_made_is_refused_before_anything_runs(t
         flash.submit(CommandWorkload(command=[sys.executable, "-c", "pass"]), output_dir=tmp_path / "never",
                      quiet=True, watch=False, tensorboard_dir=blocker / "tb")
     assert not (tmp_path / "never").exists()
+
+
+def test_a_coordinator_writes_every_committed_task_as_its_worker_uploaded_it(tmp_path: Path) -> None:
+    """A real coordinator with FLASHML_TENSORBOARD_DIR: two tasks committed over HTTP, each with
+    the metrics.jsonl and metrics.json a worker uploads; TensorBoard's reader finds every step."""
+    import hashlib
+
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    from tests.integration.test_service_app import job_spec, registration
+    from tests.service_server import serve_in_thread, settings_for
+
+    logdir = tmp_path / "tb"
+    with serve_in_thread(settings_for(tmp_path / "data", tensorboard_dir=str(logdir))) as url, \
+            httpx.Client(base_url=url, timeout=10) as api:
+        job_id = api.post("/v1alpha1/jobs", json=job_spec(trials=2)).json()["job_id"]
+        api.post("/v1alpha1/nodes/register", json=registration())
+        uploaded = {}
+        for index in range(2):
+            lease = api.post("/v1alpha1/leases/claim", json={"node_id": "node-a"}).json()
+            prefix = lease["payload"]["output_prefix"]
+            steps = [{"step": step, "ts": 1000.0 + step, "loss": 1.0 / (step + index)} for step in (1, 2, 3)]
+            lines = "".join(json.dumps(record) + "\n" for record in steps).encode()
+            final = json.dumps({"score": 0.5 + index}).encode()
+            assert api.put(f"/v1alpha1/artifacts/{prefix}metrics.jsonl", content=lines).status_code == 200
+            assert api.put(f"/v1alpha1/artifacts/{prefix}metrics.json", content=final).status_code == 200
+            done = api.post(f"/v1alpha1/attempts/{lease['lease_id']}/complete",
+                            json={"output_sha256": hashlib.sha256(final).hexdigest()})
+            assert done.json() == {"accepted": True}
+            uploaded[lease["task_id"]] = (steps, 0.5 + index, lease["payload"]["params"])
+    assert sorted(path.name for path in (logdir / f"sweep-{job_id}").iterdir()) == sorted(uploaded)
+    for task_id, (steps, score, params) in uploaded.items():
+        reader = _read(logdir / f"sweep-{job_id}" / task_id)
+        assert [(e.step, e.wall_time, e.value) for e in reader.Scalars("loss")] == [
+            (r["step"], r["ts"], pytest.approx(r["loss"])) for r in steps]
+        assert [e.value for e in reader.Scalars("final/score")] == [pytest.approx(score)]
+        (text,) = reader.Tensors("params")
+        assert json.loads(text.tensor_proto.string_val[0]) == params
