@@ -12,7 +12,8 @@ The transfer is the agent's, with the agent's credential: the task never sees it
 step is what ``flashruntime.checkpoint.local`` makes of a step written here: the parts,
 checked against the sha256 the catalog recorded as they arrive, then ``manifest.json`` last.
 Only flat checkpoints travel (parts that are files directly in the step's directory), which
-is what ``flashruntime.torch`` and the local checkpoint helpers write.
+is what ``flashruntime.torch`` (DCP's shards of a sharded model included) and the local
+checkpoint helpers write.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flashruntime.checkpoint.local import MANIFEST_NAME, latest_valid_manifest, read_manifest, write_manifest
+from flashruntime.checkpoint.local import (
+    DCP_METADATA_NAME,
+    MANIFEST_NAME,
+    latest_valid_manifest,
+    read_manifest,
+    write_manifest,
+)
 from flashruntime.client import CoordinatorClient
 from flashruntime.errors import CheckpointError
 from flashruntime.protocol.v1alpha1 import CheckpointManifest, CheckpointPart, Lease
@@ -39,6 +46,11 @@ CHECKPOINT_PREFIX = "ckpt/"  # under the task's jobs/<job>/<task>/ artifact pref
 _STEP_PREFIX = re.compile(r"step-(\d{6,})/")
 _PART_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}")
 _CHUNK = 1 << 20
+
+
+def _plain_part(name: str) -> bool:
+    """A file name directly in a step's directory, not its manifest (DCP's index included)."""
+    return name != MANIFEST_NAME and (name == DCP_METADATA_NAME or _PART_NAME.fullmatch(name) is not None)
 
 
 @dataclass(frozen=True)
@@ -88,7 +100,7 @@ def hand_over(client: CoordinatorClient, lease: Lease, ckpt_root: Path, step: in
     prefix = _step_prefix(manifest.step)
     parts: list[CheckpointPart] = []
     for part in manifest.parts:
-        if not _PART_NAME.fullmatch(part.key) or part.key == MANIFEST_NAME:
+        if not _plain_part(part.key):
             raise CheckpointError(f"step {manifest.step}: part {part.key!r} is not a plain file name of its step "
                                   "directory; only flat checkpoints are handed to the next machine")
         stored = client.put_artifact(checkpoint_artifact_key(lease, prefix + part.key), step_dir / part.key)
@@ -120,7 +132,7 @@ def _restorable(remote: Any) -> CheckpointManifest:
                               f"{manifest.storage_prefix!r}, not where an agent hands a step over")
     for part in manifest.parts:
         name = part.key.removeprefix(manifest.storage_prefix)
-        if not part.key.startswith(manifest.storage_prefix) or not _PART_NAME.fullmatch(name) or name == MANIFEST_NAME:
+        if not part.key.startswith(manifest.storage_prefix) or not _plain_part(name):
             raise CheckpointError(f"checkpoint {manifest.manifest_id}: part {part.key!r} is not a plain file under "
                                   f"{manifest.storage_prefix!r}")
     return manifest

@@ -29,6 +29,7 @@ from flashruntime.protocol.v1alpha1 import (
 )
 
 __all__ = [
+    "DCP_METADATA_NAME",
     "MANIFEST_NAME",
     "clear_verification_cache",
     "latest_valid_manifest",
@@ -40,6 +41,9 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "manifest.json"
+# PyTorch Distributed Checkpoint's index of its shards: a part, though its name starts with
+# the '.' that marks our temporary files.
+DCP_METADATA_NAME = ".metadata"
 
 _SMALL_WRITE = 1 << 20  # writes below this are coalesced into pool blocks
 _WRITEBACK = 8 << 20  # start writeback of a part every this many bytes
@@ -68,7 +72,7 @@ def _check_part_name(name: str) -> None:
         raise ValueError(f"part name {name!r} is not a file name")
     if os.sep in name or (os.altsep and os.altsep in name):
         raise ValueError(f"part name {name!r} contains a path separator; parts live directly in the step directory")
-    if name.startswith("."):
+    if name.startswith(".") and name != DCP_METADATA_NAME:
         raise ValueError(f"part name {name!r} starts with '.', which marks temporary files; choose another name")
     if name == MANIFEST_NAME:
         raise ValueError(f"{MANIFEST_NAME!r} is reserved for the manifest; choose another part name")
@@ -287,7 +291,7 @@ def _part_names(step_dir: str) -> list[str]:
     names = []
     with os.scandir(step_dir) as entries:
         for entry in entries:
-            if entry.name == MANIFEST_NAME or entry.name.startswith("."):
+            if entry.name == MANIFEST_NAME or (entry.name.startswith(".") and entry.name != DCP_METADATA_NAME):
                 continue
             if entry.is_file(follow_symlinks=False):
                 names.append(entry.name)
@@ -308,7 +312,7 @@ def write_manifest(
     ``manifest.json`` last (temporary file, fsync, rename, directory fsync).
 
     Parts are the regular files of ``step_dir`` except the manifest and names starting
-    with ``.``. A part named in ``digests`` (as ``open_part`` recorded it) is only
+    with ``.`` (but DCP's ``.metadata``). A part named in ``digests`` (as ``open_part`` recorded it) is only
     checked to be a regular file of the recorded size; the others are hashed, or taken
     from the verification cache. No parts, or a size mismatch → ``ValueError``.
     """

@@ -14,7 +14,18 @@ import time
 from typing import Any
 
 from flashruntime.errors import InvalidProfileRequest
-from flashruntime.torch import _async_save, _auto, _compute_time, _heartbeat, _preempt, _profile, _rng, _state, _step
+from flashruntime.torch import (
+    _async_save,
+    _auto,
+    _compute_time,
+    _heartbeat,
+    _preempt,
+    _profile,
+    _rng,
+    _sharded,
+    _state,
+    _step,
+)
 
 
 def checkpoint_due(step: int, every: int | None) -> bool:
@@ -75,17 +86,23 @@ After a preemption notice (see ``flashruntime.torch._preempt``) every rank saves
     due = due or preempted
     _heartbeat.beat(step, force=due)  # a written checkpoint is news worth a heartbeat
     saver = _async_save.SAVER
+    _sharded.SHARDED.raise_failure()  # every rank writes its shards of a sharded save, so any may have failed
     if _state.is_main():
         saver.raise_failure()  # a background save that failed since the last call
     if not due:
         return
+    sharded = _sharded.is_sharded(model)
     save_s = None
     started = time.perf_counter()
-    if _state.is_main():
+    if _state.is_main() and not sharded:
         saver.wait()  # at most one save in flight, in either mode
         saver.raise_failure()
     ranks = _resume_state()  # every rank's, before rank 0 writes: a collective like the barrier below
-    if _state.is_main():
+    if sharded:  # every rank writes its shards through DCP; rank 0 commits
+        _sharded.save(_step.Destination.of(step), model, optimizer,
+                      _step.resume_state(ranks) if ranks is not None else None, background=async_save and not preempted)
+        save_s = time.perf_counter() - started
+    elif _state.is_main():
         destination = _step.Destination.of(step)
         if async_save and not preempted:
             saver.submit(destination, _step.capture_parts(model, optimizer, ranks, to_cpu=False))
@@ -111,9 +128,10 @@ def wait_for_checkpoint(timeout: float | None = None) -> bool:
     other ranks it returns True at once. Not collective. A pending save is also finished at
     interpreter exit.
     """
-    finished = _async_save.SAVER.wait(timeout)
+    finished = _async_save.SAVER.wait(timeout) and _sharded.SHARDED.wait(timeout)
     if finished:
         _async_save.SAVER.raise_failure()
+        _sharded.SHARDED.raise_failure()
     return finished
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flashruntime.errors import CheckpointError
-from flashruntime.torch import _compute_time, _heartbeat, _preempt, _profile, _rng, _state
+from flashruntime.torch import _compute_time, _heartbeat, _preempt, _profile, _rng, _sharded, _state
 from flashruntime.torch._loader import ResumableLoader, is_loader
 from flashruntime.torch._step import unwrap
 
@@ -88,11 +88,14 @@ def _restore(model: Any, optimizer: Any, device: str, multi_node: bool) -> int:
     if manifest is None:
         return 0
     step_dir = _step_dir_of(root, manifest)
-    state = torch.load(step_dir / "model.pt", map_location=device)
-    unwrap(model).load_state_dict(state)
-    optimizer_part = step_dir / "optimizer.pt"
-    if optimizer is not None and optimizer_part.is_file():
-        optimizer.load_state_dict(torch.load(optimizer_part, map_location=device))
+    if _sharded.is_dcp_step(manifest):  # written through DCP: resharded to this world size as it loads
+        _sharded.restore(model, optimizer, step_dir)
+    else:
+        state = torch.load(step_dir / "model.pt", map_location=device)
+        unwrap(model).load_state_dict(state)
+        optimizer_part = step_dir / "optimizer.pt"
+        if optimizer is not None and optimizer_part.is_file():
+            optimizer.load_state_dict(torch.load(optimizer_part, map_location=device))
     resume_part = step_dir / "resume.pt"
     if "resume.pt" in {Path(part.key).name for part in manifest.parts} and resume_part.is_file():
         # Tensors, lists and numbers only (see _rng.capture): nothing else is unpickled.
@@ -158,7 +161,9 @@ def prepare(model: Any, optimizer: Any = None, dataloader: Any = _NOT_GIVEN) -> 
             if not state.atexit_registered:
                 atexit.register(_destroy_group_at_exit)
                 state.atexit_registered = True
-        if device != "cpu":
+        if _sharded.is_sharded(model):
+            pass  # sharded by the script (FSDP2's fully_shard): it needs no DDP around it
+        elif device != "cpu":
             index = torch.device(device).index
             model = DistributedDataParallel(model, device_ids=[index], output_device=index)
         else:

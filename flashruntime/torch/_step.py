@@ -67,9 +67,14 @@ def capture_parts(model: Any, optimizer: Any, ranks: list[dict[str, Any]] | None
     if optimizer is not None:
         parts["optimizer.pt"] = optimizer.state_dict()
     if ranks is not None:
-        loader = _state.STATE.loader
-        parts[RESUME_PART] = {"ranks": ranks, "loader": loader.state_dict() if loader is not None else None}
+        parts[RESUME_PART] = resume_state(ranks)
     return parts
+
+
+def resume_state(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The resume part: every rank's generator states and the position of ``prepare``'s loader."""
+    loader = _state.STATE.loader
+    return {"ranks": ranks, "loader": loader.state_dict() if loader is not None else None}
 
 
 @dataclass(frozen=True)

@@ -129,3 +129,16 @@ def test_a_part_that_does_not_arrive_as_recorded_leaves_nothing_behind(coordinat
         restore(client, lease, root)
     assert sorted(path.name for path in root.iterdir()) == ["step-000002"]
     assert latest_valid_manifest(root).step == 2  # type: ignore[union-attr]
+
+
+def test_a_dcp_step_travels_with_its_index(coordinator: str, tmp_path: Path) -> None:
+    client = CoordinatorClient(coordinator)
+    lease = _lease(coordinator)
+    _step(tmp_path / "a", 7, {".metadata": b"index", "__0_0.distcp": b"shard 0", "__1_0.distcp": b"shard 1"})
+    handed = hand_over(client, lease, tmp_path / "a")
+    assert handed is not None and handed.parts == 3
+    assert restore(client, lease, tmp_path / "b") is not None
+    local = latest_valid_manifest(tmp_path / "b")
+    assert local is not None and sorted(part.key for part in local.parts) == [".metadata", "__0_0.distcp",
+                                                                              "__1_0.distcp"]
+    assert (tmp_path / "b" / "step-000007" / ".metadata").read_bytes() == b"index"
