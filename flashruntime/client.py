@@ -302,9 +302,12 @@ class CoordinatorClient:
             body["job_id"] = job_id
         return self.request_json("POST", "/v1alpha1/leases/claim", body, idempotent=False)
 
-    def attempt_heartbeat(self, lease_id: str, *, retry: bool = True) -> dict[str, Any]:
-        """``retry=False`` for a caller whose own loop sends the next one soon anyway."""
-        return self.request_json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/heartbeat",
+    def attempt_heartbeat(self, lease_id: str, *, retry: bool = True,
+                          stragglers: list[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+        """``retry=False`` for a caller whose own loop sends the next one soon anyway;
+        ``stragglers``: the ranks the worker found straggling since the last heartbeat."""
+        body = {"stragglers": [dict(report) for report in stragglers]} if stragglers else None
+        return self.request_json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/heartbeat", body,
                                  idempotent=retry) or {}
 
     def complete(self, lease_id: str, body: Mapping[str, Any]) -> dict[str, Any]:

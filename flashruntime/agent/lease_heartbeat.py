@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from flashruntime.client import CoordinatorClient
 from flashruntime.errors import CoordinatorHTTPError, CoordinatorUnavailable
@@ -16,6 +17,7 @@ __all__ = ["LOST_STATUSES", "LeaseHeartbeat", "heartbeat_interval"]
 
 logger = logging.getLogger("flashruntime.worker")
 
+_MAX_REPORTS = 16  # what one heartbeat may carry (AttemptHeartbeat)
 LOST_STATUSES = (403, 410)  # the lease is no longer ours: stop and walk away without further calls
 
 
@@ -33,6 +35,8 @@ class LeaseHeartbeat:
         self.lease_id = lease_id
         self.interval_s = interval_s
         self.lost = threading.Event()
+        self._reports: list[dict[str, Any]] = []  # stragglers to send with the next beat
+        self._reports_lock = threading.Lock()
         self._periodic = Periodic(self._beat, interval_s, f"flashruntime-lease-{lease_id}", last_tick=False)
 
     def start(self) -> None:
@@ -41,9 +45,25 @@ class LeaseHeartbeat:
     def stop(self) -> None:
         self._periodic.stop()
 
+    def report_straggler(self, report: dict[str, Any]) -> None:
+        """Send ``report`` (a ``StragglerReport``) to the coordinator with the next heartbeat."""
+        with self._reports_lock:
+            self._reports = [*self._reports, report][-_MAX_REPORTS:]
+
+    def flush(self) -> None:
+        """Send the reports not sent yet now, with a heartbeat (before the outcome is reported)."""
+        with self._reports_lock:
+            pending = bool(self._reports)
+        if pending and not self.lost.is_set():
+            self._beat()
+
     def _beat(self) -> bool:
+        with self._reports_lock:
+            reports, self._reports = self._reports, []
         try:
-            self._client.attempt_heartbeat(self.lease_id, retry=False)  # the next beat is the retry
+            # The next beat is the retry; reports that did not go go with it.
+            self._client.attempt_heartbeat(self.lease_id, retry=False, stragglers=reports)
+            reports = []
         except CoordinatorHTTPError as exc:
             if exc.status in LOST_STATUSES:
                 logger.warning("lease %s lost (HTTP %s): stopping its processes", self.lease_id, exc.status)
@@ -52,4 +72,8 @@ class LeaseHeartbeat:
             logger.warning("lease %s heartbeat refused: %s", self.lease_id, exc)
         except CoordinatorUnavailable as exc:
             logger.warning("lease %s heartbeat failed: %s", self.lease_id, exc)
+        finally:
+            if reports:
+                with self._reports_lock:
+                    self._reports = [*reports, *self._reports][-_MAX_REPORTS:]
         return True

@@ -57,8 +57,9 @@ from flashruntime.launchers.local import (
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
 from flashruntime.monitor.hang_watch import HangVerdict, HangWatch, task_hang_setting
 from flashruntime.monitor.preemption import Notice
+from flashruntime.monitor.straggler_watch import StragglerWatch
 from flashruntime.protocol.task_logs import TASK_LOG_NAME, task_log_key
-from flashruntime.protocol.v1alpha1 import CompleteRequest, Lease
+from flashruntime.protocol.v1alpha1 import CompleteRequest, Lease, StragglerReport
 from flashruntime.rank_files import RANKS_DIR, preempted_paths
 from flashruntime.recovery.preemption import PreemptSettings
 from flashruntime.signing import PublicKey
@@ -70,6 +71,7 @@ DRAIN_REASON = "agent draining: the lease arrived after the drain began"
 # A coordinator older than the release route answers it so; the lease is then failed, as before.
 _NO_RELEASE_ROUTE = (404, 405)
 _REASON_LIMIT = 500
+STRAGGLER_REPORT_FIELDS = tuple(StragglerReport.model_fields)
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,21 @@ def sha256_file(path: Path) -> str:
 
 class _LeaseLost(Exception):
     """The coordinator no longer recognises this lease as ours."""
+
+
+class _StragglersToCoordinator:
+    """The straggler watch's episodes, each sent once with the lease's next heartbeat (the
+    coordinator records them against the job and the node)."""
+
+    def __init__(self, heartbeat: LeaseHeartbeat) -> None:
+        self._heartbeat = heartbeat
+        self._sent = 0
+
+    def __call__(self, _attempt_id: str, changes: dict[str, Any]) -> None:
+        episodes = changes.get("stragglers") or []
+        for episode in episodes[self._sent:]:
+            self._heartbeat.report_straggler({key: episode[key] for key in STRAGGLER_REPORT_FIELDS})
+        self._sent = len(episodes)
 
 
 class LeaseRunner:
@@ -295,11 +312,15 @@ class LeaseRunner:
         sampler.start()
         hangs = HangWatch(handle, lease.lease_id, hang_timeout_s,
                           lambda _type, message: logger.warning("lease %s: %s", lease.lease_id, message))
+        stragglers = StragglerWatch(dirs.out, lease.lease_id,
+                                    lambda _type, message: logger.warning("lease %s: %s", lease.lease_id, message),
+                                    _StragglersToCoordinator(heartbeat))
         hung: HangVerdict | None = None
         notice: Notice | None = None
         try:
             shipper.start()
             hangs.start()
+            stragglers.start()
             state = handle.wait(timeout_seconds=0)
             while not state.terminal and not self._interrupted(heartbeat):
                 state = handle.wait(timeout_seconds=self._timing.child_poll_s)
@@ -315,6 +336,8 @@ class LeaseRunner:
             wall_seconds = self._timing.clock() - started
         finally:
             hangs.stop()
+            stragglers.stop()  # after its last reading, which the flush sends while the lease is ours
+            heartbeat.flush()
             sampler.stop()
             shipper.stop()
         if notice is not None:

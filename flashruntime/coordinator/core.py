@@ -16,7 +16,7 @@ import json
 import logging
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, cast
@@ -69,6 +69,7 @@ from flashruntime.protocol.v1alpha1 import (
     JobSpec,
     JobState,
     Lease,
+    StragglerReport,
     SubmittedBy,
     TaskState,
 )
@@ -458,6 +459,28 @@ class Coordinator:
         self.keep_attempt_log(lease)  # only once the fail was accepted: a stale one keeps nothing
         if hung:
             self._count_hang_against_node(lease)
+
+    def record_stragglers(self, lease: Lease, reports: Iterable[StragglerReport]) -> None:
+        """Ranks a worker found straggling: a ``STRAGGLER_DETECTED`` event of the job, and the
+        same recorded against the node (node-scoped), so a slow machine shows in its history."""
+        events = []
+        for report in reports:
+            where = f" on {report.host}" if report.host else ""
+            at = f" at step {report.step}" if report.step is not None else ""
+            message = (f"{lease.lease_id} on node {lease.node_id}: rank {report.rank}{where} is a straggler: it "
+                       f"computes {report.ratio:.1f}x as long as the other ranks' median ({report.median_s:.3f} s "
+                       f"against {report.others_s:.3f} s per step{at}); every all-reduce waits for it")
+            data = {"task_id": lease.task_id, "lease_id": lease.lease_id, "node_id": lease.node_id,
+                    **report.model_dump(mode="json")}
+            events.append(self._service_event(lease.job_id, EventType.STRAGGLER_DETECTED, message, data))
+            events.append(self._service_event("", EventType.STRAGGLER_DETECTED, message,
+                                              {**data, "job_id": lease.job_id}))
+
+        def record() -> None:
+            for event in events:
+                self.record_event(event)
+
+        self.state.run(record)
 
     def _count_hang_against_node(self, lease: Lease) -> None:
         """A hang is recorded against its node (a node-scoped ``HANG_DETECTED``); the node whose

@@ -30,6 +30,7 @@ from flashruntime.protocol.api_v1alpha1 import (
     UncordonResult,
 )
 from flashruntime.protocol.v1alpha1 import (
+    AttemptHeartbeat,
     ClaimRequest,
     CompleteRequest,
     CordonRequest,
@@ -151,10 +152,13 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
         return _lease_json(lease)
 
     @router.post("/v1alpha1/attempts/{lease_id}/heartbeat", response_model=Lease)
-    def lease_heartbeat(lease_id: str, identity: Identity = caller) -> Response:
-        held_lease(identity, lease_id)
+    def lease_heartbeat(lease_id: str, body: AttemptHeartbeat | None = None, identity: Identity = caller) -> Response:
+        lease = held_lease(identity, lease_id)
         # A lease no longer live raises LeaseError: 410, its attempt ends (here and in fail, release).
-        return _lease_json(coordinator.manager.heartbeat(lease_id, now=coordinator.now()))
+        renewed = _lease_json(coordinator.manager.heartbeat(lease_id, now=coordinator.now()))
+        if body is not None and body.stragglers:
+            coordinator.record_stragglers(lease, body.stragglers)
+        return renewed
 
     @router.post("/v1alpha1/attempts/{lease_id}/complete", response_model=CompleteResult,
                  response_model_exclude_none=True)

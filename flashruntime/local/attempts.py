@@ -26,7 +26,7 @@ from flashruntime.local.guard import (
 )
 from flashruntime.local.output_metrics import OutputMetrics
 from flashruntime.local.run import Run
-from flashruntime.local.straggler_watch import StragglerWatch
+from flashruntime.monitor.straggler_watch import StragglerWatch
 from flashruntime.local.trial_workdir import is_shared
 from flashruntime.monitor.exits import ExitWatch, ProcessSighting, first_exit
 from flashruntime.monitor.framework_metrics import final_figures

@@ -538,6 +538,25 @@ class FailRequest(WireModel):
     hung: StrictBool = False
 
 
+class StragglerReport(WireModel):
+    """A rank its worker's straggler watch found computing ``ratio`` times as long as the
+    other ranks' median (``median_s`` against ``others_s`` per step), at ``step``."""
+
+    rank: int = Field(ge=0, le=1_000_000)
+    host: str | None = Field(default=None, max_length=255)
+    step: int | None = Field(default=None, ge=0)
+    ratio: float = Field(gt=0, allow_inf_nan=False)
+    median_s: float = Field(ge=0, allow_inf_nan=False)
+    others_s: float = Field(ge=0, allow_inf_nan=False)
+
+
+class AttemptHeartbeat(WireModel):
+    """The optional body of a lease heartbeat: what the worker saw of the attempt since the
+    last one. Optional forever: a heartbeat without a body renews the lease as before."""
+
+    stragglers: list[StragglerReport] = Field(default_factory=list, max_length=16)
+
+
 class ReleaseRequest(WireModel):
     """A lease given back for a cause that is not the task's. ``abandoned`` false: its worker
     is shutting down (a drain), and the task is requeued without spending a budget; true: the

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from flashruntime.local.straggler_watch import (
+from flashruntime.monitor.straggler_watch import (
     Episodes,
     RankTimes,
     StragglerWatch,
