@@ -34,6 +34,7 @@ from flashruntime.cli.jobs import (
     ago,
     cli_client,
     coordinator_call,
+    table,
 )
 from flashruntime.client import CoordinatorClient
 from flashruntime.errors import CommandError
@@ -247,12 +248,6 @@ handle_logs = _command("logs", _logs_body)
 # --- tasks -----------------------------------------------------------------------
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    return "".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n"
-                   for row in (header, *rows))
-
-
 def _tasks_body(api: str, client: CoordinatorClient, args: argparse.Namespace) -> int:
     rows = coordinator_call(api, lambda: client.tasks(args.job_id))
     if args.json:
@@ -261,7 +256,7 @@ def _tasks_body(api: str, client: CoordinatorClient, args: argparse.Namespace) -
     if not rows:
         print(f"job {args.job_id} has no tasks")
         return EXIT_OK
-    sys.stdout.write(_table(("TASK", "STATE", "NODE", "ATTEMPTS"), [
+    sys.stdout.write(table(("TASK", "STATE", "NODE", "ATTEMPTS"), [
         (str(row.get("task_id")), str(row.get("state")), str(row.get("node_id") or "-"),
          f"{row.get('attempts')}/{row.get('max_attempts')}") for row in rows]))
     return EXIT_OK
@@ -308,7 +303,7 @@ def _jobs_body(api: str, client: CoordinatorClient, args: argparse.Namespace) ->
         name = str(((record.get("spec") or {}).get("metadata") or {}).get("name") or "-")
         rows.append((job_id, name, str(record.get("state")), owner, f"{done}/{len(tasks)}",
                      ago(record.get("created_at"), now)))
-    sys.stdout.write(_table(("JOB", "NAME", "STATE", "OWNER", "TASKS", "AGE"), rows))
+    sys.stdout.write(table(("JOB", "NAME", "STATE", "OWNER", "TASKS", "AGE"), rows))
     return EXIT_OK
 
 
@@ -405,7 +400,7 @@ def _artifacts_body(api: str, client: CoordinatorClient, args: argparse.Namespac
         elif not listing:
             print(f"job {args.job_id} has no artifacts")
         else:
-            sys.stdout.write(_table(("KEY", "SIZE", "SHA256"), [
+            sys.stdout.write(table(("KEY", "SIZE", "SHA256"), [
                 (str(item.get("key")), _size(item.get("size_bytes")), str(item.get("sha256") or "-"))
                 for item in listing]))
         return EXIT_OK

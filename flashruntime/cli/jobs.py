@@ -274,11 +274,13 @@ def events_text(events: list[Any], now: dt.datetime) -> str:
     """The events as a table, oldest first: how long ago, the type, the message."""
     rows = [(ago(event.get("timestamp"), now), str(event.get("type", "-")), str(event.get("message", "")))
             for event in events if isinstance(event, dict)]
-    if not rows:
-        return "no events\n"
-    header = ("AGE", "TYPE", "MESSAGE")
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(2)]
-    return "".join(f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}".rstrip() + "\n"
+    return table(("AGE", "TYPE", "MESSAGE"), rows) if rows else "no events\n"
+
+
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """Aligned columns, two spaces apart, as ``kubectl get`` prints them."""
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    return "".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n"
                    for row in (header, *rows))
 
 

@@ -17,11 +17,12 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, cast
 
 from flashruntime.checkpoint import CheckpointCatalog
+from flashruntime.coordinator import attempt_reports
 from flashruntime.coordinator.access import LiveLease, owns_job
 from flashruntime.coordinator.admission import JobBounds, SubmitterQuota, over_quota
 from flashruntime.coordinator.admission_checks import (
@@ -458,50 +459,11 @@ class Coordinator:
         self.state.run(fail)
         self.keep_attempt_log(lease)  # only once the fail was accepted: a stale one keeps nothing
         if hung:
-            self._count_hang_against_node(lease)
+            attempt_reports.count_hang_against_node(self, lease)
 
     def record_stragglers(self, lease: Lease, reports: Iterable[StragglerReport]) -> None:
-        """Ranks a worker found straggling: a ``STRAGGLER_DETECTED`` event of the job, and the
-        same recorded against the node (node-scoped), so a slow machine shows in its history."""
-        events = []
-        for report in reports:
-            where = f" on {report.host}" if report.host else ""
-            at = f" at step {report.step}" if report.step is not None else ""
-            message = (f"{lease.lease_id} on node {lease.node_id}: rank {report.rank}{where} is a straggler: it "
-                       f"computes {report.ratio:.1f}x as long as the other ranks' median ({report.median_s:.3f} s "
-                       f"against {report.others_s:.3f} s per step{at}); every all-reduce waits for it")
-            data = {"task_id": lease.task_id, "lease_id": lease.lease_id, "node_id": lease.node_id,
-                    **report.model_dump(mode="json")}
-            events.append(self._service_event(lease.job_id, EventType.STRAGGLER_DETECTED, message, data))
-            events.append(self._service_event("", EventType.STRAGGLER_DETECTED, message,
-                                              {**data, "job_id": lease.job_id}))
-
-        def record() -> None:
-            for event in events:
-                self.record_event(event)
-
-        self.state.run(record)
-
-    def _count_hang_against_node(self, lease: Lease) -> None:
-        """A hang is recorded against its node (a node-scoped ``HANG_DETECTED``); the node whose
-        attempts hung ``hang_cordon_after`` times within ``hang_cordon_window_s`` (of any job) is
-        cordoned for that long, so the tasks it would take go to machines that make progress."""
-        now, node_id = self.now(), lease.node_id
-        recorded = self._service_event("", EventType.HANG_DETECTED,
-                                       f"node {node_id}: attempt {lease.lease_id} of {lease.job_id}/{lease.task_id} "
-                                       "hung", {"node_id": node_id, "job_id": lease.job_id, "task_id": lease.task_id,
-                                                "lease_id": lease.lease_id})
-        self.state.run(lambda: self.record_event(recorded))
-        after, window_s = self.settings.hang_cordon_after, self.settings.hang_cordon_window_s
-        if after == 0 or node_id in self.manager.cordoned(now):
-            return
-        since = now - timedelta(seconds=window_s)
-        hangs = [event for event in self.ledger.events_for("") if event.type is EventType.HANG_DETECTED
-                 and event.data.get("node_id") == node_id and event.timestamp >= since]
-        if len(hangs) >= after:
-            reason = (f"{len(hangs)} attempts hung within {window_s:g} s (the last: {lease.job_id}/{lease.task_id}); "
-                      f"uncordon it early with DELETE /v1alpha1/nodes/{node_id}/cordon")
-            self.manager.cordon(node_id, until=now + timedelta(seconds=window_s), reason=reason, now=now)
+        """Ranks a worker found straggling, recorded for the job and against its node."""
+        attempt_reports.record_stragglers(self, lease, reports)
 
     def complete(self, lease: Lease, request: CompleteRequest) -> dict[str, Any]:
         """Commit ``request`` under ``lease`` (the caller may act on it): a repeat of the accepted
@@ -552,28 +514,8 @@ class Coordinator:
             return {"accepted": True}
         self.metrics.count_commit("accepted")
         if self.settings.tensorboard_dir:
-            self._write_tensorboard(lease, record.spec.commit_key if record is not None else "", now)
+            attempt_reports.write_tensorboard(self, lease, record.spec.commit_key if record is not None else "", now)
         return {"accepted": True}
-
-    def _write_tensorboard(self, lease: Lease, commit_key: str, now: datetime) -> None:
-        """A committed task's metrics as TensorBoard event files, from the files its worker
-        uploaded beside its result (``metrics.jsonl``, ``metrics.json``), so agents need no
-        tracker. A tracker that cannot be written is logged: never the commit's failure."""
-        from flashruntime.trackers.tensorboard_events import write_task_events
-
-        directory = commit_key.rpartition("/")[0]
-        steps = self.artifacts.read_path(f"{directory}/metrics.jsonl") if directory else None
-        final_path = self.artifacts.read_path(commit_key) if commit_key else None
-        job = self.job(lease.job_id)
-        name = f"{job.spec.metadata.name}-{lease.job_id}" if job is not None else lease.job_id
-        params = lease.payload.get("params")
-        try:
-            final = json.loads(final_path.read_text(encoding="utf-8")) if final_path is not None else None
-            write_task_events(self.settings.tensorboard_dir or "", name, lease.task_id, steps,
-                              final if isinstance(final, dict) else None, params if isinstance(params, dict) else None,
-                              now.timestamp())
-        except (FlashRuntimeError, OSError, ValueError) as exc:
-            log.warning("TensorBoard events of %s/%s not written: %s", lease.job_id, lease.task_id, exc)
 
     def _output_problem(self, commit_key: str, output_sha256: str) -> str | None:
         """Why the committed output is not acceptable, or None: the file at the task's

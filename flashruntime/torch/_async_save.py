@@ -22,7 +22,7 @@ from typing import Any
 from flashruntime.errors import CheckpointError
 from flashruntime.torch import _step
 
-__all__ = ["SAVER", "BackgroundSaver", "HostStager"]
+__all__ = ["SAVER", "BackgroundSaver", "HostStager", "background_save_failed"]
 
 Writer = Callable[[_step.Destination, dict[str, Any]], None]
 
@@ -213,10 +213,7 @@ class BackgroundSaver:
             return
         failed = self._failed.popleft()
         self._failed.clear()  # one report: the first failure is the cause of any that followed
-        raise CheckpointError(
-            f"the background save of checkpoint step {failed.destination.step} to {str(failed.destination.directory)!r} "
-            f"failed: {failed.error!r}; it was not committed, so the checkpoint before it is still the newest valid one"
-        ) from failed.error
+        raise background_save_failed(failed.destination, failed.error)
 
     def finish_at_exit(self) -> None:
         """Finish the save in flight before the interpreter goes; a failure is printed, as
@@ -229,6 +226,15 @@ class BackgroundSaver:
             self.raise_failure()
         except CheckpointError as error:
             print(f"flashruntime: {error}", file=sys.stderr, flush=True)
+
+
+def background_save_failed(destination: _step.Destination, error: BaseException | None) -> CheckpointError:
+    """The error a background save that failed is reported with, at the next call."""
+    failure = CheckpointError(
+        f"the background save of checkpoint step {destination.step} to {str(destination.directory)!r} failed: "
+        f"{error!r}; it was not committed, so the checkpoint before it is still the newest valid one")
+    failure.__cause__ = error
+    return failure
 
 
 def _discard_uncommitted(destination: _step.Destination) -> None:

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flashruntime.errors import CheckpointError
-from flashruntime.torch import _state, _step
+from flashruntime.torch import _async_save, _state, _step
 
 __all__ = ["SHARDED", "is_dcp_step", "is_sharded", "restore", "save"]
 
@@ -131,10 +130,7 @@ class ShardedSaves:
             return
         failed = self.failed[0]
         self.failed.clear()
-        raise CheckpointError(
-            f"the background save of checkpoint step {failed.destination.step} to "
-            f"{str(failed.destination.directory)!r} failed: {failed.error!r}; it was not committed, so the checkpoint "
-            "before it is still the newest valid one") from failed.error
+        raise _async_save.background_save_failed(failed.destination, failed.error)
 
     def _commit_when_written(self, pending: _Pending, resume: dict[str, Any] | None) -> None:
         try:
