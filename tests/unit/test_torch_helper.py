@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import flashruntime.torch as ft
-from flashruntime.torch import _compute_time, _heartbeat, _state
+from flashruntime.torch import _compute_time, _hang, _heartbeat, _state
 from flashruntime.torch._checkpoint import checkpoint_due
 from tests._support import REPO_ROOT
 
@@ -27,6 +27,10 @@ def fresh_helper(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """A new per-process state and a clean environment, as a new process would have."""
     monkeypatch.setattr(_state, "STATE", _state.HelperState())
     monkeypatch.setattr(_compute_time, "CLOCK", _compute_time.ComputeClock())
+    # The stack dump is armed once per process and registers a signal handler; arming it inside
+    # pytest would leak into every later test, so these tests run as an already-armed process.
+    # Arming itself is driven in real rank processes in tests/integration/test_stack_dumps.py.
+    monkeypatch.setattr(_hang, "_ARMED", [True])
     for name in _ENV:
         monkeypatch.delenv(name, raising=False)
     out = tmp_path / "job" / "task-000"
