@@ -38,6 +38,7 @@ __all__ = [
     "trials_completed",
     "VERIFY_OVER_FRAMEWORK_SAVE",
     "FULL_VERIFY_OVER_HASH_FLOOR",
+    "GOODPUT_OVER_TORCHRUN",
 ]
 
 LEASE_MEMORY_OVER_FLOOR = Target(
@@ -97,6 +98,10 @@ MANUAL_INTERVENTIONS = Target("<=", 0, "trials", "a crashed trial resumes by its
 PREEMPTION_STEPS_LOST = Target(
     "<=", 1, "steps", "a preempted job saves at the next step boundary inside its grace window: the resumed run "
                       "recomputes at most the step the notice interrupted")
+GOODPUT_OVER_TORCHRUN = Target(
+    ">=", 1.3, "x", "a 2-rank job losing a rank every 30 s keeps at least 1.3x the progress plain torchrun "
+                    "--max-restarts keeps with a checkpoint every 100 steps: saves at the Young/Daly interval lose "
+                    "a few steps per fault, not everything since a fixed periodic checkpoint")
 
 RAY_SWEEP_OVER_LOCAL = Target(
     "<=", 1.15, "x", "a sweep of one-second trials on the Ray backend takes at most 15 % more than flash.submit running "
