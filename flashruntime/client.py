@@ -310,6 +310,14 @@ class CoordinatorClient:
         return self.request_json("POST", f"/v1alpha1/attempts/{quote_segment(lease_id)}/heartbeat", body,
                                  idempotent=retry) or {}
 
+    def watch_attempt(self, lease_id: str, wait_s: float) -> dict[str, Any]:
+        """``GET /v1alpha1/attempts/{lease_id}/watch``: a ``LeaseStanding`` as soon as the lease
+        stops being live (cancelled: stop the task), or after ``wait_s``. Tried once: the
+        watcher's own loop asks again."""
+        query = urllib.parse.urlencode({"wait_s": f"{wait_s:g}"})
+        return self.request_json("GET", f"/v1alpha1/attempts/{quote_segment(lease_id)}/watch?{query}", None,
+                                 idempotent=False) or {}
+
     def complete(self, lease_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """``POST /v1alpha1/attempts/{lease_id}/complete`` → ``{"accepted": bool, ...}``; a repeat
         of an accepted commit is answered as accepted, so it is retried like a read."""

@@ -28,13 +28,15 @@ def heartbeat_interval(lease: Lease, floor_s: float = 1.0) -> float:
 
 
 class LeaseHeartbeat:
-    """Renews one lease every ``interval_s`` on a daemon thread; ``lost`` is set on 410/403."""
+    """Renews one lease every ``interval_s`` on a daemon thread; ``lost`` is set on 410/403,
+    and by ``cancel`` (the lease's job was cancelled: ``cancelled`` then says why)."""
 
     def __init__(self, client: CoordinatorClient, lease_id: str, interval_s: float) -> None:
         self._client = client
         self.lease_id = lease_id
         self.interval_s = interval_s
         self.lost = threading.Event()
+        self.cancelled: str | None = None
         self._reports: list[dict[str, Any]] = []  # stragglers to send with the next beat
         self._reports_lock = threading.Lock()
         self._periodic = Periodic(self._beat, interval_s, f"flashruntime-lease-{lease_id}", last_tick=False)
@@ -44,6 +46,12 @@ class LeaseHeartbeat:
 
     def stop(self) -> None:
         self._periodic.stop()
+
+    def cancel(self, reason: str) -> None:
+        """The coordinator cancelled the lease: no more beats, and the runner stops the task."""
+        self.cancelled = reason
+        self.lost.set()
+        logger.info("lease %s cancelled on the coordinator (%s): stopping its processes", self.lease_id, reason)
 
     def report_straggler(self, report: dict[str, Any]) -> None:
         """Send ``report`` (a ``StragglerReport``) to the coordinator with the next heartbeat."""
@@ -58,6 +66,8 @@ class LeaseHeartbeat:
             self._beat()
 
     def _beat(self) -> bool:
+        if self.lost.is_set():
+            return False  # cancelled: a beat would only be refused
         with self._reports_lock:
             reports, self._reports = self._reports, []
         try:

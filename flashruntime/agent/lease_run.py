@@ -40,6 +40,7 @@ from flashruntime.agent.inputs import (
     write_spec,
 )
 from flashruntime.agent.lease_heartbeat import LOST_STATUSES, LeaseHeartbeat, heartbeat_interval
+from flashruntime.agent.lease_watch import CancelWatch
 from flashruntime.agent.log_shipper import TaskLogShipper, read_task_log  # noqa: F401  (importable here too)
 from flashruntime.agent.sandbox import Confinement
 from flashruntime.agent.state import AttemptEntry, AttemptJournal
@@ -59,6 +60,7 @@ from flashruntime.monitor.hang_watch import HangVerdict, HangWatch, task_hang_se
 from flashruntime.monitor.preemption import Notice
 from flashruntime.monitor.straggler_watch import StragglerWatch
 from flashruntime.protocol.task_logs import TASK_LOG_NAME, task_log_key
+from flashruntime.protocol.task_metrics import TASK_METRICS_NAME, task_metrics_key
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Lease, StragglerReport
 from flashruntime.rank_files import RANKS_DIR, preempted_paths
 from flashruntime.recovery.preemption import PreemptSettings
@@ -96,6 +98,7 @@ class Outcome(enum.Enum):
     COMPLETED = "completed"  # complete was sent (accepted or not)
     FAILED = "failed"  # fail was sent with a reason
     ABANDONED = "abandoned"  # the lease was lost (410/403) or the coordinator stayed unreachable
+    CANCELLED = "cancelled"  # its job was cancelled on the coordinator; the task was stopped
     SHUTDOWN = "shutdown"  # the agent is stopping; the lease was released (no budget spent)
 
     @property
@@ -222,12 +225,18 @@ class LeaseRunner:
         heartbeat = LeaseHeartbeat(self._client, lease.lease_id,
                                    heartbeat_interval(lease, self._timing.min_lease_heartbeat_s))
         heartbeat.start()
+        watch = CancelWatch(self._client, heartbeat).start()
         try:
             return self._run(lease, heartbeat)
         except _LeaseLost:
+            if heartbeat.cancelled is not None:
+                logger.info("lease %s (%s/%s) cancelled: its task was stopped", lease.lease_id, lease.job_id,
+                            lease.task_id)
+                return Outcome.CANCELLED
             logger.warning("lease %s abandoned: no longer held by this agent", lease.lease_id)
             return Outcome.ABANDONED
         finally:
+            watch.stop()
             heartbeat.stop()
             self._forget(lease)
 
@@ -302,7 +311,9 @@ class LeaseRunner:
             logger.warning("lease %s: cannot journal pid %s: %s", lease.lease_id, handle.execution_id, exc)
         started = self._timing.clock()
         shipper = TaskLogShipper(self._client, task_log_key(payload_prefix(lease)), dirs.log,
-                                 self._timing.log_upload_s)
+                                 self._timing.log_upload_s,
+                                 metrics_key=task_metrics_key(payload_prefix(lease)),
+                                 metrics=dirs.out / TASK_METRICS_NAME, lease_gone=heartbeat.lost.is_set)
         sampler = ResourceSampler(dirs.root, int(handle.execution_id), period_s=self._timing.sampler_period_s)
         if not proc_available():
             # /proc finds every process of the attempt on Linux; elsewhere the sampler's last-seen

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -49,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-dir", default=None, help="directory for task work dirs (default: a new temp dir)")
     parser.add_argument("--poll-seconds", type=float, default=2.0,
                         help="wait between empty claims, ±20%% jitter (default 2.0)")
+    parser.add_argument("--log-upload-seconds", type=float, default=None, metavar="S",
+                        help="how often a running task's log and step records go up to the coordinator, when they "
+                             "grew, for its logs and the dashboard's curves (default 10; more often costs bandwidth)")
     parser.add_argument("--pools", default="", metavar="a,b", help="team pools this node serves, comma-separated")
     parser.add_argument("--dataset", action="append", default=[], metavar="NAME=PATH",
                         help="a local dataset offered to tasks as local_inputs (repeatable)")
@@ -253,6 +257,7 @@ def _run_worker(args: argparse.Namespace, early: _EarlySignals) -> int:
             work_dir=args.work_dir,
             join_code=join_code,
             poll_seconds=args.poll_seconds,
+            timing=_timing(args),
             pools=[pool for pool in args.pools.split(",") if pool.strip()],
             datasets=parse_datasets(args.dataset),
             trusted_submitter_keys=(getattr(args, "trusted_submitter_keys", None)
@@ -263,6 +268,18 @@ def _run_worker(args: argparse.Namespace, early: _EarlySignals) -> int:
         return EXIT_INVALID
     early.hand_over(agent)
     return agent.run()
+
+
+def _timing(args: argparse.Namespace) -> Any:
+    """The agent's ``WorkerTiming`` for the options given, or None for the defaults."""
+    from flashruntime.agent.lease_run import WorkerTiming
+
+    seconds = getattr(args, "log_upload_seconds", None)
+    if seconds is None:
+        return None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"--log-upload-seconds must be a number of seconds > 0, got {seconds:g}")
+    return WorkerTiming(log_upload_s=seconds)
 
 
 def main(argv: list[str] | None = None) -> int:

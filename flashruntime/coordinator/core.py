@@ -39,6 +39,7 @@ from flashruntime.coordinator.auth import Identity, authenticator_from_env
 from flashruntime.coordinator.expansion import expand_tasks, require_task_bound
 from flashruntime.coordinator.failures import TASK_MODE, failure_classified, failure_reason
 from flashruntime.coordinator.lease_jobs import TERMINAL_JOB_STATES, refreshed
+from flashruntime.coordinator.lease_watch import StandingChanges
 from flashruntime.coordinator.metrics import Metrics
 from flashruntime.coordinator.node_grants import node_grants_for
 from flashruntime.coordinator.nodes import NodeRegistry
@@ -53,6 +54,7 @@ from flashruntime.coordinator.task_logs import (
     task_log_path,
     with_tail,
 )
+from flashruntime.coordinator.task_metrics import metrics_path, metrics_share, read_curves
 from flashruntime.errors import (
     CheckpointError,
     ExpansionError,
@@ -62,6 +64,7 @@ from flashruntime.errors import (
 )
 from flashruntime.leases import LeaseManager
 from flashruntime.protocol.task_logs import TASK_LOG_MAX_BYTES
+from flashruntime.protocol.task_metrics import DEFAULT_POINTS
 from flashruntime.protocol.v1alpha1 import (
     CompleteRequest,
     Event,
@@ -108,6 +111,7 @@ class Coordinator:
         self.state = state = open_state(settings)
         self.ledger = state.ledger
         self.metrics = Metrics()
+        self.standing_changes = StandingChanges()  # wakes the workers' lease watches on a cancel
         # Every call of the manager and the catalog is one transaction of the database, events
         # included: the listener (record_event) appends them through the same connection.
         self.manager = cast(LeaseManager, InTransaction(
@@ -371,7 +375,9 @@ class Coordinator:
             self.ledger.upsert_job(cancelled)
             return cancelled
 
-        return self.state.run(cancel_all)
+        cancelled = self.state.run(cancel_all)
+        self.standing_changes.notify()
+        return cancelled
 
     def task_logs(self, job_id: str, *, task: str | None = None, tail: int | None = None) -> list[TaskLog]:
         """The logs of the job's tasks (only ``task``'s when given; none when it has no such
@@ -395,6 +401,23 @@ class Coordinator:
             state = record.state.value if number is None else "FAILED"
             logs.append(TaskLog(record.spec.task_id, state, _last_node(record), text, truncated, number))
         return logs
+
+    def task_metrics(self, job_id: str, *, task: str | None = None, points: int = DEFAULT_POINTS
+                     ) -> list[dict[str, Any]]:
+        """The curves of the job's tasks (only ``task``'s when given; none when it has no such
+        task), sorted by task id, as ``TaskMetrics`` objects."""
+        records = sorted(self.manager.records(job_id), key=lambda record: record.spec.task_id)
+        if task is not None:
+            records = [record for record in records if record.spec.task_id == task]
+        share = metrics_share(len(records))
+        answer = []
+        for record in records:
+            spec = record.spec
+            curves = read_curves(metrics_path(self.artifacts, job_id, spec.task_id, spec.payload), share, points)
+            answer.append({"task_id": spec.task_id, "state": record.state.value, "node_id": _last_node(record),
+                           "keys": curves.keys, "points": curves.points_json(), "records": curves.records,
+                           "truncated": curves.truncated})
+        return answer
 
     def keep_attempt_log(self, lease: Lease) -> None:
         """Keep the log of ``lease``'s failed attempt (see ``task_logs.keep_attempt_log``)."""

@@ -9,12 +9,14 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from flashruntime.coordinator.auth import Identity, join_code_valid, require_acting_node, require_node
 from flashruntime.coordinator.core import Coordinator
 from flashruntime.coordinator.guard import Guard, StrictJSONRoute
+from flashruntime.coordinator.lease_watch import MAX_WATCH_S, watch_standing
 from flashruntime.coordinator.node_grants import grant_statement
 from flashruntime.coordinator.nodes import node_id_problem
 from flashruntime.coordinator.openapi import ERRORS
@@ -23,6 +25,7 @@ from flashruntime.protocol.api_v1alpha1 import (
     CompleteResult,
     CordonResult,
     FailResult,
+    LeaseStanding,
     NodeRow,
     RegisterResult,
     ReleaseResult,
@@ -159,6 +162,23 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
         if body is not None and body.stragglers:
             coordinator.record_stragglers(lease, body.stragglers)
         return renewed
+
+    @router.get("/v1alpha1/attempts/{lease_id}/watch", response_model=LeaseStanding,
+                response_model_exclude_none=True,
+                description="Where the lease stands, answered as soon as it stops being live (its job "
+                            "cancelled: the worker stops the task now) or after wait_s, whichever is first.")
+    async def watch(lease_id: str, identity: Identity = caller,
+                    wait_s: float = Query(0.0, ge=0.0, le=MAX_WATCH_S,
+                                          description="how long to wait for the lease to stop being live")
+                    ) -> dict[str, Any]:
+        await run_in_threadpool(held_lease, identity, lease_id)
+
+        def read() -> tuple[str, str | None]:
+            # An id held_lease found was issued, so it has a standing.
+            return coordinator.manager.lease_standing(lease_id, now=coordinator.now()) or ("ended", None)
+
+        standing, reason = await watch_standing(read, coordinator.standing_changes, wait_s)
+        return {"lease_id": lease_id, "standing": standing, "reason": reason}
 
     @router.post("/v1alpha1/attempts/{lease_id}/complete", response_model=CompleteResult,
                  response_model_exclude_none=True)

@@ -25,8 +25,17 @@ from flashruntime.coordinator.guard import Guard, StrictJSONRoute
 from flashruntime.coordinator.openapi import BYTES_RESPONSE, ERRORS
 from flashruntime.coordinator.task_logs import job_logs_text
 from flashruntime.errors import ArtifactTooLarge, AuthFailure, InvalidRequest, NotFound
-from flashruntime.protocol.api_v1alpha1 import ArtifactListing, ErrorBody, JobLogs, LostWork, PartRegistered, TaskRow
+from flashruntime.protocol.api_v1alpha1 import (
+    ArtifactListing,
+    ErrorBody,
+    JobLogs,
+    JobMetrics,
+    LostWork,
+    PartRegistered,
+    TaskRow,
+)
 from flashruntime.protocol.task_logs import JOB_LOGS_MAX_BYTES, MAX_TAIL_LINES, TASK_LOG_MAX_BYTES, TASK_LOG_NAME
+from flashruntime.protocol.task_metrics import DEFAULT_POINTS, JOB_METRICS_MAX_BYTES, MAX_POINTS, TASK_METRICS_NAME
 from flashruntime.protocol.v1alpha1 import (
     ArtifactRecord,
     CheckpointManifest,
@@ -122,6 +131,22 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
         if task is not None and not entries:
             raise NotFound(f"job {job_id!r} has no task {task!r}; GET /v1alpha1/jobs/{job_id}/tasks lists its tasks")
         return {"logs": job_logs_text(entries), "tasks": [entry.as_json() for entry in entries]}
+
+    @router.get("/v1alpha1/jobs/{job_id}/metrics", response_model=JobMetrics,
+                description=f"The step records of the job's tasks ({TASK_METRICS_NAME} under each task's output "
+                            "prefix, uploaded by its worker while it runs and replaced by the committed file), "
+                            "thinned to curves: each record's top-level numbers under a few names, loss first. "
+                            f"One answer reads at most {JOB_METRICS_MAX_BYTES} bytes, shared evenly among its tasks.")
+    def metrics(job_id: str, identity: Identity = caller,
+                task: str | None = Query(None, description="only this task's curves (404 when the job has no such task)"),
+                points: int = Query(DEFAULT_POINTS, ge=2, le=MAX_POINTS,
+                                    description="at most this many points per task, evenly spaced, the last kept")
+                ) -> dict[str, Any]:
+        job_or_404(job_id, identity)
+        entries = coordinator.task_metrics(job_id, task=task, points=points)
+        if task is not None and not entries:
+            raise NotFound(f"job {job_id!r} has no task {task!r}; GET /v1alpha1/jobs/{job_id}/tasks lists its tasks")
+        return {"tasks": entries}
 
     @router.post("/v1alpha1/jobs/{job_id}/cancel", response_model=JobRecord)
     def cancel(job_id: str, identity: Identity = caller) -> JSONResponse:

@@ -26,7 +26,7 @@ from flashruntime.protocol.task_logs import (
     whole_lines_tail,
 )
 
-__all__ = ["TaskLog", "attempt_log_key_of", "job_logs_text", "keep_attempt_log", "log_share", "read_log",
+__all__ = ["TaskLog", "attempt_log_key_of", "job_logs_text", "keep_attempt_log", "log_share", "own_prefix", "read_log",
            "task_log_path", "with_tail"]
 
 
@@ -68,7 +68,7 @@ def read_log(path: Path, max_bytes: int) -> tuple[str, bool]:
     return note + data.decode("utf-8", "replace"), True
 
 
-def _own_prefix(job_id: str, task_id: str, payload: dict[str, Any]) -> str:
+def own_prefix(job_id: str, task_id: str, payload: dict[str, Any]) -> str:
     """The task's output prefix, only under ``jobs/<job>/``: what a job's reader may see, and
     where its nodes may write."""
     prefix = payload.get("output_prefix")
@@ -80,7 +80,7 @@ def _own_prefix(job_id: str, task_id: str, payload: dict[str, Any]) -> str:
 
 def attempt_log_key_of(job_id: str, task_id: str, payload: dict[str, Any], attempt: int) -> str:
     """The artifact key under which the log of the task's earlier ``attempt`` is kept."""
-    return attempt_log_key(_own_prefix(job_id, task_id, payload), attempt)
+    return attempt_log_key(own_prefix(job_id, task_id, payload), attempt)
 
 
 def keep_attempt_log(artifacts: ArtifactStore, job_id: str, task_id: str, payload: dict[str, Any],
@@ -105,7 +105,7 @@ def task_log_path(artifacts: ArtifactStore, job_id: str, task_id: str, payload: 
                   attempt: int | None = None) -> Path | None:
     """Where the task's log lies on the coordinator (``attempt``: the kept log of that earlier
     attempt), or None when the key cannot be a file."""
-    prefix = _own_prefix(job_id, task_id, payload)
+    prefix = own_prefix(job_id, task_id, payload)
     try:
         return artifacts.path_of(task_log_key(prefix) if attempt is None else attempt_log_key(prefix, attempt))
     except BadArtifactKey:

@@ -441,6 +441,20 @@ class LeaseManager:
         record = self._find(lease_id) if _is_str(lease_id) else None
         return None if record is None else record.lease_history.get(lease_id)
 
+    def lease_standing(self, lease_id: str, now: datetime | None = None) -> tuple[str, str | None] | None:
+        """``("live", None)`` while ``lease_id`` is its task's live lease; ``("cancelled", why)``
+        once its task was cancelled while it was; ``("ended", why)`` when it ended otherwise;
+        None for an id never issued. A read: nothing changes."""
+        now = coerce_now(now)
+        record = self._find(lease_id) if _is_str(lease_id) else None
+        if record is None:
+            return None
+        active = record.active_lease
+        if record.state is _LEASED and active is not None and active.lease_id == lease_id and active.deadline > now:
+            return "live", None
+        why = _why_not_live(record, lease_id, now)
+        return ("cancelled" if record.state is _CANCELLED else "ended"), why
+
     def live_leases_for_node(self, node_id: str, now: datetime | None = None) -> set[tuple[str, str]]:
         """``(job_id, task_id)`` of the tasks whose live active lease belongs to ``node_id``."""
         now = coerce_now(now)

@@ -22,13 +22,17 @@ __all__ = [
     "FailResult",
     "Health",
     "JobLogs",
+    "JobMetrics",
+    "LeaseStanding",
     "LostWork",
+    "MetricPoint",
     "NodeRow",
     "PartRegistered",
     "RegisterResult",
     "ReleaseResult",
     "StatusResult",
     "TaskLogEntry",
+    "TaskMetrics",
     "TaskRow",
     "UncordonResult",
     "ValidationIssue",
@@ -73,6 +77,46 @@ class JobLogs(WireModel):
 
     logs: str
     tasks: list[TaskLogEntry] = Field(default_factory=list)
+
+
+class MetricPoint(WireModel):
+    """One step record of a task, its numbers only: ``values`` maps a figure to its value."""
+
+    step: int
+    ts: float | None = None  # when the task wrote it (Unix seconds), when it said
+    values: dict[str, float] = Field(default_factory=dict)
+
+
+class TaskMetrics(WireModel):
+    """One task's curves: ``points`` thinned evenly to at most the number asked for (the last
+    record always kept), of the figures in ``keys`` (loss first, then as the task first wrote
+    them, at most a few); ``records``: how many step records were read; ``truncated``: earlier
+    records are left out (by the worker's bound or the answer's)."""
+
+    task_id: str
+    state: str
+    node_id: str | None = None
+    keys: list[str] = Field(default_factory=list)
+    points: list[MetricPoint] = Field(default_factory=list)
+    records: int = 0
+    truncated: bool = False
+
+
+class JobMetrics(WireModel):
+    """The step records of a job's tasks (``metrics.jsonl`` under each task's output prefix,
+    uploaded by its worker while it runs), one entry per task, sorted by task id."""
+
+    tasks: list[TaskMetrics] = Field(default_factory=list)
+
+
+class LeaseStanding(WireModel):
+    """Where a lease stands, as its worker watches it: ``live`` (still the task's: keep
+    running), ``cancelled`` (its job or task was cancelled: stop now) or ``ended`` (committed,
+    failed, released or expired); ``reason`` says why it is no longer live."""
+
+    lease_id: str
+    standing: Literal["live", "cancelled", "ended"]
+    reason: str | None = None
 
 
 class TaskRow(WireModel):

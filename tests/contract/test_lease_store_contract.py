@@ -670,6 +670,25 @@ def test_cancel_pending_and_leased_tasks(hm: Harness) -> None:
     assert hm.mgr.job_state("job-a") == {"CANCELLED": 2}
 
 
+def test_lease_standing_says_live_cancelled_or_ended_and_changes_nothing(hm: Harness) -> None:
+    hm.mgr.add_task(spec("c"), now=at(0))
+    hm.mgr.add_task(spec("d"), now=at(0))
+    hm.mgr.add_task(spec("e", lease_seconds=10), now=at(0))
+    cancelled, done, expired = (hm.mgr.claim("n", job_id="job-a", now=at(0)) for _ in range(3))
+    assert cancelled is not None and done is not None and expired is not None
+    hm.take()
+    assert hm.mgr.lease_standing(cancelled.lease_id, now=at(1)) == ("live", None)
+    assert hm.take() == []  # a read
+    hm.mgr.cancel_task("job-a", "c", now=at(1))
+    assert hm.mgr.lease_standing(cancelled.lease_id, now=at(2)) == ("cancelled", "the task was cancelled")
+    assert hm.mgr.complete(done.lease_id, SHA, now=at(1))
+    standing, why = hm.mgr.lease_standing(done.lease_id, now=at(2)) or ("", "")
+    assert standing == "ended" and why is not None and "already committed" in why
+    standing, why = hm.mgr.lease_standing(expired.lease_id, now=at(11)) or ("", "")
+    assert standing == "ended" and why is not None and "expired" in why
+    assert hm.mgr.lease_standing("ls-never-issued", now=at(2)) is None
+
+
 def test_cancel_terminal_is_silent_noop_and_unknown_raises(hm: Harness) -> None:
     hm.mgr.add_task(spec(), now=at(0))
     lease = hm.mgr.claim("n", now=at(0))

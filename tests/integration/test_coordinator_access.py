@@ -65,6 +65,7 @@ EXPECTED: dict[tuple[str, str], tuple[Any, ...]] = {
     ("GET", "/v1alpha1/jobs/{job_id}"): JOB_READ,
     ("GET", "/v1alpha1/jobs/{job_id}/events"): JOB_READ,
     ("GET", "/v1alpha1/jobs/{job_id}/logs"): JOB_READ,
+    ("GET", "/v1alpha1/jobs/{job_id}/metrics"): JOB_READ,
     ("GET", "/v1alpha1/jobs/{job_id}/tasks"): JOB_READ,
     ("GET", "/v1alpha1/jobs/{job_id}/artifacts"): JOB_READ,
     ("POST", "/v1alpha1/jobs/{job_id}/cancel"): JOB_READ,
@@ -76,6 +77,7 @@ EXPECTED: dict[tuple[str, str], tuple[Any, ...]] = {
     ("POST", "/v1alpha1/leases/claim"): (401, 401, {OK, NO_CONTENT}, {OK, NO_CONTENT}, 403, 403, 401,
                                          {OK, NO_CONTENT}),
     ("POST", "/v1alpha1/attempts/{lease_id}/heartbeat"): NODE_ONLY,
+    ("GET", "/v1alpha1/attempts/{lease_id}/watch"): NODE_ONLY,
     ("POST", "/v1alpha1/attempts/{lease_id}/complete"): NODE_ONLY,
     ("POST", "/v1alpha1/attempts/{lease_id}/fail"): NODE_ONLY,
     ("POST", "/v1alpha1/attempts/{lease_id}/release"): NODE_ONLY,
@@ -161,6 +163,8 @@ class World:
             ("POST", "/v1alpha1/leases/claim"): lambda: Call(
                 "/v1alpha1/leases/claim", json={"node_id": "node-a", "job_id": self.job()}),
             ("POST", "/v1alpha1/attempts/{lease_id}/heartbeat"): lambda: Call(f"/v1alpha1/attempts/{lease}/heartbeat"),
+            ("GET", "/v1alpha1/attempts/{lease_id}/watch"): lambda: Call(f"/v1alpha1/attempts/{lease}/watch",
+                                                                           params={"wait_s": 0}),
             ("POST", "/v1alpha1/attempts/{lease_id}/complete"): lambda: Call(
                 f"/v1alpha1/attempts/{self.leased_job()[1]}/complete", json={"output_sha256": "0" * 64}),
             ("POST", "/v1alpha1/attempts/{lease_id}/fail"): lambda: Call(
