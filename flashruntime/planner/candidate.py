@@ -12,6 +12,18 @@ from dataclasses import dataclass, field
 # Order of statuses in the rendered candidate list.
 STATUS_ORDER = ("selected", "feasible", "rejected_policy", "rejected_dominated", "infeasible")
 
+# Strategy families of the CPU device class: one process, and gloo data parallel on one host.
+CPU_FAMILIES = ("cpu", "cpu_ddp")
+
+# How a candidate without a time says so; in a report where another candidate has a time, the
+# same reason reads ``time unknown: ...`` so the report never claims there is no estimate at all.
+NO_TIME = "no time estimate"
+TIME_UNKNOWN = "time unknown"
+# The end of a report note saying a request field's absence leaves no time; once a measurement
+# gives a time the note says that only measured figures have one.
+NO_TIME_NOTE = "no time or cost estimates"
+MEASURED_TIME_NOTE = "no static time or cost estimates; only the measured figures have one"
+
 
 @dataclass(slots=True, init=False)
 class Memory:
@@ -101,10 +113,32 @@ class Candidate:
     memory_basis: str = "static"
     time_basis: str = "static"
     cost_basis: str = "static"
+    # Why the candidate has no time (its ``no time estimate`` reason), None once it has one.
+    no_time_why: str | None = None
 
-    def set_time(self, minutes: float, arithmetic: str, exact: float | None = None) -> None:
-        self.time_min, self.time_note, self.time_exact = minutes, arithmetic, exact
+    @property
+    def on_cpu(self) -> bool:
+        return self.family in CPU_FAMILIES
+
+    def no_time(self, why: str) -> None:
+        """Record that there is no time estimate, and why, as one of the reasons."""
+        self.no_time_why = why
+        self.reasons.append(f"{NO_TIME}: {why}")
+
+    def set_time(self, minutes: float, arithmetic: str, exact: float | None = None,
+                 basis: str = "static") -> None:
+        """The time (shown minutes, its arithmetic, exact minutes); a ``no time estimate`` reason goes."""
+        if self.no_time_why is not None:
+            self.reasons.remove(f"{NO_TIME}: {self.no_time_why}")
+            self.no_time_why = None
+        self.time_min, self.time_note, self.time_exact, self.time_basis = minutes, arithmetic, exact, basis
         self.reasons.append(arithmetic)
+
+    def call_time_unknown(self) -> None:
+        """Reword the ``no time estimate`` reason as ``time unknown`` (another candidate has a time)."""
+        if self.no_time_why is not None:
+            index = self.reasons.index(f"{NO_TIME}: {self.no_time_why}")
+            self.reasons[index] = f"{TIME_UNKNOWN}: {self.no_time_why}"
 
     def set_cost(self, usd: float, arithmetic: str, exact: float | None = None) -> None:
         self.cost_usd, self.cost_note, self.cost_exact = usd, arithmetic, exact

@@ -159,6 +159,13 @@ HOST_RAM_USABLE_FRACTION = 0.80
 # Activations per GPU when the request gives none: 2.0 GB.
 DEFAULT_PYTORCH_ACTIVATION_GB = 2.0
 
+# --- CPU training --------------------------------------------------------------------------------------------
+# Gloo data-parallel processes on one host: one per core, at most 8 (more split a host's cores and memory
+# bandwidth too thinly for each rank's own thread pool); 2 when the request does not give cpu_cores (design
+# choice, docs/planner.md).
+CPU_DDP_MAX_WORKERS = 8
+CPU_DDP_DEFAULT_WORKERS = 2
+
 # --- classical ML ---------------------------------------------------------------------------------------------
 # Working set of an in-memory fit: 3 x the dataset: the raw data, the float64 copy made by
 # scikit-learn's check_array (dtype="numeric" converts to float64), and one fold/split copy (docs/planner.md).

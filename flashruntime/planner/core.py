@@ -11,12 +11,13 @@ import hashlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from flashruntime.planner.candidate import Candidate
+from flashruntime.planner.candidate import MEASURED_TIME_NOTE, NO_TIME_NOTE, Candidate
 from flashruntime.planner.catalog_gpus import GpuFacts, resolve_gpu
 from flashruntime.planner.hints import no_valid_strategy_hint
 from flashruntime.planner.limits import apply_finite, unmodelable_input
-from flashruntime.planner.measured import apply_measurement, matches
+from flashruntime.planner.measured import apply_measurement, matches, unused_note
 from flashruntime.planner.menu_classical import classical_candidates
+from flashruntime.planner.menu_cpu import NO_CPU_TIME_NOTE, cpu_candidates
 from flashruntime.planner.menu_finetune import finetune_candidates
 from flashruntime.planner.menu_pytorch import pytorch_candidates
 from flashruntime.planner.menu_tasks import task_candidates
@@ -75,6 +76,7 @@ def plan(
         for candidate in candidates:
             apply_finite(candidate, request.workload.kind)
         measured = _take_measurements(request, candidates, measurements, ledger, digest, steps, warnings)
+        _one_time_line(candidates, warnings)
     except UnplannableRequest as exc:
         return PlanReport(
             planner_version=PLANNER_VERSION,
@@ -114,6 +116,8 @@ def _candidates(request: PlanRequest, warnings: list[str]) -> list[Candidate]:
     if isinstance(wl, TransformerFineTune):
         return finetune_candidates(wl, res, obj, _gpu(request), warnings)
     if isinstance(wl, PyTorchTraining):
+        if res.gpus == 0:
+            return cpu_candidates(wl, res, warnings)
         return pytorch_candidates(wl, res, obj, _gpu(request), warnings)
     if isinstance(wl, ClassicalML):
         return classical_candidates(wl, res, obj, warnings)
@@ -174,9 +178,21 @@ def _take_measurements(request: PlanRequest, candidates: list[Candidate], measur
             applied[id(c)] = chosen
     for m in measurements:
         if not any(matches(c, m) for c in candidates):
-            warnings.append(f"the profile measured {m.strategy_family} on {m.workers} worker(s), which is not a "
-                            "candidate of this request; its figures were not used")
+            warnings.append(unused_note(m, candidates))
     return applied
+
+
+def _one_time_line(candidates: list[Candidate], warnings: list[str]) -> None:
+    """Once every figure is in, say one thing about time: when some candidate has a time, the
+    others' time is unknown (not "no estimate") and a note that a missing field leaves no time
+    says that only the measured figures have one; CPU plans without any time say so plainly."""
+    if any(c.time_min is not None for c in candidates):
+        for c in candidates:
+            c.call_time_unknown()
+        warnings[:] = [w[: -len(NO_TIME_NOTE)] + MEASURED_TIME_NOTE if w.endswith(NO_TIME_NOTE) else w
+                       for w in warnings]
+    elif any(c.on_cpu for c in candidates):
+        warnings.append(NO_CPU_TIME_NOTE)
 
 
 def _checkpoint_advice(measured: Any, ledger: Any, mtbf_s: float | None,

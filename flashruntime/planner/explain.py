@@ -5,8 +5,10 @@ and a footer with planner version and request digest.
 
 from __future__ import annotations
 
-from flashruntime.planner.candidate import STATUS_ORDER
-from flashruntime.protocol.plan_v1alpha1 import CandidateVerdict, MemoryBreakdown, PlanReport, StrategyPlan
+from flashruntime.planner.candidate import CPU_FAMILIES, STATUS_ORDER
+from flashruntime.planner.measured import basis_label
+from flashruntime.planner.timing import duration_text
+from flashruntime.protocol.plan_v1alpha1 import CandidateVerdict, Estimate, MemoryBreakdown, PlanReport, StrategyPlan
 
 STATUS_LABELS = {
     "selected": "SELECTED",
@@ -58,22 +60,36 @@ def _knobs(p: StrategyPlan) -> str:
     return ", ".join(parts)
 
 
-def _selected_block(p: StrategyPlan) -> list[str]:
+def _topology(p: StrategyPlan) -> str:
+    where = "one host" if p.colocated else "across hosts"
+    if p.strategy_family in CPU_FAMILIES:
+        return f"{p.workers} process(es) on the CPU ({where})"
     gpus = f"{p.gpus_per_worker} GPU" if p.gpus_per_worker else "no GPU"
+    return f"{p.workers} worker(s) x {gpus} each ({where})"
+
+
+def _time(t: Estimate | None, family: str) -> str:
+    """``96 min (1.6 h, static)``; under a minute in seconds, ``7.25 s (profiled on the CPU)``."""
+    if t is None:
+        return "no estimate"
+    label = basis_label(t.basis, family in CPU_FAMILIES)
+    if t.value < 1:
+        return f"{duration_text(t.value)} ({label})"
+    return f"{t.value:.0f} min ({t.value / 60:.1f} h, {label})"
+
+
+def _selected_block(p: StrategyPlan) -> list[str]:
     lines = [
         f"SELECTED PLAN {p.plan_id}",
         f"  mode        {p.workload_mode}",
         f"  strategy    {_strategy(p)}",
-        f"  topology    {p.workers} worker(s) x {gpus} each ({'one host' if p.colocated else 'across hosts'})",
+        f"  topology    {_topology(p)}",
         f"  launcher    {p.launcher}",
         f"  knobs       {_knobs(p)}",
     ]
     if p.memory is not None:
         lines.append(f"  memory      {_memory_line(p.memory)}")
-    lines.append(
-        "  time        " + ("no estimate" if p.est_time_min is None else f"{p.est_time_min.value:.0f} min "
-                            f"({p.est_time_min.value / 60:.1f} h, {p.est_time_min.basis})")
-    )
+    lines.append("  time        " + _time(p.est_time_min, p.strategy_family))
     lines.append(
         "  cost        " + ("no estimate" if p.est_cost_usd is None else f"${p.est_cost_usd.value:.2f} "
                             f"({p.est_cost_usd.basis})")
@@ -112,10 +128,11 @@ def _candidate_lines(c: CandidateVerdict) -> str:
     if label is None:
         label = f"{STATUS_LABELS.get(c.status, c.status):<{_LABEL_WIDTH}}"
     figures = []
+    on_cpu = c.strategy_family in CPU_FAMILIES
     if c.memory is not None:
         figures.append("%.1f GB/GPU" % c.memory.total_gb + _basis(c.memory.basis))
     if c.est_time_min is not None:
-        figures.append("%.0f min" % c.est_time_min.value + _basis(c.est_time_min.basis))
+        figures.append(duration_text(c.est_time_min.value) + _basis(c.est_time_min.basis, on_cpu))
     if c.est_cost_usd is not None:
         figures.append("$%.2f" % c.est_cost_usd.value + _basis(c.est_cost_usd.basis))
     if c.profiling_required:
@@ -128,9 +145,9 @@ def _candidate_lines(c: CandidateVerdict) -> str:
     return head + _REASON_BREAK + _REASON_BREAK.join(c.reasons)
 
 
-def _basis(basis: str) -> str:
+def _basis(basis: str, on_cpu: bool = False) -> str:
     """A measured figure is marked; a static one (the usual case) is not."""
-    return "" if basis == "static" else f" ({basis})"
+    return "" if basis == "static" else f" ({basis_label(basis, on_cpu)})"
 
 
 def _order(c: CandidateVerdict) -> tuple[int, int, str]:

@@ -16,6 +16,10 @@ LEASES: Library = ("flashruntime.leases", "launcher", "hands tasks to workers un
 DCP: Library = ("torch.distributed.checkpoint", "checkpointing", "sharded, resumable checkpoints")
 FT_CHECKPOINT: Library = ("flashruntime.torch", "checkpointing", "ft.checkpoint: verified checkpoints and resume")
 
+CPU_TORCHRUN: Library = ("torchrun", "launcher", "starts one CPU process per rank with the rendezvous environment")
+GLOO_DDP: Library = ("torch.nn.parallel.DistributedDataParallel", "distribution",
+                     "replicated model, gradient all-reduce over gloo")
+
 _DISTRIBUTION: dict[str, Library] = {
     "ddp": ("torch.nn.parallel.DistributedDataParallel", "distribution", "replicated model, gradient all-reduce"),
     "fsdp2": ("torch.distributed.fsdp.fully_shard", "distribution", "FSDP2: parameters, gradients, states sharded"),
@@ -38,3 +42,10 @@ def training_libraries(family: str, knobs: Knobs, optimizer: str) -> tuple[Libra
         libs.append(("torch.utils.checkpoint", "activation_checkpointing", "recompute layer activations in backward"))
     libs.append(DCP if family != "single_gpu" else FT_CHECKPOINT)
     return tuple(libs)
+
+
+def cpu_libraries(family: str) -> tuple[Library, ...]:
+    """Libraries of a CPU training candidate: one supervised process, or gloo DDP under torchrun."""
+    if family == "cpu":
+        return (LOCAL_PROCESS, FT_CHECKPOINT)
+    return (CPU_TORCHRUN, GLOO_DDP, DCP)

@@ -14,7 +14,7 @@ from flashruntime.planner.checks import apply_host_ram, apply_objective
 from flashruntime.planner.libraries import LEASES, LOCAL_PROCESS
 from flashruntime.protocol.plan_v1alpha1 import ClassicalML, Objective, Resources
 
-_NO_TIME = "no time estimate: classical ML has no runtime model; measure one fit"
+_NO_TIME = "classical ML has no runtime model; measure one fit"
 
 
 def shard_workers(dataset_mb: float) -> int:
@@ -36,7 +36,7 @@ def classical_candidates(wl: ClassicalML, res: Resources, obj: Objective, warnin
         libraries=(LOCAL_PROCESS, library),
     )
     apply_host_ram(local, K.CLASSICAL_RAM_FACTOR * dataset_gb, res.cpu_ram_gb, "in-memory working set 3 x dataset")
-    local.reasons.append(_NO_TIME)
+    local.no_time(_NO_TIME)
     out = [local]
     if wl.supports_partial_fit:
         workers = shard_workers(wl.dataset_mb)
@@ -59,7 +59,7 @@ def classical_candidates(wl: ClassicalML, res: Resources, obj: Objective, warnin
             f"working set per host ({workers} shards of {wl.dataset_mb / workers:.0f} MB, {per_host} per host, "
             f"3 x shard each)",
         )
-        sharded.reasons.append(_NO_TIME)
+        sharded.no_time(_NO_TIME)
         out.append(sharded)
     elif local.status == "infeasible":
         warnings.append(

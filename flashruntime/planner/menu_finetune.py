@@ -9,7 +9,7 @@ import math
 
 from flashruntime.planner import constants as K
 from flashruntime.planner import timing
-from flashruntime.planner.candidate import Candidate, Knobs, Memory, Miss
+from flashruntime.planner.candidate import NO_TIME_NOTE, Candidate, Knobs, Memory, Miss
 from flashruntime.planner.catalog_gpus import GpuFacts
 from flashruntime.planner.catalog_models import ModelShape, resolve_model
 from flashruntime.planner.checks import MemoryBand, apply_efficiency, apply_host_ram, apply_objective
@@ -47,9 +47,9 @@ def finetune_candidates(
     if wl.precision == "bf16" and not gpu.has_bf16:
         warnings.append(f"{gpu.label} has no bf16 tensor cores: set precision 'fp16' (estimates assume fp16 speed)")
     if gpu.tflops(wl.precision) is None:
-        warnings.append(f"{gpu.label}: throughput unknown (not in the GPU catalog), so no time or cost estimates")
+        warnings.append(f"{gpu.label}: throughput unknown (not in the GPU catalog), so {NO_TIME_NOTE}")
     if wl.train_tokens_m is None:
-        warnings.append("workload.train_tokens_m not set: no time or cost estimates")
+        warnings.append(f"workload.train_tokens_m not set: {NO_TIME_NOTE}")
     elif res.hourly_cost_usd_per_gpu is None:
         warnings.append("resources.hourly_cost_usd_per_gpu not set: no cost estimates")
 
@@ -245,7 +245,7 @@ def _estimate_time(
     c: Candidate, s: _Shared, m: _Method, family: str, workers: int, ackpt: bool, weights_gb: float
 ) -> None:
     if s.tflops is None:
-        c.reasons.append(f"no time estimate: throughput of {s.gpu.label} unknown")
+        c.no_time(f"throughput of {s.gpu.label} unknown")
         return
     ft = m.ft
     step_s, slowdown, factors = m.pace(ackpt)
@@ -275,7 +275,7 @@ def _estimate_time(
         efficiency = 1.0
         c.efficiency = 1.0
     if s.clock is None:
-        c.reasons.append("no time estimate: workload.train_tokens_m not set")
+        c.no_time("workload.train_tokens_m not set")
         return
     minutes, time_text, exact = s.clock.minutes(workers, slowdown, factors, efficiency)
     c.set_time(minutes, time_text, exact)

@@ -1,13 +1,14 @@
 """Candidate menu for ``pytorch_training``: ``single_gpu``, ``ddp_x<W>`` and
 ``fsdp2_x<W>`` for a model known only by its parameter count. Activations default to
-2.0 GB/GPU; time comes only from ``est_train_gpu_hours``.
+2.0 GB/GPU; time comes only from ``est_train_gpu_hours``. A request without GPUs is planned by
+the CPU menu (``menu_cpu``).
 """
 
 from __future__ import annotations
 
 from flashruntime.planner import constants as K
 from flashruntime.planner import timing
-from flashruntime.planner.candidate import Candidate, Knobs
+from flashruntime.planner.candidate import NO_TIME_NOTE, Candidate, Knobs
 from flashruntime.planner.catalog_gpus import GpuFacts
 from flashruntime.planner.checks import apply_memory_band, apply_objective
 from flashruntime.planner.libraries import training_libraries
@@ -20,11 +21,6 @@ from flashruntime.protocol.plan_v1alpha1 import Objective, PyTorchTraining, Reso
 def pytorch_candidates(
     wl: PyTorchTraining, res: Resources, obj: Objective, gpu: GpuFacts | None, warnings: list[str]
 ) -> list[Candidate]:
-    if res.gpus < 1:
-        raise UnplannableRequest(
-            f"PyTorch training of {wl.model!r} is planned on GPUs, but resources.gpus = {res.gpus}. "
-            f"Set resources.gpus >= 1 (and resources.gpu_type or resources.vram_gb)"
-        )
     if gpu is None:
         raise UnplannableRequest(
             f"PyTorch training of {wl.model!r} needs the GPU's memory: set resources.gpu_type (a catalog GPU) "
@@ -40,7 +36,7 @@ def pytorch_candidates(
             f"activation_gb_per_gpu not set: {activation_gb:g} GB/GPU assumed - measure one step for accuracy"
         )
     if wl.est_train_gpu_hours is None:
-        warnings.append("est_train_gpu_hours not set: no time or cost estimates")
+        warnings.append(f"est_train_gpu_hours not set: {NO_TIME_NOTE}")
     job = GenericTraining(
         params=wl.parameters_m * 1e6,
         trainable_fraction=wl.trainable_fraction,
@@ -80,7 +76,7 @@ def _evaluate(
     if workers > 1:
         c.reasons.append("scaling not modelled: generic PyTorch gives no per-step compute, linear scaling assumed")
     if wl.est_train_gpu_hours is None:
-        c.reasons.append("no time estimate: est_train_gpu_hours not set")
+        c.no_time("est_train_gpu_hours not set")
     else:
         minutes, text, exact = timing.gpu_hours_minutes(wl.est_train_gpu_hours, workers, None)
         c.set_time(minutes, text, exact)

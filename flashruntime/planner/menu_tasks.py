@@ -78,8 +78,8 @@ def task_candidates(
     if sequential.feasible and slots > 1:
         sequential.reject(
             "rejected_dominated",
-            f"dominated by lease_tasks: {slots} parallel slots finish in {leased.time_min:.0f} min instead of "
-            f"{sequential.time_min:.0f} min",
+            f"dominated by lease_tasks: {slots} parallel slots finish in {timing.duration_text(leased.time_min)} "
+            f"instead of {timing.duration_text(sequential.time_min)}",
         )
     for c in candidates:
         if c.feasible:
@@ -89,10 +89,10 @@ def task_candidates(
 
 def _timed(c: Candidate, wl: IndependentTasks, res: Resources, waves: int, gpus: int, how: str) -> None:
     exact = waves * wl.est_minutes_per_task
-    minutes = round(exact, 2)
+    minutes = timing.shown_minutes(exact)
     c.set_time(
         minutes,
-        f"time {minutes:.0f} min = {waves} x {wl.est_minutes_per_task:g} min per task ({how}, {wl.task_count} tasks)",
+        f"time {timing.duration_text(minutes)} = {waves} x {wl.est_minutes_per_task:g} min per task ({how}, {wl.task_count} tasks)",
         exact,
     )
     if wl.needs_gpu and res.hourly_cost_usd_per_gpu is not None:

@@ -12,9 +12,10 @@ import math
 from flashruntime.planner import constants as K
 from flashruntime.planner.candidate import Candidate
 from flashruntime.planner.checks import exceeds
+from flashruntime.planner.timing import duration_text
 
 _INF = math.inf
-_LOCAL_FAMILIES = ("single_gpu", "local_process")
+_LOCAL_FAMILIES = ("single_gpu", "local_process", "cpu")
 _FEASIBLE = ("feasible", "selected")  # Candidate.feasible
 _BALANCED_HEAD = (
     f"objective balanced: fastest among candidates within {K.BALANCED_COST_SLACK - 1:.0%} of the cheapest "
@@ -90,7 +91,7 @@ def runner_up_line(ranked: list[Candidate]) -> str:
 
 
 def _summary(c: Candidate) -> str:
-    time = "time unknown" if c.time_min is None else f"{c.time_min:.0f} min"
+    time = "time unknown" if c.time_min is None else duration_text(c.time_min)
     cost = "cost unknown" if c.cost_usd is None else f"${c.cost_usd:.2f}"
     memory = "" if c.memory is None else f", {c.memory.total_gb:.1f} GB/GPU"
     return f"{time}, {cost}, {c.workers} worker(s){memory}"

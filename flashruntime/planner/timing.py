@@ -2,7 +2,9 @@
 throughput x MFU), divided by scaling efficiency, times the documented slowdowns;
 cost = hours x GPUs x hourly price.
 
-Each function returns the figure and the arithmetic as text for the candidate's reasons.
+Each function returns the figure and the arithmetic as text for the candidate's reasons. A
+time under a minute is carried to three significant digits and shown in seconds, so a short
+run never reads "0 min".
 """
 
 from __future__ import annotations
@@ -23,6 +25,20 @@ class Slowdown(NamedTuple):
 RECOMPUTE = Slowdown(K.RECOMPUTE_SLOWDOWN, "activation recompute")
 QLORA = Slowdown(K.QLORA_SLOWDOWN, "NF4 dequantisation")
 _MFU_TEXT = f"{K.MFU:.2f}"
+
+
+def shown_minutes(exact: float) -> float:
+    """The minutes a report carries: 2 decimals, or 3 significant digits under a minute."""
+    if 0 < exact < 1:
+        return float(f"{exact:.3g}")
+    return round(exact, 2)
+
+
+def duration_text(minutes: float) -> str:
+    """``96 min``, or seconds under a minute (``7.25 s``)."""
+    if minutes < 1:
+        return f"{minutes * 60:.3g} s"
+    return f"{minutes:.0f} min"
 
 
 def cpu_optimizer_slowdown(trainable_params: float, step_compute_s: float) -> Slowdown:
@@ -58,7 +74,7 @@ class FineTuneClock:
     def __init__(self, params: float, tokens: float, tflops: float) -> None:
         self.tflops = tflops
         self._flops = K.FLOPS_PER_PARAM_PER_TOKEN * params * tokens
-        self._middle = f" min = 6 x {params / 1e9:.2f}e9 params x {tokens / 1e6:g}e6 tokens / ("
+        self._middle = f" = 6 x {params / 1e9:.2f}e9 params x {tokens / 1e6:g}e6 tokens / ("
         self._tflops_text = f" x {tflops:g} TFLOP/s x MFU {_MFU_TEXT})"
 
     def minutes(self, workers: int, slowdown: float, factors: str, efficiency: float) -> tuple[float, str, float]:
@@ -68,9 +84,9 @@ class FineTuneClock:
         # efficiency 0 (or NaN) only comes from overflowed communication estimates: no finite time
         seconds = seconds / efficiency if efficiency > 0 else math.inf
         exact = seconds / 60
-        minutes = round(exact, 2)  # the figure the report carries; text and wire agree
-        text = "time %.0f%s%s%s%s / efficiency %.2f" % (
-            minutes,
+        minutes = shown_minutes(exact)  # the figure the report carries; text and wire agree
+        text = "time %s%s%s%s%s / efficiency %.2f" % (
+            duration_text(minutes),
             self._middle,
             workers,
             self._tflops_text,
@@ -84,9 +100,10 @@ def gpu_hours_minutes(gpu_hours: float, workers: int, efficiency: float | None) 
     """``(shown minutes, arithmetic, exact minutes)`` of a GPU-hour estimate split over ``workers``."""
     eff = 1.0 if efficiency is None else efficiency
     exact = gpu_hours * 60 / workers / eff
-    minutes = round(exact, 2)
+    minutes = shown_minutes(exact)
     scaling = "linear scaling assumed" if efficiency is None else f"efficiency {eff:.2f}"
-    return minutes, f"time {minutes:.0f} min = {gpu_hours:g} GPU-h x 60 / {workers} GPUs ({scaling})", exact
+    text = f"time {duration_text(minutes)} = {gpu_hours:g} GPU-h x 60 / {workers} GPUs ({scaling})"
+    return minutes, text, exact
 
 
 def cost_usd(

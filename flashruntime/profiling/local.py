@@ -131,12 +131,18 @@ class LocalProfiler(Profiler):
             shutil.rmtree(scratch, ignore_errors=True)
         # The ranks say how many there were: torchrun may be named by a path or run as a module.
         world = max(int(record.get("world_size", 1)) for record in records)
-        return summarise(records, strategy_family=_family(plan, world), workers=world)
+        on_cpu = all(str(record.get("device", "cpu")).split(":")[0] == "cpu" for record in records)
+        return summarise(records, strategy_family=_family(plan, world, on_cpu), workers=world)
 
 
-def _family(plan: StrategyPlan | None, world_size: int) -> str:
-    if plan is not None and plan.workers == world_size:
+def _family(plan: StrategyPlan | None, world_size: int, on_cpu: bool) -> str:
+    """The candidate a run measured: the plan's when it has this many workers on this device class,
+    else one process or DDP on the device the ranks ran on."""
+    cpu_plan = plan is not None and plan.gpus_per_worker == 0
+    if plan is not None and plan.workers == world_size and cpu_plan == on_cpu:
         return plan.strategy_family
+    if on_cpu:
+        return "cpu" if world_size == 1 else "cpu_ddp"
     return "single_gpu" if world_size == 1 else "ddp"
 
 

@@ -17,7 +17,8 @@ __all__ = ["ProfileResult"]
 class ProfileResult(WireModel):
     """What a profiler measured. ``basis`` is ``profiled`` for a fresh measurement and
     ``ledger`` for medians of finished runs; ``strategy_family`` and ``workers`` name the
-    candidate the measurement is of (``ddp`` on 2 workers for a 2-rank torchrun command)."""
+    candidate the measurement is of (``ddp`` on 2 workers for a 2-rank torchrun command on GPUs,
+    ``cpu_ddp`` on 2 workers on the CPU); ``device`` is what the ranks ran on (``cpu``, ``cuda:0``)."""
 
     basis: EstimateBasis = "profiled"
     peak_vram_gb: float | None = Field(default=None, ge=0)

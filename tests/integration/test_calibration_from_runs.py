@@ -10,6 +10,7 @@ import pytest
 
 import flashruntime as flash
 from flashruntime.launchers import LaunchState
+from flashruntime.planner.timing import shown_minutes
 from flashruntime.profiling import CalibrationLedger
 from flashruntime.profiling.calibration import plan_key
 from flashruntime.workloads.command import CommandWorkload, Source
@@ -61,7 +62,7 @@ def test_a_succeeded_run_is_the_next_plans_ledger_figure(tmp_path: Path) -> None
     report = flash.plan(REQUEST, ledger=ledger, steps=1_000)
     chosen = next(c for c in report.candidates if c.status == "selected")
     assert chosen.est_time_min.basis == "ledger" and chosen.memory.basis == "ledger"
-    assert chosen.est_time_min.value == round(1_000 * recorded.step_time_s / 60, 2)
+    assert chosen.est_time_min.value == shown_minutes(1_000 * recorded.step_time_s / 60)
 
 
 def test_a_failed_run_records_nothing_and_ledger_false_records_nothing(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +17,13 @@ from tests._support import REPO_ROOT, blocking_prelude
 
 EXAMPLE_JSON = REPO_ROOT / "examples" / "plan-qwen7b-lora.json"
 EXAMPLE_YAML = REPO_ROOT / "examples" / "plan-qwen7b-lora.yaml"
+CPU_EXAMPLE = REPO_ROOT / "examples" / "plan-cpu-mlp.json"
+MLP_SCRIPT = REPO_ROOT / "examples" / "ddp_train.py"
 
 
-def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "flashruntime.cli", "plan", *args], capture_output=True,
-                          text=True, cwd=cwd or REPO_ROOT, timeout=120, check=False)
+                          text=True, cwd=cwd or REPO_ROOT, timeout=120, check=False, env=env)
 
 
 def test_example_plans_with_exit_0_and_the_rendered_report() -> None:
@@ -30,6 +33,34 @@ def test_example_plans_with_exit_0_and_the_rendered_report() -> None:
     assert lines[0].startswith("SELECTED PLAN pl_")
     assert "  strategy    ddp + lora(r=16)" in lines
     assert "Candidates evaluated (12):" in lines
+
+
+@pytest.mark.torch
+def test_a_cpu_only_plan_for_the_example_mlp_with_profile_is_a_plan_not_a_refusal() -> None:
+    """The real profiler runs the example MLP on the CPU (one process); its measured step time
+    is the CPU plan's time, shown in seconds and labelled as measured on the CPU."""
+    pytest.importorskip("torch")
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    # A fixed pause per step keeps 200 steps well under a minute on a loaded host and well over 0 s.
+    command = f"{sys.executable} {MLP_SCRIPT} --sleep-per-step 0.02"
+    result = _cli(str(CPU_EXAMPLE), "--profile", command, "--steps", "200", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("SELECTED PLAN pl_")
+    assert "  strategy    cpu" in lines and "  topology    1 process(es) on the CPU (one host)" in lines
+    [time_line] = [line for line in lines if line.startswith("  time ")]
+    assert re.fullmatch(r"  time {8}\d+(\.\d+)? s \(profiled on the CPU\)", time_line), time_line
+    assert re.search(r"time \d+(\.\d+)? s = 200 steps x [0-9.]+ s/step profiled on the CPU", result.stdout)
+    assert "no time estimate" not in result.stdout and "single_gpu" not in result.stdout
+    assert "profile failed" not in result.stdout
+
+
+def test_a_cpu_only_plan_without_a_profile_says_there_is_no_time_estimate() -> None:
+    result = _cli(str(CPU_EXAMPLE))
+    assert result.returncode == 0, result.stderr
+    assert "  strategy    cpu" in result.stdout.splitlines() and "  time        no estimate" in result.stdout
+    assert "  - no time estimate for CPU: the planner has no CPU throughput model" in result.stdout
 
 
 def test_json_output_is_the_report_without_nulls() -> None:

@@ -26,5 +26,6 @@ def test_the_cuda_peak_is_measured(tmp_path: Path) -> None:
     result = LocalProfiler(command, warmup_steps=2, measured_steps=5, workdir=tmp_path,
                            env=env).profile(None, None, budget_seconds=240)
     assert result.device == "cuda:0" and result.workers == nproc
+    assert result.strategy_family == ("single_gpu" if nproc == 1 else "ddp")  # GPU families on CUDA only
     assert result.peak_vram_gb is not None and 0 < result.peak_vram_gb < 80
     assert result.checkpoint_save_s is not None and result.checkpoint_restore_s is not None

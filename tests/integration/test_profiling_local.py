@@ -58,7 +58,7 @@ def test_the_ddp_example_is_measured_in_isolation_close_to_its_normal_run(tmp_pa
                            env=_env()).profile(None, None, budget_seconds=120)
 
     assert _files(job_out) + _files(job_ckpt) == before and _files(workdir) == []
-    assert result.basis == "profiled" and (result.strategy_family, result.workers) == ("ddp", 2)
+    assert result.basis == "profiled" and (result.strategy_family, result.workers) == ("cpu_ddp", 2)
     assert (result.measured_steps, result.warmup_steps) == (10, 3)
     assert result.peak_vram_gb is None and result.device == "cpu" and 0 < result.host_ram_gb < 8
     assert result.checkpoint_save_s > 0 and result.checkpoint_restore_s > 0 and result.checkpoint_size_gb > 0
@@ -98,10 +98,11 @@ def test_a_plan_with_profile_true_carries_profiled_figures_of_the_example(tmp_pa
 
     command = [*torchrun_argv(), "--nproc-per-node=2", "--nnodes=1", "--standalone", "--local-addr=127.0.0.1",
                str(SCRIPT), *ARGS]
-    request = {"workload": {"kind": "pytorch_training", "parameters_m": 0.0003, "est_train_gpu_hours": 1},
-               "resources": {"gpus": 2, "vram_gb": 24}}
+    request = {"workload": {"kind": "pytorch_training", "parameters_m": 0.0003},
+               "resources": {"gpus": 0, "cpu_cores": 2}}
     report = flash.plan(request, profile=True, command=command, steps=1_000, budget_seconds=120, mtbf_s=86_400)
-    ddp = next(c for c in report.candidates if c.name == "ddp_x2")
+    ddp = next(c for c in report.candidates if c.name == "cpu_ddp_x2")
     assert ddp.est_time_min.basis == "profiled", report.warnings
-    assert report.selected.strategy_family == "ddp" and report.selected.est_time_min.basis == "profiled"
+    assert report.selected.strategy_family == "cpu_ddp" and report.selected.est_time_min.basis == "profiled"
+    assert any(r.endswith("s/step profiled on the CPU") for r in ddp.reasons), ddp.reasons
     assert report.selected.checkpoint.note.startswith("Young/Daly: ")

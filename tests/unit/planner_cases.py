@@ -40,12 +40,18 @@ _BASE: dict[str, dict[str, Any]] = {
     },
 }
 
-# Extra cases with no valid strategy, one per way of failing.
+# Extra cases: with no valid strategy, one per way of failing; a CPU-only request.
 _EXTRA: dict[str, dict[str, Any]] = {
     "transformer_finetune-no_valid_strategy": {
         "workload": {"kind": "transformer_finetune", "model": "meta-llama/Llama-3.1-70B", "method": "full",
                      "train_tokens_m": 10},
         "resources": {"gpus": 2, "gpu_type": "rtx4090", "hourly_cost_usd_per_gpu": 0.44},
+        "objective": {"mode": "balanced"},
+    },
+    "pytorch_training-cpu": {
+        "workload": {"kind": "pytorch_training", "model": "mlp", "parameters_m": 120, "precision": "fp32",
+                     "optimizer": "adamw", "activation_gb_per_gpu": 1.5},
+        "resources": {"gpus": 0, "cpu_cores": 6, "cpu_ram_gb": 16},
         "objective": {"mode": "balanced"},
     },
     "independent_tasks-no_valid_strategy": {

@@ -13,7 +13,7 @@ from tests.unit.planner_cases import SANITY_REQUEST
 def test_render_is_render_report_and_the_package_exports() -> None:
     assert render is explain.render_report
     assert planner.__all__ == ["PLANNER_VERSION", "plan", "render"]
-    assert planner.PLANNER_VERSION == "0.1.0"
+    assert planner.PLANNER_VERSION == "0.2.0"
 
 
 def test_selected_layout() -> None:
@@ -28,7 +28,7 @@ def test_selected_layout() -> None:
     assert "  topology    4 worker(s) x 1 GPU each (one host)" in lines
     assert "    - torchrun (launcher): starts one process per GPU with the rendezvous environment" in lines
     assert f"Candidates evaluated ({len(report.candidates)}):" in lines
-    assert lines[-1] == f"planner 0.1.0 · request {report.request_digest}"
+    assert lines[-1] == f"planner 0.2.0 · request {report.request_digest}"
     # status order: selected, feasible, rejected_policy, rejected_dominated, infeasible
     heads = [line for line in lines if line.startswith("  ") and " [" in line and not line.startswith("      ")]
     order = {"SELECTED": 0, "feasible (not chosen)": 1, "rejected (constraint)": 2, "rejected (dominated)": 3,

@@ -107,10 +107,13 @@ def test_gpu_resolution_normalises_spelling_and_vram_overrides() -> None:
         resolve_gpu("b9000", None)
 
 
-def test_pytorch_training_without_gpus_is_a_report_with_a_hint() -> None:
-    report = _plan({"kind": "pytorch_training", "parameters_m": 25})
-    assert report.selected is None
-    assert "resources.gpus = 0" in (report.no_valid_strategy_hint or "")
+def test_pytorch_training_without_gpus_resolves_no_gpu() -> None:
+    """A CPU plan needs no GPU facts: an unknown gpu_type, which a GPU plan refuses, is only noted."""
+    report = _plan({"kind": "pytorch_training", "parameters_m": 25}, gpus=0, gpu_type="b9000")
+    assert report.selected is not None and report.selected.strategy_family == "cpu"
+    assert "resources.gpus = 0: planned on the CPU, resources.gpu_type and vram_gb are not used" in report.warnings
+    with_gpus = _plan({"kind": "pytorch_training", "parameters_m": 25}, gpus=1, gpu_type="b9000")
+    assert with_gpus.selected is None and "unknown GPU type 'b9000'" in (with_gpus.no_valid_strategy_hint or "")
 
 
 def test_the_internal_error_is_a_flashruntime_value_error() -> None:
