@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from flashruntime.errors import ModuleUnavailable
+from flashruntime.errors import ConfigurationError, ModuleUnavailable
 from flashruntime.monitor.records import finite_number, json_object
 from flashruntime.trackers.run_records import RecordedPart, figures, read_run, step_records
 
@@ -105,22 +105,22 @@ def tracking_problem(uri: object, name: str) -> str | None:
         tracking_client(uri)
     except ModuleUnavailable:
         return f"{name} needs mlflow: {_INSTALL}, or unset it"
-    except ValueError as exc:
+    except ConfigurationError as exc:
         return f"{name} {uri!r} is no tracking URI MLflow can log to: {exc}"
     return None
 
 
 def tracking_client(uri: str) -> Any:
-    """MLflow's client for ``uri``; ``ValueError`` saying why when MLflow has no store for it,
-    ``ModuleUnavailable`` without mlflow."""
+    """MLflow's client for ``uri``; ``ConfigurationError`` saying why when MLflow has no store
+    for it, ``ModuleUnavailable`` without mlflow."""
     mlflow = _mlflow()
     parsed = urlparse(uri)
     if parsed.scheme in ("http", "https") and not parsed.hostname:
-        raise ValueError("it names no host; give the server's address, e.g. http://127.0.0.1:5000")
+        raise ConfigurationError("it names no host; give the server's address, e.g. http://127.0.0.1:5000")
     try:
         return mlflow.tracking.MlflowClient(tracking_uri=uri)
     except mlflow.exceptions.MlflowException as exc:
-        raise ValueError(f"{exc.message} (forms: {_URI_FORMS})") from None
+        raise ConfigurationError(f"{exc.message} (forms: {_URI_FORMS})") from None
 
 
 def _experiment_id(client: Any, name: str) -> str:
@@ -135,7 +135,7 @@ def _experiment_id(client: Any, name: str) -> str:
             if found is None:
                 raise
     if found.lifecycle_stage != "active":
-        raise ValueError(f"MLflow experiment {name!r} is deleted: restore it (mlflow experiments restore "
+        raise ConfigurationError(f"MLflow experiment {name!r} is deleted: restore it (mlflow experiments restore "
                          f"--experiment-id {found.experiment_id}) or choose another experiment name")
     return str(found.experiment_id)
 

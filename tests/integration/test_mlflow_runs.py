@@ -149,6 +149,23 @@ def test_a_file_over_the_size_cap_is_left_out_and_said_so(tmp_path: Path, monkey
     assert len(client.get_metric_history(only.info.run_id, "loss")) == 10  # the history is all there
 
 
+def test_a_deleted_experiment_is_refused_saying_how_to_restore_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flashruntime.trackers.mlflow_runs import log_run
+
+    monkeypatch.chdir(tmp_path)
+    run = flash.submit(CommandWorkload(command=[sys.executable, "trial.py", "0.5"], source=Source(path=str(_source(
+        tmp_path)))), output_dir=tmp_path / "once", quiet=True, watch=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow_tracking.MlflowClient(tracking_uri=uri)
+    client.delete_experiment(experiment_id := client.create_experiment("gone"))
+    with pytest.raises(ConfigurationError, match=rf"^MLflow experiment 'gone' is deleted: restore it \(mlflow "
+                                                 rf"experiments restore --experiment-id {experiment_id}\) or choose "
+                                                 r"another experiment name$"):
+        log_run(run.output_dir, uri, "gone")
+    assert client.search_runs([experiment_id], run_view_type=3) == []  # ALL: nothing logged, not even deleted
+
+
 @pytest.fixture
 def mlflow_server(tmp_path: Path) -> Iterator[str]:
     """A real ``mlflow server`` on 127.0.0.1: runs in SQLite, artifacts uploaded to it."""
