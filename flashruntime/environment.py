@@ -1,9 +1,10 @@
-"""Every ``FLASHML_*`` environment variable the project reads or sets, with what it means.
+"""Every ``FLASHML_*`` environment variable the project reads or sets, with what it means,
+and the ``MLFLOW_*`` ones of MLflow it honours as MLflow does.
 
 The coordinator's settings are described by their typed model
 (``flashruntime.coordinator.settings.RuntimeSettings``); this table names them too, so
 one list holds them all, and the reference page is generated from it. A test checks that
-every ``FLASHML_*`` name in the code is here and every name here is in the code.
+every ``FLASHML_*`` / ``MLFLOW_*`` name in the code is here and every name here is in the code.
 Standard library only.
 """
 
@@ -48,6 +49,12 @@ VARIABLES: tuple[Variable, ...] = (
              "when a run ends, its metrics and every trial's are written there as TensorBoard event files "
              "(tensorboard_dir= and --tensorboard win; needs the tensorboard extra); on the coordinator, every "
              "committed task's, under <job name>-<job id>/<task>/, from the files its worker uploaded"),
+    Variable("MLFLOW_TRACKING_URI", "flash.submit, flashruntime submit", "",
+             "MLflow's own: when a run ends, it is logged to this MLflow tracking store, a sweep as a parent run "
+             "with one run per trial (mlflow_uri= and --mlflow win; needs the mlflow extra); the coordinator "
+             "reads FLASHML_MLFLOW_URI instead"),
+    Variable("MLFLOW_EXPERIMENT_NAME", "flash.submit, flashruntime submit", "flashruntime",
+             "MLflow's own: the experiment a run is logged in, made when missing (mlflow_experiment= wins)"),
     Variable("FLASHML_CONTAINMENT", "flash.submit, the worker", "auto",
              "what holds each attempt's processes: auto (a cgroup v2 per attempt where one can be made, else a "
              "child subreaper), cgroup, subreaper or process-group"),
@@ -111,6 +118,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("FLASHML_MAX_PENDING_TASKS", _COORDINATOR, "100000",
              "the most queued tasks one submitter's jobs may have"),
     Variable("FLASHML_SWEEP_INTERVAL_S", _COORDINATOR, "2", "how often silent leases are expired, in seconds"),
+    Variable("FLASHML_MLFLOW_URI", _COORDINATOR, "",
+             "the MLflow tracking store every committed task is logged to, from the files its worker uploaded: one "
+             "run per task under one parent run per job (needs the mlflow extra); unset: none"),
+    Variable("FLASHML_MLFLOW_EXPERIMENT", _COORDINATOR, "flashruntime",
+             "the MLflow experiment of FLASHML_MLFLOW_URI's runs, made when missing"),
     Variable("FLASHML_HANG_CORDON_AFTER", _COORDINATOR, "3",
              "a node whose attempts hang this many times within FLASHML_HANG_CORDON_WINDOW_S is cordoned for that "
              "long (0: never)"),

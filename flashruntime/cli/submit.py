@@ -57,6 +57,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--tensorboard", default=None, metavar="DIR",
                         help="when the run ends, write its metrics and every trial's as TensorBoard event files "
                              "under DIR/<run> (default: $FLASHML_TENSORBOARD_DIR; needs the tensorboard extra)")
+    parser.add_argument("--mlflow", default=None, metavar="URI",
+                        help="when the run ends, log it to the MLflow tracking store at URI (a sweep: a parent run "
+                             "with one run per trial), in $MLFLOW_EXPERIMENT_NAME, else 'flashruntime' (default: "
+                             "$MLFLOW_TRACKING_URI; needs the mlflow extra)")
     parser.set_defaults(handler=handle)
 
 
@@ -145,7 +149,7 @@ def handle(args: argparse.Namespace) -> int:
                          watch=args.watch, checkpoints=args.checkpoint_glob, metric=args.metric, mode=args.mode,
                          max_concurrent_trials=args.parallel, fail_fast=args.fail_fast,
                          quiet=args.quiet, stream=terminal, executor=args.executor, ray_address=args.ray_address,
-                         tensorboard_dir=args.tensorboard)
+                         tensorboard_dir=args.tensorboard, mlflow_uri=args.mlflow)
         if status is not None:
             watch(run, terminal)
         run.wait()

@@ -41,6 +41,7 @@ from flashruntime.coordinator.failures import TASK_MODE, failure_classified, fai
 from flashruntime.coordinator.lease_jobs import TERMINAL_JOB_STATES, refreshed
 from flashruntime.coordinator.lease_watch import StandingChanges
 from flashruntime.coordinator.metrics import Metrics
+from flashruntime.coordinator.mlflow_tasks import MlflowTasks
 from flashruntime.coordinator.node_grants import node_grants_for
 from flashruntime.coordinator.nodes import NodeRegistry
 from flashruntime.coordinator.ray_dispatch import BACKEND_KEY, BackendPlacement, RayDispatcher
@@ -108,6 +109,7 @@ class Coordinator:
         Path(settings.artifacts_dir).mkdir(parents=True, exist_ok=True)
         self.authenticator = authenticator_from_env()  # before the database: a bad token setting opens nothing
         self.node_grants = node_grants_for(self.authenticator, join_code_set=settings.join_code is not None)
+        self.mlflow = MlflowTasks(settings.mlflow_uri, settings.mlflow_experiment) if settings.mlflow_uri else None
         self.state = state = open_state(settings)
         self.ledger = state.ledger
         self.metrics = Metrics()
@@ -148,6 +150,8 @@ class Coordinator:
             self.ray = dispatcher
 
     def close(self) -> None:
+        if self.mlflow is not None:
+            self.mlflow.close()  # what is queued is logged first: it reads the artifacts, not the database
         if self.ray is not None:
             self.ray.stop()
             self.ray = None
@@ -538,6 +542,8 @@ class Coordinator:
         self.metrics.count_commit("accepted")
         if self.settings.tensorboard_dir:
             attempt_reports.write_tensorboard(self, lease, record.spec.commit_key if record is not None else "", now)
+        if self.mlflow is not None:
+            attempt_reports.log_mlflow(self, lease, record.spec.commit_key if record is not None else "", now)
         return {"accepted": True}
 
     def _output_problem(self, commit_key: str, output_sha256: str) -> str | None:

@@ -71,6 +71,14 @@ class RuntimeSettings(BaseSettings):
         "where every committed task's metrics are written as TensorBoard event files, one directory per task under "
         "one per job (<name>-<job id>/<task>/), from the files its worker uploaded; needs the tensorboard extra; "
         "unset: none")
+    mlflow_uri: str | None = _setting(
+        None, "FLASHML_MLFLOW_URI", "an MLflow tracking URI",
+        "the MLflow tracking store every committed task is logged to, from the files its worker uploaded: one run "
+        "per task (params, metric history, final figures, output files) under one parent run per job "
+        "(<name>-<job id>), e.g. http://mlflow:5000 or sqlite:////srv/mlflow.db; needs the mlflow extra; unset: none")
+    mlflow_experiment: str = _setting(
+        "flashruntime", "FLASHML_MLFLOW_EXPERIMENT", "an MLflow experiment name",
+        "the MLflow experiment the runs of FLASHML_MLFLOW_URI go into (made when missing)", min_length=1)
     hang_cordon_after: int = _setting(
         3, "FLASHML_HANG_CORDON_AFTER", "a whole number >= 0",
         "a node whose attempts hang this many times within FLASHML_HANG_CORDON_WINDOW_S (as its worker's hang watch "
@@ -158,7 +166,7 @@ class RuntimeSettings(BaseSettings):
             return ",".join(networks)
         return value
 
-    @field_validator("join_code", mode="before")
+    @field_validator("join_code", "mlflow_uri", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: Any) -> Any:
         return None if value == "" else value

@@ -39,6 +39,7 @@ from flashruntime.recovery.policy import COORDINATED
 from flashruntime.recovery.preemption import preempt_settings
 from flashruntime.run_dirs import new_run_dir
 from flashruntime.strategies.command import compile_workload
+from flashruntime.trackers.mlflow_runs import MLFLOW_URI_ENV, tracking_problem
 from flashruntime.trackers.tensorboard_events import TENSORBOARD_DIR_ENV
 from flashruntime.workloads.command import CommandWorkload, collect_pattern_problem, task_params_problem
 from flashruntime.workloads.ranking import resolve_mode
@@ -70,6 +71,8 @@ def submit(
     ray_address: str | None = None,
     tensorboard_dir: str | Path | None = None,
     hang_timeout_s: float | None = None,
+    mlflow_uri: str | None = None,
+    mlflow_experiment: str | None = None,
 ) -> Run:
     """Launch ``workload`` and drive it to a terminal state (inline, or on a thread with ``wait=False``).
 
@@ -100,6 +103,11 @@ def submit(
     ``tensorboard_dir`` (else ``$FLASHML_TENSORBOARD_DIR``): when the run ends, its metrics and
     every trial's are written there as TensorBoard event files, ``<dir>/<run name>[/<trial>]``
     (see ``flashruntime.trackers.tensorboard_events``; needs the ``tensorboard`` extra).
+    ``mlflow_uri`` (else ``$MLFLOW_TRACKING_URI``): when the run ends, it is logged to that MLflow
+    tracking store, in ``mlflow_experiment`` (else ``$MLFLOW_EXPERIMENT_NAME``, else
+    ``flashruntime``): a sweep as a parent run with one child run per trial, else one run, with
+    parameters, metric history, final figures and output files (see
+    ``flashruntime.trackers.mlflow_runs``; needs the ``mlflow`` extra).
     ``hang_timeout_s``: seconds without progress (heartbeats of ``flashruntime.torch``, else the steps of
     ``metrics.jsonl``, else any output) after which an attempt counts as hung: its ranks' stacks are
     dumped into ``hang-stacks.txt`` in the attempt directory, it is stopped, classified ``hang`` and
@@ -132,6 +140,7 @@ def submit(
             f"got {max_concurrent_trials!r}"
         )
     events_dir = _tensorboard_dir(tensorboard_dir)
+    tracking = _mlflow_target(mlflow_uri, mlflow_experiment)
     if metric is not None and (not isinstance(metric, str) or not metric.strip()):
         raise InvalidSubmission(f"metric must be the name of a key of metrics.json, e.g. 'loss'; got {metric!r}")
     if mode is not None and mode not in ("min", "max"):
@@ -197,6 +206,9 @@ def submit(
         run.recorder.on_end(lambda: _record_calibration(run, ledger, key))
     if events_dir is not None:
         run.recorder.on_end(lambda: _write_tensorboard(run, events_dir))
+    if tracking is not None:
+        uri, experiment = tracking
+        run.recorder.on_end(lambda: _log_mlflow(run, uri, experiment))
     if _viewer_wanted(watch):
         _start_viewer(run)
     if not quiet:
@@ -270,6 +282,43 @@ def _write_tensorboard(run: Run, logdir: Path) -> None:
     run.record_event("TENSORBOARD_WRITTEN", f"metrics written to {logdir / run.output_dir.name} "
                      f"({len(written)} event director{'y' if len(written) == 1 else 'ies'}): "
                      f"tensorboard --logdir {logdir}")
+
+
+def _mlflow_target(given: str | None, experiment: str | None) -> tuple[str, str | None] | None:
+    """The MLflow tracking URI (``given``, else MLflow's own variable) and experiment the run is
+    logged to, checked before the run starts: mlflow importable, a store MLflow opens."""
+    uri = given if given is not None else os.environ.get(MLFLOW_URI_ENV) or None
+    if uri is None:
+        if experiment is not None:
+            raise InvalidSubmission(f"mlflow_experiment={experiment!r} names where to log, but there is no "
+                                    f"tracking URI: pass mlflow_uri as well (or set {MLFLOW_URI_ENV})")
+        return None
+    if experiment is not None and (not isinstance(experiment, str) or not experiment.strip()):
+        raise InvalidSubmission(f"mlflow_experiment must be an experiment name such as 'flashruntime', "
+                                f"got {experiment!r}")
+    problem = tracking_problem(uri, "mlflow_uri" if given is not None else MLFLOW_URI_ENV)
+    if problem is not None:
+        raise InvalidSubmission(problem)
+    return str(uri), experiment
+
+
+def _log_mlflow(run: Run, uri: str, experiment: str | None) -> None:
+    """Log the ended run to MLflow, saying where in an event. Never raises: the run has ended
+    as it ended, and a tracker that cannot be written to does not change that."""
+    from flashruntime.trackers.mlflow_runs import log_run
+
+    try:
+        logged = log_run(run.output_dir, uri, experiment)
+    except Exception as exc:  # noqa: BLE001 - reported as an event, never raised
+        run.record_event("MLFLOW_FAILED", f"not logged to MLflow at {uri}: {type(exc).__name__}: {exc}")
+        return
+    children = len(logged.run_ids) - (logged.parent_run_id is not None)
+    shape = (f"parent run {logged.parent_run_id} with {children} trial run(s)" if logged.parent_run_id
+             else f"run {logged.run_ids[0]}")
+    skipped = f"; left out: {'; '.join(logged.skipped)}" if logged.skipped else ""
+    where = f"; {logged.url}" if logged.url else ""
+    run.record_event("MLFLOW_LOGGED", f"logged to MLflow at {uri}, experiment {logged.experiment!r}: "
+                     f"{shape}{skipped}{where}")
 
 
 def _record_calibration(run: Run, ledger: Any, key: str) -> None:

@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from flashruntime.errors import ModuleUnavailable
-from flashruntime.monitor.progress import FRAMEWORK_METRICS_NAME
-from flashruntime.monitor.records import finite_number, json_lines
+from flashruntime.trackers.run_records import figures, read_run, step_records
 
 __all__ = ["EVENT_FILE_SUFFIX", "TENSORBOARD_DIR_ENV", "write_run_events", "write_task_events"]
 
 TENSORBOARD_DIR_ENV = "FLASHML_TENSORBOARD_DIR"
 EVENT_FILE_SUFFIX = ".flashruntime"  # ours, so writing again removes ours only
-_NOT_FIGURES = frozenset({"step", "ts", "params"})
 
 
 def _writer_class() -> Any:
@@ -39,33 +37,6 @@ def _writer_class() -> Any:
         raise ModuleUnavailable("writing TensorBoard event files needs tensorboard: pip install "
                                 "'flashruntime[tensorboard]' (or pip install tensorboard)") from None
     return EventFileWriter
-
-
-def _scalars(record: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
-    """(tag, value) of each number of ``record``, nested objects flattened as ``a/b``."""
-    for key, value in record.items():
-        if not prefix and key in _NOT_FIGURES:
-            continue
-        if isinstance(value, dict):
-            yield from _scalars(value, f"{prefix}{key}/")
-        elif (number := finite_number(value)) is not None:
-            yield f"{prefix}{key}", number
-
-
-def _steps_file(attempt_dir: Path) -> Path:
-    """The attempt's ``metrics.jsonl``, else the curves read from its output."""
-    chosen = attempt_dir / "metrics.jsonl"
-    return chosen if chosen.is_file() else attempt_dir / FRAMEWORK_METRICS_NAME
-
-
-def _step_records(steps_file: Path | None) -> Iterator[tuple[int, float | None, dict[str, Any]]]:
-    """(step, wall time, record) of each step in ``steps_file`` (JSON lines)."""
-    if steps_file is None:
-        return
-    for record in json_lines(steps_file):
-        step = record.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
-            yield step, finite_number(record.get("ts")), record
 
 
 class _Events:
@@ -105,20 +76,16 @@ def _write_one(directory: Path, steps_files: Iterable[Path | None], final: dict[
         if params:
             events.text("params", json.dumps(params, sort_keys=True, default=str), ended_at)
         for steps_file in steps_files:
-            for step, ts, record in _step_records(steps_file):
+            for step, ts, record in step_records(steps_file):
                 wall_time = ts if ts is not None else ended_at
-                for tag, value in _scalars(record):
+                for tag, value in figures(record):
                     events.scalar(tag, value, step, wall_time)
                 last_step, last_time = max(last_step, step), wall_time
-        for tag, value in _scalars(final or {}):
+        for tag, value in figures(final or {}):
             events.scalar(f"final/{tag}", value, last_step, max(last_time, ended_at))
     finally:
         events.close()
     return directory
-
-
-def _attempt_steps(attempts: Iterable[dict[str, Any]]) -> list[Path]:
-    return [_steps_file(Path(row["output_dir"])) for row in attempts if isinstance(row.get("output_dir"), str)]
 
 
 def write_task_events(logdir: str | os.PathLike[str], run_name: str, task_id: str, steps_file: Path | None,
@@ -135,21 +102,10 @@ def write_run_events(run_dir: str | os.PathLike[str], logdir: str | os.PathLike[
     """Write the run in ``run_dir`` under ``logdir`` (see the module); returns the directories
     written, one per trial of a sweep, else one. ``ModuleUnavailable`` without tensorboard."""
     _writer_class()
-    run_dir, logdir = Path(run_dir), Path(logdir)
-    document = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    attempts = [row for row in document.get("attempts") or () if isinstance(row, dict)]
-    ended = finite_number(document.get("finished_at")) or finite_number(document.get("started_at")) or 0.0
-    sweep = document.get("sweep")
-    root = logdir / run_dir.name
-    if not isinstance(sweep, dict):
-        trials = [trial for trial in document.get("trials") or () if isinstance(trial, dict)]
-        return [_write_one(root, _attempt_steps(attempts), trials[-1] if trials else None, None, ended)]
-    written = []
-    for trial in sweep.get("trials") or ():
-        trial_id = str(trial.get("trial_id"))
-        mine = [row for row in attempts if row.get("job_id") == trial_id]
-        ended_at = finite_number(trial.get("finished_at")) or ended
-        final = trial.get("metrics") if isinstance(trial.get("metrics"), dict) else None
-        params = trial.get("params") if isinstance(trial.get("params"), dict) else None
-        written.append(_write_one(root / trial_id, _attempt_steps(mine), final, params, ended_at))
-    return written
+    recorded = read_run(run_dir)
+    root = Path(logdir) / recorded.name
+    if recorded.sweep is None:
+        (whole,) = recorded.parts
+        return [_write_one(root, whole.steps_files, whole.final, None, whole.ended_at)]
+    return [_write_one(root / str(part.trial_id), part.steps_files, part.final, part.params, part.ended_at)
+            for part in recorded.parts]

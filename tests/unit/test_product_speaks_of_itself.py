@@ -80,7 +80,9 @@ def test_every_environment_variable_is_listed_once_and_every_listed_one_is_read(
     for root in ("flashruntime", "flashml_workloads"):
         for path in (REPO_ROOT / root).rglob("*.py"):
             if path.name != "environment.py":
-                used |= set(re.findall(r"FLASHML_[A-Z_]+[A-Z]", path.read_text(encoding="utf-8")))
+                text = path.read_text(encoding="utf-8")
+                used |= set(re.findall(r"FLASHML_[A-Z_]+[A-Z]", text))
+                used |= set(re.findall(r'_ENV = "(MLFLOW_[A-Z_]+[A-Z])"', text))  # MLflow's, honoured as it does
     assert used - set(listed) == set(), "read but not listed in flashruntime.environment"
     assert set(listed) - used == set(), "listed but read nowhere"
     assert set(variables().values()) <= set(listed)  # the coordinator's typed settings among them

@@ -47,7 +47,7 @@ LAYOUT = {
     "service": "compatibility import paths",
     "db": "the SQLite and PostgreSQL databases under every store",
     "goodput": "the goodput ledgers of coordinator jobs and local runs",
-    "trackers": "metrics written to the trackers teams compare runs in (TensorBoard)",
+    "trackers": "metrics written to the trackers teams compare runs in (TensorBoard, MLflow)",
 }
 CORE_LOGIC = ("leases", "scheduler", "checkpoint", "recovery", "planner")
 HEAVY = ("fastapi", "starlette", "uvicorn", "httpx", "torch", "numpy", "ray", "psycopg")
