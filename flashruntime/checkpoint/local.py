@@ -17,7 +17,7 @@ import io
 import os
 import secrets
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from flashruntime.checkpoint._hashing import CACHE, POOL, BackgroundHasher, CacheKey, cache_key, hash_fd, open_regular
@@ -307,6 +307,7 @@ def write_manifest(
     world_size: int = 1,
     framework: str = "",
     digests: Mapping[str, tuple[str, int]] | None = None,
+    compatible_world_sizes: Iterable[int] | None = None,
 ) -> CheckpointManifest:
     """Make ``step_dir`` a checkpoint: fsync and hash its parts, then write
     ``manifest.json`` last (temporary file, fsync, rename, directory fsync).
@@ -315,6 +316,8 @@ def write_manifest(
     with ``.`` (but DCP's ``.metadata``). A part named in ``digests`` (as ``open_part`` recorded it) is only
     checked to be a regular file of the recorded size; the others are hashed, or taken
     from the verification cache. No parts, or a size mismatch → ``ValueError``.
+    ``compatible_world_sizes``: the world sizes the step loads at (default: its own only);
+    listing others asserts the state reshards, as replicated and DCP state do.
     """
     step_dir = os.fspath(step_dir)
     digests = dict(digests or {})
@@ -351,7 +354,7 @@ def write_manifest(
         step=step,
         framework=framework,
         world_size=world_size,
-        compatible_world_sizes=[world_size],
+        compatible_world_sizes=sorted({world_size, *(compatible_world_sizes or ())}),
         storage_prefix=step_dir,
         parts=parts,
         validation=CheckpointValidation.HASH_VERIFIED,

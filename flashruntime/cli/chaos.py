@@ -50,6 +50,11 @@ def _with_seconds(parse: Any) -> Any:
     return parse_with_seconds
 
 
+def _rank_at_for(text: str) -> dict[str, Any]:
+    """RANK@STEP, or RANK@STEP:SECONDS."""
+    return _with_seconds(_rank_at)(text) if ":" in text else _rank_at(text)
+
+
 def _step_grace(text: str) -> dict[str, Any]:
     """``STEP`` or ``STEP:GRACE`` (seconds; else ``$FLASHML_PREEMPT_GRACE_S``, else 25)."""
     head, colon, grace = text.rpartition(":")
@@ -86,6 +91,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("cmd", metavar="CMD", help='the command, e.g. "torchrun --nproc-per-node 2 train.py"')
     parser.add_argument("--kill-rank", type=_rank_at, action="append", default=[], metavar="RANK@STEP",
                         help="SIGKILL that rank when the run reaches STEP")
+    parser.add_argument("--lose-rank", type=_rank_at_for, action="append", default=[],
+                        metavar="RANK@STEP[:SECONDS]",
+                        help="SIGKILL a rank and take its slot away (for SECONDS, else for good); needs --ranks")
+    parser.add_argument("--ranks", default=None, metavar="MIN:MAX",
+                        help="run elastic: each relaunch has the ranks available, from MIN to MAX")
     parser.add_argument("--kill-attempt", type=_step, action="append", default=[], metavar="STEP",
                         help="SIGKILL the whole attempt (torchrun, or the command) at STEP, as a lost machine")
     parser.add_argument("--hang-rank", type=_with_seconds(_rank_at), action="append", default=[],
@@ -123,6 +133,7 @@ def _plan(args: argparse.Namespace) -> Any:
     # Corruption first: a kill at the same step must find the checkpoint already corrupted.
     faults = [Fault(kind="corrupt_checkpoint", **f) for f in args.corrupt_checkpoint]
     faults += [Fault(kind="kill_rank", **f) for f in args.kill_rank]
+    faults += [Fault(kind="lose_rank", **f) for f in args.lose_rank]
     faults += [Fault(kind="kill_attempt", **f) for f in args.kill_attempt]
     faults += [Fault(kind="hang_rank", **f) for f in args.hang_rank]
     faults += [Fault(kind="hang_forever", **f) for f in args.hang_forever]
@@ -157,13 +168,15 @@ def handle(args: argparse.Namespace) -> int:
             pristine = Path(tempfile.mkdtemp(prefix="flashruntime-chaos-reference-"))
             link_source_view(Path(os.path.expanduser(args.source)), pristine / "project", workload.outputs.collect)
         run = submit(workload, output_dir=None if base is None else base / "chaos", max_restarts=args.max_restarts,
-                     watch=False, chaos=plan, quiet=args.quiet, stream=stream, hang_timeout_s=args.hang_timeout)
+                     watch=False, chaos=plan, quiet=args.quiet, stream=stream, hang_timeout_s=args.hang_timeout,
+                     ranks=args.ranks)
         reference = None
         if pristine is not None:
             print("flashruntime: the same command without faults, to compare results ...", file=sys.stderr)
             untouched = workload.model_copy(update={"source": Source(path=str(pristine / "project"))})
             reference = submit(untouched, output_dir=None if base is None else base / "reference", watch=False,
-                               quiet=True, max_restarts=args.max_restarts, hang_timeout_s=args.hang_timeout)
+                               quiet=True, max_restarts=args.max_restarts, hang_timeout_s=args.hang_timeout,
+                               ranks=args.ranks)
     except (LaunchError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED

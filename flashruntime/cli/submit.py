@@ -45,6 +45,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--fail-fast", action="store_true",
                         help="stop the sweep at the first failed trial (default: run every trial)")
     parser.add_argument("--max-restarts", type=int, default=0, help="relaunches allowed after a failure (default 0)")
+    parser.add_argument("--ranks", default=None, metavar="MIN:MAX",
+                        help="run elastic: each attempt starts with the ranks available, up to MAX, and a rank lost "
+                             "for good costs a relaunch on those left, down to MIN (torchrun or python commands)")
     parser.add_argument("--output-dir", default=None,
                         help="run directory (default: a new directory under the runs root; see `flashruntime runs`)")
     watch = parser.add_mutually_exclusive_group()
@@ -149,7 +152,7 @@ def handle(args: argparse.Namespace) -> int:
                          watch=args.watch, checkpoints=args.checkpoint_glob, metric=args.metric, mode=args.mode,
                          max_concurrent_trials=args.parallel, fail_fast=args.fail_fast,
                          quiet=args.quiet, stream=terminal, executor=args.executor, ray_address=args.ray_address,
-                         tensorboard_dir=args.tensorboard, mlflow_uri=args.mlflow)
+                         tensorboard_dir=args.tensorboard, mlflow_uri=args.mlflow, ranks=args.ranks)
         if status is not None:
             watch(run, terminal)
         run.wait()

@@ -17,6 +17,7 @@ from typing import Any
 from flashruntime.checkpoint.local import latest_valid_manifest
 from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LOG_NAME, LocalLaunchHandle, LocalProcessLauncher, read_log_tail
+from flashruntime.local.elastic import spec_at
 from flashruntime.local.framework_resume import CheckpointWatch, FrameworkCheckpoints
 from flashruntime.local.guard import (
     finish_attempt,
@@ -69,10 +70,17 @@ def run_param_set(
     budget = run.budget
     restart = 0  # relaunches spent
     started = 0  # attempts started: a relaunch after chaos mode's preemption spends no restart
+    world: int | None = None  # an elastic run's world size, chosen anew for every attempt
     while restart < budget.attempts:
         if halted():
             break
         attempt_id = base_id if started == 0 else f"{base_id}-r{started}"
+        if run.capacity is not None:
+            chosen = _elastic_world(run, attempt_id, world)
+            if chosen is None:
+                state = LaunchState.FAILED
+                break
+            world = chosen
         started += 1
         if started > 1:
             _select_resume(run, launcher.checkpoint_root(job_id), attempt_id, framework,
@@ -85,7 +93,8 @@ def run_param_set(
         with run.recorder.lock, signals_deferred():
             if halted():  # a cancel (or fail-fast) took the lock first: it could not see this attempt
                 break
-            handle = launcher.launch(spec, job_id, attempt_id)
+            handle = launcher.launch(spec if world is None or run.capacity is None
+                                     else spec_at(spec, run.capacity.ranks, world), job_id, attempt_id)
             run.recorder.add_active(attempt_id, handle)
             launched = f"{attempt_id} launched ({getattr(handle, 'launched_as', None) or f'pid {handle.execution_id}'})"
             if handle.previous_dir is not None:
@@ -94,7 +103,7 @@ def run_param_set(
             run.recorder.add_attempt({
                 "attempt_id": attempt_id, "job_id": job_id, "state": "RUNNING", "pid": handle.execution_id,
                 "started_at": time.time(), "finished_at": None, "output_dir": str(handle.output_dir),
-                "exit_code": None,
+                "exit_code": None, **({} if world is None else {"world_size": world}),
             })
             if trial_index is not None:
                 run.recorder.update_trial(trial_index, {}, attempt_id=attempt_id)
@@ -146,6 +155,26 @@ def run_param_set(
             break
         restart += 1
     return state, metrics
+
+
+def _elastic_world(run: Run, attempt_id: str, previous: int | None) -> int | None:
+    """The world size of an elastic run's next attempt: every rank available now, up to the
+    most it may have; None (with the event saying why) when fewer than its fewest are left."""
+    capacity = run.capacity
+    assert capacity is not None
+    available, why = capacity.available()
+    ranks = capacity.ranks
+    if available < ranks.minimum:
+        run.record_event("WORLD_SIZE_UNAVAILABLE", f"{attempt_id} not launched: {available} rank"
+                         f"{'s' if available != 1 else ''} available ({why or 'no slot free'}), fewer than the "
+                         f"{ranks.minimum} the run needs at least ({ranks.words()})")
+        return None
+    world = min(available, ranks.maximum)
+    if previous is not None and world != previous:
+        because = f": {why}" if world < ranks.maximum else f": {ranks.maximum} of {ranks.maximum} ranks available again"
+        run.record_event("WORLD_SIZE_CHANGED", f"{attempt_id} runs {world} rank{'s' if world != 1 else ''} instead of "
+                         f"{previous}{because}")
+    return world
 
 
 def _earlier_run_resume(run: Run, checkpoint_root: Path, attempt_id: str) -> None:

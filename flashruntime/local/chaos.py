@@ -6,6 +6,9 @@ A ``ChaosPlan`` lists faults, each fired once, in the first attempt that reaches
 
 - ``kill_rank``: SIGKILL one rank (found by its heartbeat file, which the torch helper
   writes, else by the ``RANK`` it was started with), as a crashed GPU or an OOM kill would;
+- ``lose_rank``: SIGKILL one rank and take its slot away, for ``seconds`` when given, else for
+  the rest of the run, as a GPU that fell off the bus would: an elastic run (``ranks=(min,
+  max)``) continues on the ranks left and grows back once the slot returns;
 - ``kill_attempt``: SIGKILL the attempt's leader (torchrun, or the plain command), as a
   lost machine would; the launcher's sweep then reaps the ranks;
 - ``hang_rank``: stop one rank (SIGSTOP) for ``seconds``, then let it go on (SIGCONT);
@@ -53,7 +56,8 @@ from flashruntime.recovery.preemption import SIGNAL_ENV, preempt_settings
 
 __all__ = ["ChaosInjector", "ChaosPlan", "Fault"]
 
-FaultKind = Literal["kill_rank", "kill_attempt", "hang_rank", "slow", "corrupt_checkpoint", "hang_forever", "preempt"]
+FaultKind = Literal["kill_rank", "lose_rank", "kill_attempt", "hang_rank", "slow", "corrupt_checkpoint",
+                    "hang_forever", "preempt"]
 POLL_S = 0.05
 FRAMEWORK_POLL_S = 0.5  # a script's own checkpoints are looked for this often (a directory walk)
 _SLOW_PERIOD_S = 0.2
@@ -65,8 +69,8 @@ class Fault(BaseModel):
     kind: FaultKind
     at_step: int | None = Field(default=None, ge=1)
     between: tuple[int, int] | None = None  # a random step in [low, high], drawn with the plan's seed
-    rank: int = Field(default=0, ge=0)  # kill_rank, hang_rank, hang_forever
-    seconds: float = Field(default=5.0, gt=0, le=3600)  # hang_rank, slow; preempt: the grace
+    rank: int = Field(default=0, ge=0)  # kill_rank, lose_rank, hang_rank, hang_forever
+    seconds: float = Field(default=5.0, gt=0, le=3600)  # hang_rank, slow; preempt: the grace; lose_rank: when given
     factor: float = Field(default=0.5, gt=0, lt=1)  # slow: the share of each period the ranks are stopped
 
     @model_validator(mode="after")
@@ -77,9 +81,15 @@ class Fault(BaseModel):
             raise ValueError(f"between must be (low, high) with 1 <= low <= high, got {self.between}")
         return self
 
+    def slot_returns(self) -> bool:
+        """A ``lose_rank`` slot comes back after ``seconds`` only when they were given."""
+        return "seconds" in self.model_fields_set
+
     def describe(self, step: int) -> str:
         what = {
             "kill_rank": f"SIGKILL rank {self.rank}",
+            "lose_rank": f"SIGKILL rank {self.rank} and take its slot away for "
+                         f"{f'{self.seconds:g} s' if self.slot_returns() else 'the rest of the run'}",
             "kill_attempt": "SIGKILL the attempt's leader",
             "hang_rank": f"stop rank {self.rank} for {self.seconds:g} s",
             "hang_forever": f"stop rank {self.rank} until the hang is detected",
@@ -211,6 +221,14 @@ class ChaosInjector:
         done = True
         if fault.kind == "kill_rank":
             pid = _rank_pids(attempt_dir, handle).get(fault.rank)
+            done = pid is not None and _signal(pid, signal.SIGKILL)
+            detail = f"pid {pid}" if done else f"no process of rank {fault.rank} was found"
+        elif fault.kind == "lose_rank":
+            capacity = self._run.capacity
+            pid = _rank_pids(attempt_dir, handle).get(fault.rank)
+            if capacity is not None:  # first: the relaunch the kill causes must not find the slot
+                capacity.withdraw(fault.rank, f"rank {fault.rank}'s slot lost (chaos lose_rank)",
+                                  fault.seconds if fault.slot_returns() else None)
             done = pid is not None and _signal(pid, signal.SIGKILL)
             detail = f"pid {pid}" if done else f"no process of rank {fault.rank} was found"
         elif fault.kind == "kill_attempt":

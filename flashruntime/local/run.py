@@ -26,6 +26,7 @@ from flashruntime.workloads.ranking import resolve_mode
 
 if TYPE_CHECKING:
     from flashruntime.launchers import LaunchHandle
+    from flashruntime.local.elastic import Capacity
     from flashruntime.workloads.command import CommandWorkload
 
 __all__ = ["Run", "metric_value", "trial_id", "trial_rows"]
@@ -76,6 +77,8 @@ class Run:
         self.checkpoint_patterns: list[str] = []
         # Seconds without progress that make a hang (None: the default rule; 0: no hang watch).
         self.hang_timeout_s: float | None = None
+        # An elastic run's ranks (submit(ranks=(min, max))): what each relaunch can have.
+        self.capacity: Capacity | None = None
         self.metric: str | None = workload.outputs.primary_metric
         self.mode: str = resolve_mode(self.metric, None, workload.outputs.maximize_if_set())
         self._events: list[dict[str, Any]] = []
@@ -352,6 +355,7 @@ class Run:
             "finished_at": self.finished_at,
             "max_restarts": self.max_restarts,
             "checkpoint_dir": None if self.checkpoint_dir is None else str(self.checkpoint_dir),
+            "ranks": None if self.capacity is None else [self.capacity.ranks.minimum, self.capacity.ranks.maximum],
             "attempts": self._attempts,
             "events": self._events,
             "trials": self.trials,

@@ -21,6 +21,7 @@ from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LocalProcessLauncher
 from flashruntime.local.attempts import run_param_set
 from flashruntime.local.chaos import ChaosInjector, ChaosPlan
+from flashruntime.local.elastic import Capacity, argv_at, parse_ranks
 from flashruntime.local.guard import (
     GUARD,
     Terminated,
@@ -73,6 +74,7 @@ def submit(
     hang_timeout_s: float | None = None,
     mlflow_uri: str | None = None,
     mlflow_experiment: str | None = None,
+    ranks: tuple[int, int] | str | None = None,
 ) -> Run:
     """Launch ``workload`` and drive it to a terminal state (inline, or on a thread with ``wait=False``).
 
@@ -114,6 +116,13 @@ def submit(
     relaunched from the last valid checkpoint (see ``flashruntime.monitor.hang_watch``). Default:
     ``$FLASHML_HANG_TIMEOUT_S``, else ``max(10 x the median step time, 60 s)`` once steps are timed;
     0 turns the watch off.
+    ``ranks=(min, max)`` (or ``"MIN:MAX"``) makes the run elastic: each attempt starts with as many
+    ranks as are available, up to ``max`` (the command's ``--nproc-per-node`` is set, or a plain
+    ``python`` command is started under torchrun), so a rank lost for good costs a relaunch on
+    the ranks left, down to ``min``, not the run, and the ranks come back at the next relaunch
+    once they are available again; every change is a ``WORLD_SIZE_CHANGED`` event. Checkpoints
+    of ``flashruntime.torch`` load at the new size and its loader continues with the samples
+    not seen yet (see ``flashruntime.local.elastic``).
     Raises ``InvalidSubmission`` for arguments that cannot describe a run, before anything starts
     (and, with ``executor="ray"``, ``LaunchError`` for a cluster that cannot be reached).
     """
@@ -125,6 +134,13 @@ def submit(
         raise InvalidSubmission(f"executor must be one of {', '.join(map(repr, EXECUTORS))}, got {executor!r}")
     if ray_address is not None and executor != "ray":
         raise InvalidSubmission(f"ray_address is for executor='ray' (executor is {executor!r}): pass both, or neither")
+    elastic = parse_ranks(ranks)
+    if elastic is not None:
+        if executor != "local":
+            raise InvalidSubmission("ranks=(min, max) relaunches local ranks at another world size; on Ray each "
+                                    "attempt is one task: drop ranks, or use executor='local'")
+        for params in workload.task_params or [None]:
+            argv_at(workload.argv(params), elastic.maximum)  # a command that cannot be resized is refused now
     if executor == "ray":
         from flashruntime.ray_backend.launcher import connect_for_a_run, resolve_address
 
@@ -147,6 +163,9 @@ def submit(
         raise InvalidSubmission(f"mode must be 'min' or 'max', got {mode!r}")
     if chaos is not None and not isinstance(chaos, ChaosPlan):
         raise InvalidSubmission(f"chaos must be a ChaosPlan, got {type(chaos).__name__}")
+    if chaos is not None and elastic is None and any(fault.kind == "lose_rank" for fault in chaos.faults):
+        raise InvalidSubmission("a lose_rank fault takes a rank's slot away, which only an elastic run can "
+                                "continue without: pass ranks=(min, max) too, or use kill_rank")
     if (ledger is None) != (plan_key is None):
         raise InvalidSubmission(
             "ledger and plan_key go together: pass both (plan_key from "
@@ -186,6 +205,8 @@ def submit(
     run = Run(workload, output_dir, max_restarts, checkpoint_dir=checkpoint_dir)
     run.checkpoint_patterns = checkpoint_patterns
     run.hang_timeout_s = hang_timeout
+    if elastic is not None:
+        run.capacity = Capacity(elastic, gpus=(workload.resources.gpus or 0) > 0)
     if metric is not None or mode is not None:
         chosen = metric or run.metric
         run.recorder.set_metric(chosen, resolve_mode(chosen, mode, workload.outputs.maximize_if_set()))

@@ -112,9 +112,10 @@ def _apply_resume(loader: Any) -> None:
         return
     if isinstance(loader, ResumableLoader) and isinstance(resume.get("loader"), dict):
         loader.load_state_dict(resume["loader"])
+    # At another world size a rank that existed then takes its generators back; a new one keeps its own.
     mine = [entry for entry in resume.get("ranks") or [] if isinstance(entry, dict)
             and entry.get("rank") == _state.rank()]
-    if mine and len(resume["ranks"]) == _state.world_size():
+    if mine:
         _rng.restore(mine[0]["rng"])
 
 
@@ -127,12 +128,15 @@ def prepare(model: Any, optimizer: Any = None, dataloader: Any = _NOT_GIVEN) -> 
 
     Device from ``LOCAL_RANK`` and CUDA; with ``WORLD_SIZE > 1`` the default process
     group (nccl on CUDA, else gloo) and DistributedDataParallel. A ``DataLoader`` comes
-    back as a ``ResumableLoader`` over the same dataset and batches (a DistributedSampler,
-    seed 0, one replica for a single process; shuffled when the original shuffled), whose
-    position checkpoints record. Then the latest verified checkpoint of the job is loaded,
-    the loader continues after the batches it had handed out, this rank's random generators
-    are put back as they were, and ``start_step()`` reports the step. A single CPU process
-    is otherwise a pass-through.
+    back as a ``ResumableLoader`` over the same dataset and batches (DistributedSampler's
+    order, seed 0, one replica for a single process; shuffled when the original shuffled),
+    whose global position checkpoints record. Then the latest verified checkpoint of the job
+    is loaded, at this world size whatever size wrote it (replicated state as it is, DCP's
+    sharded state resharded), the loader continues after the samples every rank together had
+    consumed (at another world size the ranks share the rest of the epoch, with the per-rank
+    batch that keeps the global batch; see ``ResumableLoader``), this rank's random
+    generators are put back as they were, and ``start_step()`` reports the step. A single
+    CPU process is otherwise a pass-through.
     """
     _preempt.arm()  # first: a notice during the rendezvous or the restore is kept for the first checkpoint call
     given_loader = dataloader is not _NOT_GIVEN

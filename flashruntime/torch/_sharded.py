@@ -76,7 +76,7 @@ def _commit(destination: _step.Destination, resume: dict[str, Any] | None) -> No
         digests[_step.RESUME_PART] = part.digest
     write_manifest(directory, job_id=destination.job_id, attempt_id=destination.attempt_id, step=destination.step,
                    world_size=destination.world_size, framework=_step._framework_tag(torch.__version__),
-                   digests=digests)
+                   digests=digests, compatible_world_sizes=destination.loadable_world_sizes)
 
 
 def _prepare_directory(destination: _step.Destination) -> None:

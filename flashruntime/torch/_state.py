@@ -59,6 +59,18 @@ def local_world_size() -> int:
     return _env_int("LOCAL_WORLD_SIZE", world_size())
 
 
+def max_world_size() -> int:
+    """The most ranks this run may be relaunched with: ``FLASHML_MAX_WORLD_SIZE`` (an elastic
+    launch sets it), else this world size."""
+    return max(world_size(), _env_int("FLASHML_MAX_WORLD_SIZE", 1))
+
+
+def loadable_world_sizes() -> list[int]:
+    """The world sizes a checkpoint of this process loads at: replicated (DDP) state and DCP's
+    sharded state both load at any size, so every size up to ``max_world_size``."""
+    return list(range(1, max_world_size() + 1))
+
+
 def is_main() -> bool:
     """True on global rank 0."""
     return rank() == 0

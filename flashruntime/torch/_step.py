@@ -87,11 +87,13 @@ class Destination:
     job_id: str
     attempt_id: str
     world_size: int
+    loadable_world_sizes: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, step: int) -> Destination:
         return cls(step, step_dir(step), os.environ.get("FLASHML_JOB_ID") or "local",
-                   os.environ.get("FLASHML_ATTEMPT_ID") or "local", _state.world_size())
+                   os.environ.get("FLASHML_ATTEMPT_ID") or "local", _state.world_size(),
+                   tuple(_state.loadable_world_sizes()))
 
 
 def write_parts(destination: Destination, parts: dict[str, Any]) -> None:
@@ -116,6 +118,7 @@ def write_parts(destination: Destination, parts: dict[str, Any]) -> None:
         world_size=destination.world_size,
         framework=_framework_tag(torch.__version__),
         digests=digests,
+        compatible_world_sizes=destination.loadable_world_sizes,
     )
 
 

@@ -312,7 +312,7 @@ def test_prepare_registers_the_exit_hook_once_and_only_when_it_initialised_the_g
     assert report["registered"] == ["_destroy_group_at_exit", "_say_exiting"]
     assert report["after"] == ["_destroy_group_at_exit", "_say_exiting"]
     assert (report["backend"], report["wrapped"]) == ("gloo", "DistributedDataParallel")
-    assert (report["sampler"], report["replicas"], report["seed"]) == ("DistributedSampler", 2, 0)
+    assert (report["sampler"], report["replicas"], report["seed"]) == ("ElasticSampler", 2, 0)
     assert (report["batch"], report["drop_last"]) == (2, True)
 
 
