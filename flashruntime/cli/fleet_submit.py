@@ -174,6 +174,15 @@ class _Watch:
         logs = {str(entry.get("task_id")): str(entry.get("log") or "")
                 for entry in self.call(lambda: self.client.logs(self.job_id)).get("tasks") or ()}
         events = self.call(lambda: self.client.events(self.job_id))
+        by_task: dict[str | None, list[dict[str, Any]]] = {}
+        for event in events[self.seen_events:]:
+            data = event.get("data") if isinstance(event.get("data"), dict) else {}
+            task_id = str(data["task_id"]) if data.get("task_id") else None
+            if event.get("type") in ("TASK_ATTEMPT_FAILED", "FAILURE_CLASSIFIED", "TASK_EXHAUSTED") and task_id:
+                self.reasons[task_id] = str(event.get("message"))
+            if event.get("type") in _EVENTS_SHOWN:
+                by_task.setdefault(task_id if task_id in rows else None, []).append(event)
+        self.seen_events = len(events)
         now = time.time()
         total = len(self.sweep.trials)
         for index, trial in enumerate(self.sweep.trials):
@@ -190,6 +199,8 @@ class _Watch:
             terminal = row.get("state") in ("COMPLETED", "FAILED", "CANCELLED")
             self.logs[task_id] = logs.get(task_id, "")
             self._lines(task_id, logs.get(task_id, ""), final=terminal)
+            for event in by_task.pop(task_id, []):  # after the lines they explain, before the trial's end
+                self._say(task_id, str(event.get("message")))
             if terminal and task_id not in self.finished:
                 self.finished.add(task_id)
                 metrics = self._metrics(task_id) if row.get("state") == "COMPLETED" else None
@@ -204,14 +215,9 @@ class _Watch:
                     self.call(lambda: self.client.cancel(self.job_id))
             elif not terminal:
                 self.sweep.update(index, row, now, None)
-        for event in events[self.seen_events:]:
-            data = event.get("data") or {}
-            task_id = data.get("task_id") if isinstance(data, dict) else None
-            if event.get("type") in ("TASK_ATTEMPT_FAILED", "FAILURE_CLASSIFIED", "TASK_EXHAUSTED") and task_id:
-                self.reasons[str(task_id)] = str(event.get("message"))
-            if event.get("type") in _EVENTS_SHOWN:
-                self._say(str(task_id) if task_id else None, str(event.get("message")))
-        self.seen_events = len(events)
+        for remaining in by_task.values():
+            for event in remaining:
+                self._say(None, str(event.get("message")))
         return state
 
     def _metrics(self, task_id: str) -> dict[str, Any] | None:
@@ -252,7 +258,7 @@ def _upload_source(api: str, client: CoordinatorClient, workload: CommandWorkloa
 
 def submit_to_fleet(args: argparse.Namespace, workload: CommandWorkload, api: str, lines: TextIO) -> int:
     """Submit ``workload`` to the coordinator at ``api`` and follow it to its end (see the module)."""
-    from flashruntime.cli.submit import trial_table_text
+    from flashruntime.cli.trial_table import trial_table_text
 
     def write(text: str) -> None:
         lines.write(text)
