@@ -88,8 +88,8 @@ def test_without_a_pool_the_job_waits_for_workers_whose_sandbox_runs_it() -> Non
 def test_a_workdir_that_is_no_unpacked_input_is_refused_by_the_recipe() -> None:
     problems = CommandRecipe().validate_params({"command": ["python"], "inputs": {"source": "artifact://s.tgz"},
                                                "workdir": "source"})
-    assert problems == ["parameters.workdir is 'source'; it must name an input listed in parameters.unpack_inputs "
-                        "(an archive the worker unpacks; listed: []), e.g. 'source'"]
+    assert problems == [("parameters.workdir is 'source'; it must name an input listed in parameters.unpack_inputs "
+                         "(an archive the worker unpacks; listed: []), e.g. 'source'")]
 
 
 def test_the_worker_runs_the_command_in_the_unpacked_workdir(tmp_path: Path) -> None:
