@@ -250,6 +250,11 @@ class CoordinatorClient:
         return self.retry.run(lambda: self.request_json("POST", "/v1alpha1/jobs", body, idempotent=False),
                               retry_on=_rate_limited)
 
+    def whoami(self) -> dict[str, Any]:
+        """``GET /v1alpha1/whoami`` → ``{role, name, may_run_code, artifact_prefix}``: the caller
+        as the coordinator sees it (role None in open mode)."""
+        return self.request_json("GET", "/v1alpha1/whoami", idempotent=True)
+
     def job(self, job_id: str) -> dict[str, Any]:
         return self.request_json("GET", f"/v1alpha1/jobs/{quote_segment(job_id)}", idempotent=True)
 

@@ -143,6 +143,21 @@ def prepare_inputs(
     return resolved
 
 
+def task_cwd(payload: Mapping[str, Any], dirs: LeaseDirs) -> Path:
+    """Where the task's command runs: the unpacked input ``payload["workdir"]`` names (a job's
+    source directory), else the lease directory. ``TaskRefused`` for a name that is not an
+    input listed in ``unpack_inputs``."""
+    name = payload.get("workdir")
+    if name is None:
+        return dirs.root
+    inputs = payload.get("inputs")
+    unpacked = _string_list(payload.get("unpack_inputs"), "unpack_inputs")
+    if not isinstance(name, str) or not isinstance(inputs, dict) or name not in inputs or name not in unpacked:
+        raise TaskRefused(f"payload workdir {name!r} must name an input listed in unpack_inputs (an archive the "
+                          "agent unpacks), e.g. 'source'")
+    return dirs.inputs / safe_segment(name, "workdir")
+
+
 def write_spec(dirs: LeaseDirs, task_id: str, params: dict[str, Any], inputs: dict[str, str]) -> None:
     """``spec.json`` and ``inputs.json`` (``FLASHML_INPUTS_FILE``) beside ``out/``."""
     dirs.spec_file.write_text(json.dumps({"task_id": task_id, "params": params, "inputs": inputs}, indent=2),

@@ -37,6 +37,7 @@ from flashruntime.agent.inputs import (
     TaskRefused,
     lease_dirs,
     prepare_inputs,
+    task_cwd,
     write_spec,
 )
 from flashruntime.agent.lease_heartbeat import LOST_STATUSES, LeaseHeartbeat, heartbeat_interval
@@ -108,8 +109,9 @@ class Outcome(enum.Enum):
 
 
 def start_child(argv: list[str], env: dict[str, str], dirs: LeaseDirs, term_grace_s: float, *,
-                container: AttemptContainer | None = None) -> LocalLaunchHandle:
+                container: AttemptContainer | None = None, cwd: Path | None = None) -> LocalLaunchHandle:
     """Spawn as the local launcher does: no shell, own process group, stdout+stderr to ``launcher.log``,
+    in ``cwd`` (default: the lease directory),
     inside ``container`` (a new one when None; see ``launchers.containment``), which the handle
     empties and releases when the attempt settles. Whatever ``argv`` starts with (a sandbox's
     own launcher included) is the process placed in the container, so all it starts is in it too."""
@@ -117,7 +119,7 @@ def start_child(argv: list[str], env: dict[str, str], dirs: LeaseDirs, term_grac
         container = open_container(dirs.out, dirs.out.parent.name)
     with open(dirs.log, "ab") as log:
         try:
-            process = spawn_contained(argv, container, cwd=dirs.root, env=env, stdout=log)
+            process = spawn_contained(argv, container, cwd=cwd or dirs.root, env=env, stdout=log)
         except OSError as exc:
             raise TaskRefused(f"could not start {argv[0]!r}: {exc}") from None
         except subprocess.SubprocessError as exc:
@@ -296,7 +298,7 @@ class LeaseRunner:
                 container.close()
                 raise
             handle = start_child(argv, child_env(payload_env, dirs, lease), dirs, self._timing.term_grace_s,
-                                 container=container)
+                                 container=container, cwd=task_cwd(payload, dirs))
         except TaskRefused as exc:
             return self._fail(lease, str(exc), Outcome.FAILED)
         except TaskInterrupted:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from flashruntime.agent.inputs import LeaseDirs
+from flashruntime.agent.inputs import LeaseDirs, task_cwd
 from flashruntime.errors import WorkerConfigError
 
 __all__ = [
@@ -280,12 +280,12 @@ def confine(argv: Sequence[str], dirs: LeaseDirs, payload: Mapping[str, Any], co
     bwrap = confinement.bwrap or ""  # never empty in these modes: see Confinement.__post_init__
     if confinement.mode == "sandbox":
         return sandbox_argv(bwrap, command, work_root=confinement.work_root, writable=writable, given=given,
-                            cwd=dirs.root, hidden=confinement.hidden, readable=confinement.readable,
+                            cwd=task_cwd(payload, dirs), hidden=confinement.hidden, readable=confinement.readable,
                             devices=confinement.devices, network=network_requested(payload),
                             switch_user=user is not None, root_task=user is None and confinement.worker_is_root)
     if confinement.mode == "namespace":
         return namespace_argv(bwrap, command, work_root=confinement.work_root, writable=writable, given=given,
-                              cwd=dirs.root, hidden=confinement.hidden, switch_user=user is not None)
+                              cwd=task_cwd(payload, dirs), hidden=confinement.hidden, switch_user=user is not None)
     return command
 
 

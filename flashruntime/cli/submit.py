@@ -7,10 +7,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from typing import Any
 
+from flashruntime.cli._api import API_ENV, TOKEN_HELP, resolve_api
 from flashruntime.cli._arguments import whole_number
+from flashruntime.cli.trial_table import trial_table_text
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_PARAMS = 0, 1, 2
 
@@ -18,8 +21,9 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_PARAMS = 0, 1, 2
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "submit", help="run a command with checkpoints, recovery and output collection",
-        description="Run CMD locally (never through a shell) with flash.submit. Its output streams to the "
-                    "terminal as it runs; a failed run ends with what failed and why.",
+        description="Run CMD locally (never through a shell) with flash.submit, or with --api on the "
+                    "coordinator's workers. Its output streams to the terminal as it runs; a failed run ends with "
+                    "what failed and why.",
     )
     parser.add_argument("cmd", metavar="CMD", help='the command, e.g. "python train.py --lr 0.1"')
     parser.add_argument("--source", default=".", help="source directory the command runs in (default .)")
@@ -64,6 +68,15 @@ def register(subparsers: Any) -> None:
                         help="when the run ends, log it to the MLflow tracking store at URI (a sweep: a parent run "
                              "with one run per trial), in $MLFLOW_EXPERIMENT_NAME, else 'flashruntime' (default: "
                              "$MLFLOW_TRACKING_URI; needs the mlflow extra)")
+    fleet = parser.add_argument_group("on the fleet: with --api URL (or env FLASHML_RUNTIME_API), CMD runs as a "
+                                      "command job on the coordinator's workers, in an upload of --source")
+    fleet.add_argument("--api", default=argparse.SUPPRESS, metavar="URL",
+                       help="submit to the coordinator at URL instead of running here (also accepted before submit)")
+    fleet.add_argument("--token", default=argparse.SUPPRESS, help=TOKEN_HELP)
+    fleet.add_argument("--pool", default=None, metavar="POOL",
+                       help="run on the --runner trusted workers of this team pool (the sandbox waiver, accepted "
+                            "only inside a pool); default: workers whose sandbox runs the command")
+    fleet.add_argument("--local", action="store_true", help="run here even when FLASHML_RUNTIME_API is set")
     parser.set_defaults(handler=handle)
 
 
@@ -93,32 +106,30 @@ def summary(run: Any) -> dict[str, Any]:
             "failure": run.failure_summary()}
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return value if isinstance(value, str) else json.dumps(value)
+def _fleet_api(args: argparse.Namespace) -> str | int | None:
+    """The coordinator to submit to (None: run here), or the exit code of a refusal, printed."""
+    from flashruntime.cli.fleet_submit import refused_flags
 
-
-def trial_table_text(rows: list[dict[str, Any]], metric: str | None) -> str:
-    """The sweep's trials as aligned columns, best first (``*`` marks the best)."""
-    keys: list[str] = []
-    for row in rows:
-        for key in row["params"] if isinstance(row["params"], dict) else {}:
-            if key not in keys:
-                keys.append(key)
-    headers = ["", "trial", *keys, "state", metric or "metric", "duration", "attempts"]
-    table = [
-        ["*" if row["best"] else "", row["trial_id"], *(_cell(row["params"].get(key)) for key in keys),
-         row["state"], _cell(row["metric"]),
-         "-" if row["duration_s"] is None else f"{row['duration_s']:.1f}s", str(row["attempts"])]
-        for row in rows
-    ]
-    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(headers)]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
-             for line in [headers, *table]]
-    return "\n".join(lines)
+    given = getattr(args, "api", None)
+    if args.local and given is not None:
+        print("error: --local and --api contradict each other: drop one", file=sys.stderr)
+        return EXIT_BAD_PARAMS
+    if args.local or (given is None and not os.environ.get(API_ENV)):
+        if args.pool is not None:
+            print("error: --pool names the team pool of a coordinator's workers; it needs --api URL (or "
+                  f"{API_ENV}), or drop --pool to run here", file=sys.stderr)
+            return EXIT_BAD_PARAMS
+        return None
+    try:
+        api = resolve_api(given)  # --api, else the environment's
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_PARAMS
+    problem = refused_flags(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_PARAMS
+    return api
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -133,6 +144,9 @@ def handle(args: argparse.Namespace) -> int:
         print(f"error: invalid --task-params: {exc}", file=sys.stderr)
         return EXIT_BAD_PARAMS
     workload = CommandWorkload(command=args.cmd, source=Source(path=args.source), task_params=task_params)
+    fleet = _fleet_api(args)
+    if isinstance(fleet, int):
+        return fleet
     unfilled = unfilled_placeholders(workload)
     if unfilled:
         example = ", ".join(f'"{name[1:-1]}": 0.1' for name in unfilled[:2])
@@ -142,6 +156,10 @@ def handle(args: argparse.Namespace) -> int:
     # --json promises one JSON object on stdout: the job's output, and what submit itself
     # prints (the viewer's address), go to stderr then.
     lines = sys.stderr if args.json else sys.stdout
+    if fleet is not None:
+        from flashruntime.cli.fleet_submit import submit_to_fleet
+
+        return submit_to_fleet(args, workload, fleet, lines)
     status = sys.stderr if sys.stderr.isatty() and not args.quiet else None
     terminal = Terminal(lines, status)
     printed = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()

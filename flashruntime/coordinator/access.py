@@ -61,6 +61,7 @@ ROUTE_ACCESS: Mapping[tuple[str, str], RouteAccess] = {
     ("GET", "/readyz"): _access(scope="the databases answer; 503 when they do not"),
     ("GET", "/"): _access(scope="the dashboard page itself holds no data; it asks for a token"),
     ("GET", "/openapi.json"): _access(NODE, SUBMITTER, OPERATOR, scope="any valid token"),
+    ("GET", "/v1alpha1/whoami"): _access(NODE, SUBMITTER, OPERATOR, scope="the caller's own role and name"),
     ("POST", "/v1alpha1/jobs"): _access(
         SUBMITTER, OPERATOR, scope="a job that runs commands (argv) needs the code-execution permission "
                                    "(FLASHML_ARGV_SUBMITTERS), else 403"),

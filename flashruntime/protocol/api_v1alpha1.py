@@ -16,6 +16,7 @@ from flashruntime.protocol.v1alpha1 import ExecutionEvidence, NodeCapabilities
 
 __all__ = [
     "ArtifactListing",
+    "Caller",
     "CompleteResult",
     "CordonResult",
     "ErrorBody",
@@ -57,6 +58,17 @@ class Health(WireModel):
     status: Literal["ok", "unavailable"]
     profile: str = ""
     detail: str | None = None  # why the coordinator is not ready
+
+
+class Caller(WireModel):
+    """Who the coordinator takes the caller for: its role (None in open mode, where nothing is
+    checked), its configured name, whether its jobs may run commands, and the artifact prefix
+    it may upload under before it has a job (None: anywhere)."""
+
+    role: Literal["node", "submitter", "operator"] | None = None
+    name: str | None = None
+    may_run_code: bool = False
+    artifact_prefix: str | None = None
 
 
 class TaskLogEntry(WireModel):

@@ -234,6 +234,8 @@ class CommandRecipe(WorkloadRecipe):
                 )
         if params.get("unpack_inputs") is not None:
             problems.extend(_unpack_problems(params["unpack_inputs"], inputs))
+        if params.get("workdir") is not None:
+            problems.extend(_workdir_problems(params["workdir"], params.get("unpack_inputs")))
         if params.get("signature") is not None:
             count = len(task_params) if isinstance(task_params, list) else None if task_params is not None else 1
             problems.extend(_signature_problems(params["signature"], count))
@@ -341,6 +343,15 @@ def _unpack_problems(unpack: object, inputs: object) -> list[str]:
     return problems
 
 
+def _workdir_problems(workdir: object, unpack: object) -> list[str]:
+    """``parameters.workdir`` names the unpacked input the command runs in (its source directory)."""
+    unpacked = unpack if isinstance(unpack, list) else []
+    if not isinstance(workdir, str) or workdir not in unpacked:
+        return [(f"parameters.workdir is {workdir!r}; it must name an input listed in parameters.unpack_inputs "
+                 f"(an archive the worker unpacks; listed: {sorted(map(str, unpacked))}), e.g. 'source'")]
+    return []
+
+
 def _common_payload(params: Mapping[str, Any], spec: JobSpec) -> dict[str, Any]:
     """The payload keys every task of the job shares; optional keys only when set."""
     inner = spec.spec
@@ -355,6 +366,8 @@ def _common_payload(params: Mapping[str, Any], spec: JobSpec) -> dict[str, Any]:
         payload["checkpoint"] = params["checkpoint"]
     if params.get("unpack_inputs") is not None:
         payload["unpack_inputs"] = list(params["unpack_inputs"])
+    if params.get("workdir") is not None:
+        payload["workdir"] = params["workdir"]
     local_inputs = params.get("local_inputs")
     if local_inputs is not None:
         # A non-list is stamped unchanged: gate 4 then refuses it on every node (fail-closed).

@@ -60,6 +60,7 @@ EXPECTED: dict[tuple[str, str], tuple[Any, ...]] = {
     ("GET", "/readyz"): OPEN,
     ("GET", "/"): OPEN,
     ("GET", "/openapi.json"): (401, 401, 200, 200, 200, 200, 200, 200),
+    ("GET", "/v1alpha1/whoami"): (401, 401, 200, 200, 200, 200, 200, 200),
     ("POST", "/v1alpha1/jobs"): (401, 401, 403, 403, 201, 201, 201, 403),
     ("GET", "/v1alpha1/jobs"): (401, 401, 403, 403, 200, 200, 200, 403),
     ("GET", "/v1alpha1/jobs/{job_id}"): JOB_READ,
