@@ -34,6 +34,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("FLASHML_ATTEMPT_ID", _JOB, "", "this attempt's id (on a worker: the lease id)"),
     Variable("FLASHML_TASK_ID", f"{_JOB} (worker)", "", "the task's id within its job"),
     Variable("FLASHML_INPUTS_FILE", f"{_JOB} (worker)", "", "a JSON file: input name -> local path"),
+    Variable("FLASHML_MAX_WORLD_SIZE", f"{_JOB} (elastic)", "",
+             "the most ranks an elastic run (ranks=(min, max)) may be relaunched with; flashruntime.torch's "
+             "checkpoints list every size up to it as one they load at"),
     Variable("FLASHML_PLAN_ID", f"{_JOB} (flash.run)", "", "the plan this run carries out"),
     Variable("FLASHML_STRATEGY_FAMILY", f"{_JOB} (flash.run)", "", "the plan's strategy family"),
     Variable("FLASHML_PROFILE_WARMUP_STEPS", f"{_JOB} (profiler)", "",

@@ -13,6 +13,8 @@ Every run gets one, chaos or not, computed from ``run.json`` and each attempt's
   to the relaunched attempt's first step), and the steps recomputed.
 - **hung**: of the lost work, the time attempts the hang watch stopped spent without progress
   before it saw them (each from its last progress to the detection).
+- **at each world size** (an elastic run's attempts say theirs): the useful step time and the
+  steps kept at that many ranks.
 - **preempted**: of the lost work, the time preempted attempts took from the notice to their
   end (saving the agreed step and leaving), apart from the hung time.
 
@@ -46,7 +48,7 @@ __all__ = [
 ]
 
 METRICS_FILE = "metrics.jsonl"
-_ENDS_AN_ATTEMPT = frozenset({"kill_rank", "kill_attempt", "hang_forever"})
+_ENDS_AN_ATTEMPT = frozenset({"kill_rank", "lose_rank", "kill_attempt", "hang_forever"})
 _RESUMES = re.compile(r"^(\S+) (?:resumes from step ([0-9]+)|starts at step 0)")
 
 
@@ -90,6 +92,8 @@ class GoodputLedger:
     recoveries: tuple[Recovery, ...]
     hung_s: float = 0.0  # of the lost work: attempts hung, from their last progress to the detection
     preempted_s: float = 0.0  # of the lost work: attempts preempted, from the notice to their end (the save)
+    # An elastic run's (world size, useful step time, steps kept), largest size first; empty otherwise.
+    world_sizes: tuple[tuple[int, float, int], ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         document = asdict(self)
@@ -148,6 +152,7 @@ def goodput_ledger(
         by_job.setdefault(str(row.get("job_id")), []).append(row)
     useful, kept, recomputed, timed = 0.0, 0, 0, False
     recoveries: list[Recovery] = []
+    at_size: dict[int, list[float]] = {}  # world size -> [useful s, steps kept]
     for rows in by_job.values():
         sums = []
         for index, row in enumerate(rows):
@@ -159,6 +164,11 @@ def goodput_ledger(
             kept += steps.steps_kept
             recomputed += steps.steps_recomputed
             timed = timed or steps.first_ts is not None
+            size = row.get("world_size")
+            if isinstance(size, int) and not isinstance(size, bool):
+                sums_at = at_size.setdefault(size, [0.0, 0])
+                sums_at[0] += steps.useful_s
+                sums_at[1] += steps.steps_kept
             if index + 1 < len(rows):
                 recoveries.append(_recovery(row, rows[index + 1], steps, sums[index + 1], resumed_from, injected))
     started, finished = finite_number(document.get("started_at")), finite_number(document.get("finished_at"))
@@ -172,6 +182,7 @@ def goodput_ledger(
         timed=timed, recoveries=tuple(recoveries),
         hung_s=sum(idle for idle in (_hang_idle(row) for row in attempts) if idle is not None),
         preempted_s=sum(ended for ended in (_preemption_s(row) for row in attempts) if ended is not None),
+        world_sizes=tuple((size, total, int(count)) for size, (total, count) in sorted(at_size.items(), reverse=True)),
     )
 
 
@@ -255,6 +266,10 @@ def ledger_lines(ledger: GoodputLedger, label_width: int = 10, *, steps_logged: 
             f"{f', of it ending in a preemption {seconds(ledger.preempted_s)}' if ledger.preempted_s else ''}; "
             f"{ledger.steps} steps kept, "
             f"{ledger.steps_recomputed} recomputed, {ledger.restarts} restart{'' if ledger.restarts == 1 else 's'})"), label_width))
+        if ledger.world_sizes:
+            lines.append(line("sizes", ", ".join(
+                f"{size} rank{'' if size == 1 else 's'} {seconds(useful)} ({steps} steps)"
+                for size, useful, steps in ledger.world_sizes), label_width))
     elif not steps_logged:
         lines.append(line("goodput", "not timed: the run logged no steps (a metrics.jsonl line per step, with its "
                                      "step and ts; flashruntime.torch's log_metrics writes them)", label_width))

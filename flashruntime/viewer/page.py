@@ -44,8 +44,9 @@ STATE_COLOURS: dict[str, str] = {
 SERIES_COLOURS: tuple[str, ...] = (TOKENS["accent"], TOKENS["warn"], TOKENS["ok"], TOKENS["info"], TOKENS["bad"],
                                    "#39c5cf", "#db6d28", "#db61a2")
 
-# Log-event types the feed highlights: a recovery decision, a rank that holds the others back.
-_HIGHLIGHT_EVENTS = ("FAILURE_CLASSIFIED", "RECOVERY_ACTION_SELECTED", "STRAGGLER_DETECTED")
+# Log-event types the feed highlights: a recovery decision, a rank that holds the others back, a run
+# that continues on another number of ranks.
+_HIGHLIGHT_EVENTS = ("FAILURE_CLASSIFIED", "RECOVERY_ACTION_SELECTED", "STRAGGLER_DETECTED", "WORLD_SIZE_CHANGED")
 
 
 def _tint(hex_colour: str, alpha: float) -> str:

@@ -128,6 +128,10 @@ def test_a_rank_lost_for_good_continues_on_one_and_grows_back_seeing_every_sampl
     assert 8 <= first <= 12 and first % 4 == 0, resumed  # the newest checkpoint, not step 0
     assert 32 <= second <= 40 and second % 4 == 0, resumed
     assert "data resharded from 2 to 1 ranks" in run.logs(2000)
+    ledger = run.goodput()  # the time at each size: steps kept at 2 ranks and at 1, all of the run's
+    assert [size for size, _, _ in ledger.world_sizes] == [2, 1]
+    assert sum(steps for _, _, steps in ledger.world_sizes) == ledger.steps == TOTAL
+    assert all(useful > 0 for _, useful, _ in ledger.world_sizes)
 
     # Exactly once: each epoch's 64 samples, across both changes of world size.
     timeline: dict[int, list[int]] = {}
