@@ -52,6 +52,8 @@ _LOCAL_ONLY: tuple[tuple[str, str, Any, str], ...] = (
     ("--watch", "watch", None, "the coordinator's dashboard shows the job (open the --api URL)"),
     ("--tensorboard", "tensorboard", None, _TRACKERS),
     ("--mlflow", "mlflow", None, _TRACKERS),
+    ("--ranks", "ranks", None, ("a coordinator task runs at the size its command gives; elastic relaunches on "
+                                "the ranks left are a local run's")),
 )
 
 

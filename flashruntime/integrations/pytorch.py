@@ -36,7 +36,7 @@ def ddp(
     script: str,
     *,
     source: str = ".",
-    nproc_per_node: int = 2,
+    nproc_per_node: int | tuple[int, int] = 2,
     nnodes: int = 1,
     script_args: str = "",
     env: dict[str, str] | None = None,
@@ -45,9 +45,20 @@ def ddp(
     rdzv_id: str | None = None,
 ) -> CommandWorkload:
     """A ``coordinated`` workload running ``script`` under torchrun with ``nproc_per_node``
-    ranks on each of ``nnodes`` nodes."""
+    ranks on each of ``nnodes`` nodes. ``nproc_per_node=(min, max)`` on one node is an elastic
+    run (``CommandWorkload.ranks``): ``flash.submit`` starts it with the ranks available, up to
+    ``max``, and relaunches it on those left, down to ``min``, when one is lost for good."""
     if nnodes < 1:
         raise ValueError(f"nnodes={nnodes} must be >= 1 (1 for a single machine)")
+    ranks: tuple[int, int] | None = None
+    if isinstance(nproc_per_node, tuple):
+        if nnodes != 1:
+            raise ValueError(f"nproc_per_node={nproc_per_node} (elastic) is for one machine, and nnodes={nnodes}: "
+                             "give each node a fixed nproc_per_node")
+        if len(nproc_per_node) != 2 or not 1 <= nproc_per_node[0] <= nproc_per_node[1]:
+            raise ValueError(f"nproc_per_node={nproc_per_node} must be (min, max) with 1 <= min <= max, e.g. (1, 2)")
+        ranks = (int(nproc_per_node[0]), int(nproc_per_node[1]))
+        nproc_per_node = ranks[1]
     if nproc_per_node < 1:
         raise ValueError(f"nproc_per_node={nproc_per_node} must be >= 1")
     if node_rank is not None and not 0 <= node_rank < nnodes:
@@ -71,4 +82,5 @@ def ddp(
         outputs=OutputSpec(collect=["metrics.json"]),
         mode="coordinated",
         checkpoint=CheckpointPolicy(backend="local_manifest", note=_CHECKPOINT_NOTE),
+        ranks=ranks,
     )

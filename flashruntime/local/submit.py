@@ -116,7 +116,7 @@ def submit(
     relaunched from the last valid checkpoint (see ``flashruntime.monitor.hang_watch``). Default:
     ``$FLASHML_HANG_TIMEOUT_S``, else ``max(10 x the median step time, 60 s)`` once steps are timed;
     0 turns the watch off.
-    ``ranks=(min, max)`` (or ``"MIN:MAX"``) makes the run elastic: each attempt starts with as many
+    ``ranks=(min, max)`` (or ``"MIN:MAX"``; default: ``workload.ranks``) makes the run elastic: each attempt starts with as many
     ranks as are available, up to ``max`` (the command's ``--nproc-per-node`` is set, or a plain
     ``python`` command is started under torchrun), so a rank lost for good costs a relaunch on
     the ranks left, down to ``min``, not the run, and the ranks come back at the next relaunch
@@ -134,7 +134,7 @@ def submit(
         raise InvalidSubmission(f"executor must be one of {', '.join(map(repr, EXECUTORS))}, got {executor!r}")
     if ray_address is not None and executor != "ray":
         raise InvalidSubmission(f"ray_address is for executor='ray' (executor is {executor!r}): pass both, or neither")
-    elastic = parse_ranks(ranks)
+    elastic = parse_ranks(ranks if ranks is not None else workload.ranks)
     if elastic is not None:
         if executor != "local":
             raise InvalidSubmission("ranks=(min, max) relaunches local ranks at another world size; on Ray each "

@@ -85,6 +85,15 @@ class CommandWorkload(BaseModel):
     mode: Literal["auto", "local", "independent_tasks", "coordinated"] = "auto"
     checkpoint: CheckpointPolicy | None = None
     task_params: list[dict[str, Any]] | None = None
+    # (min, max): an elastic local run, relaunched on the ranks available (see flashruntime.local.elastic).
+    ranks: tuple[int, int] | None = None
+
+    @field_validator("ranks")
+    @classmethod
+    def _ranks_are_a_range(cls, ranks: tuple[int, int] | None) -> tuple[int, int] | None:
+        if ranks is not None and not 1 <= ranks[0] <= ranks[1]:
+            raise ValueError(f"ranks {ranks} must be (min, max) with 1 <= min <= max, e.g. (1, 2)")
+        return ranks
 
     @field_validator("inputs")
     @classmethod
@@ -187,6 +196,9 @@ def to_jobspec(workload: CommandWorkload, name: str, image: ImageSpec | None = N
     """The coordinator JobSpec for ``workload`` (placeholders left intact for expansion). The
     image is ``image``, else ``workload.image``, else none: the bundled worker runs the
     command without a container."""
+    if workload.ranks is not None:
+        raise ValueError(f"ranks={workload.ranks} makes an elastic local run; a coordinator task runs at the size its "
+                         "command gives: drop ranks to submit it to the coordinator")
     chosen = image or workload.image
     parameters: dict[str, Any] = {"command": workload.argv(), "env": dict(workload.env), "inputs": dict(workload.inputs)}
     if workload.task_params is not None:

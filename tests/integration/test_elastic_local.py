@@ -167,15 +167,16 @@ def test_a_run_below_its_fewest_ranks_fails_saying_so(tmp_path: Path) -> None:
     source.mkdir()
     (source / "train.py").write_text(SCRIPT)
     workload = CommandWorkload(command=[sys.executable, "train.py", str(TOTAL), str(TOTAL), "0.25"],
-                               source=Source(path=str(source)), env=_env(), outputs=OutputSpec(collect=[]))
+                               source=Source(path=str(source)), env=_env(), outputs=OutputSpec(collect=[]),
+                               ranks=(2, 2))  # the workload's own range, as ddp(nproc_per_node=(min, max)) gives it
     chaos = ChaosPlan(faults=[Fault(kind="lose_rank", rank=1, at_step=6)])
     run = flash.submit(workload, output_dir=tmp_path / "too-few", watch=False, quiet=True, max_restarts=2,
-                       chaos=chaos, ranks=(2, 2))
+                       chaos=chaos)
     assert run.state is LaunchState.FAILED
     assert [attempt["world_size"] for attempt in run.attempts] == [2]
     unavailable = [event["message"] for event in run.events if event["type"] == "WORLD_SIZE_UNAVAILABLE"]
-    assert unavailable == ["task-000-r1 not launched: 1 rank available (rank 1's slot lost (chaos lose_rank)), "
-                           "fewer than the 2 the run needs at least (2..2 ranks)"]
+    assert unavailable == [("task-000-r1 not launched: 1 rank available (rank 1's slot lost (chaos lose_rank)), "
+                            "fewer than the 2 the run needs at least (2..2 ranks)")]
 
 
 @pytest.mark.parametrize(("ranks", "words"), [

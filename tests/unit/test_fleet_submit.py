@@ -20,7 +20,7 @@ NOWHERE = "http://127.0.0.1:9"
 
 
 @pytest.mark.parametrize(("flags", "named"), [
-    (["--parallel", "2"], "--parallel"), (["--executor", "ray"], "--executor"),
+    (["--parallel", "2"], "--parallel"), (["--executor", "ray"], "--executor"), (["--ranks", "1:2"], "--ranks"),
     (["--output-dir", "out"], "--output-dir"), (["--watch"], "--watch"), (["--checkpoint-glob", "a.pt"], "--checkpoint-glob"),
     (["--tensorboard", "tb"], "--tensorboard"), (["--mlflow", "file:///tmp/m"], "--mlflow"),
 ])

@@ -4,6 +4,7 @@ and the Hugging Face callback commits manifests (tested against a fake ``transfo
 from __future__ import annotations
 
 import json
+import re
 import sys
 import types
 from pathlib import Path
@@ -99,6 +100,26 @@ def test_rendezvous_endpoint_must_be_host_port(endpoint: str) -> None:
 def test_nproc_per_node_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="nproc_per_node=0 must be >= 1"):
         pytorch.ddp("t.py", nproc_per_node=0)
+
+
+def test_an_elastic_ddp_starts_at_its_most_ranks_and_carries_the_range() -> None:
+    from flashruntime.workloads.command import to_jobspec
+
+    w = pytorch.ddp("train.py", nproc_per_node=(1, 4))
+    assert w.argv()[:2] == ["torchrun", "--nproc-per-node=4"]
+    assert w.ranks == (1, 4)
+    assert pytorch.ddp("train.py").ranks is None
+    with pytest.raises(ValueError, match="makes an elastic local run; a coordinator task runs at the size"):
+        to_jobspec(w, "elastic")
+
+
+@pytest.mark.parametrize(("nproc", "nnodes", "words"), [
+    ((2, 1), 1, "must be (min, max) with 1 <= min <= max"), ((0, 2), 1, "must be (min, max)"),
+    ((1, 2), 2, "(elastic) is for one machine, and nnodes=2"),
+])
+def test_an_elastic_range_that_cannot_be_is_refused(nproc: tuple[int, int], nnodes: int, words: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(words)):
+        pytorch.ddp("t.py", nproc_per_node=nproc, nnodes=nnodes, rdzv_endpoint="10.0.0.1:29400")
 
 
 # --- sklearn ------------------------------------------------------------------------------
