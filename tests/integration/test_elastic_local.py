@@ -25,6 +25,7 @@ from flashruntime.launchers import LaunchState
 from flashruntime.local.chaos import ChaosPlan, Fault
 from flashruntime.workloads.command import CommandWorkload, OutputSpec, Source
 from tests._support import REPO_ROOT
+from tests.integration._torchrun import torchrun_argv
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -71,11 +72,6 @@ SCRIPT = textwrap.dedent("""
 """) % {"samples": SAMPLES, "batch": PER_RANK_BATCH}
 
 
-def _torchrun() -> list[str]:
-    beside = Path(sys.executable).with_name("torchrun")
-    return [str(beside)] if beside.exists() else [sys.executable, "-m", "torch.distributed.run"]
-
-
 def _env() -> dict[str, str]:
     return {"PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
 
@@ -84,7 +80,7 @@ def _by_hand(tmp_path: Path, name: str, ranks: int, ckpt: Path, stop_at: int) ->
     """The script run directly at ``ranks`` ranks from the checkpoints in ``ckpt``."""
     out = tmp_path / name
     out.mkdir()
-    launcher = [sys.executable] if ranks == 1 else [*_torchrun(), f"--nproc-per-node={ranks}", "--standalone",
+    launcher = [sys.executable] if ranks == 1 else [*torchrun_argv(), f"--nproc-per-node={ranks}", "--standalone",
                                                     "--local-addr=127.0.0.1"]
     env = {key: value for key, value in os.environ.items() if not key.startswith("FLASHML_")}
     env.update(_env(), FLASHML_OUTPUT_DIR=str(out), FLASHML_CKPT_DIR=str(ckpt), FLASHML_JOB_ID=name,
@@ -108,7 +104,7 @@ def test_a_rank_lost_for_good_continues_on_one_and_grows_back_seeing_every_sampl
     source = tmp_path / "src"
     source.mkdir()
     (source / "train.py").write_text(SCRIPT)
-    command = [*_torchrun(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1", "train.py", str(TOTAL),
+    command = [*torchrun_argv(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1", "train.py", str(TOTAL),
                str(TOTAL), "0.25"]
     workload = CommandWorkload(command=command, source=Source(path=str(source)), env=_env(),
                                outputs=OutputSpec(collect=[]))
