@@ -226,8 +226,8 @@ class ChaosInjector:
         elif fault.kind == "lose_rank":
             capacity = self._run.capacity
             pid = _rank_pids(attempt_dir, handle).get(fault.rank)
-            if capacity is not None:  # first: the relaunch the kill causes must not find the slot
-                capacity.withdraw(fault.rank, f"rank {fault.rank}'s slot lost (chaos lose_rank)",
+            if capacity is not None and pid is not None:  # first: the relaunch the kill causes must not find it
+                capacity.withdraw(f"rank {fault.rank}'s slot lost (chaos lose_rank)",
                                   fault.seconds if fault.slot_returns() else None)
             done = pid is not None and _signal(pid, signal.SIGKILL)
             detail = f"pid {pid}" if done else f"no process of rank {fault.rank} was found"

@@ -97,13 +97,17 @@ def argv_at(argv: list[str], world_size: int) -> list[str]:
         if not token.startswith("-"):  # the script: torchrun's options have ended
             out.extend(rest[index:])
             break
+        if token == "--":
+            raise InvalidSubmission("ranks=(min, max) sets torchrun's --nproc-per-node, which a '--' before the "
+                                    "script hides: drop the '--'")
         name = token.split("=", 1)[0]
-        if name in _NPROC_FLAGS:
+        if len(name) >= len("--nproc") and any(flag.startswith(name) for flag in _NPROC_FLAGS):  # argparse prefixes
             out.append(f"--nproc-per-node={world_size}")
             replaced = True
             index += 1 if "=" in token else 2
             continue
-        takes_value = "=" not in token and token not in _TORCHRUN_SWITCHES
+        joined = not token.startswith("--") and len(token) > 2  # "-r3": a short option with its value
+        takes_value = "=" not in token and not joined and token not in _TORCHRUN_SWITCHES
         out.extend(rest[index:index + 2] if takes_value else [token])
         index += 2 if takes_value else 1
     if not replaced:
@@ -135,12 +139,15 @@ class Capacity:
         self.ranks = ranks
         self._gpus = gpus
         self._lock = threading.Lock()
-        self._withdrawn: dict[int, tuple[float | None, str]] = {}  # slot -> (back at, monotonic; why)
+        self._withdrawn: dict[int, tuple[float | None, str]] = {}  # loss -> (back at, monotonic; why)
+        self._losses = 0
 
-    def withdraw(self, slot: int, why: str, seconds: float | None = None) -> None:
-        """Slot ``slot`` is gone: for ``seconds``, or for the rest of the run (None)."""
+    def withdraw(self, why: str, seconds: float | None = None) -> None:
+        """One slot is gone: for ``seconds``, or for the rest of the run (None). Each call is a
+        loss of its own, whichever rank held the slot."""
         with self._lock:
-            self._withdrawn[slot] = (None if seconds is None else time.monotonic() + seconds, why)
+            self._losses += 1
+            self._withdrawn[self._losses] = (None if seconds is None else time.monotonic() + seconds, why)
 
     def _gone(self) -> dict[int, str]:
         now = time.monotonic()
@@ -153,8 +160,8 @@ class Capacity:
     def available(self) -> tuple[int, str]:
         """How many ranks can run now (at most ``maximum``), and why not more."""
         gone = self._gone()
-        count = self.ranks.maximum - len([slot for slot in gone if slot < self.ranks.maximum])
-        reasons = [why for _, why in sorted(gone.items())]
+        count = self.ranks.maximum - len(gone)
+        reasons = list(dict.fromkeys(why for _, why in sorted(gone.items())))
         if self._gpus:
             listed = _gpus_listed()
             if listed is not None and listed < count:

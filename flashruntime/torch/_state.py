@@ -66,8 +66,11 @@ def max_world_size() -> int:
 
 
 def loadable_world_sizes() -> list[int]:
-    """The world sizes a checkpoint of this process loads at: replicated (DDP) state and DCP's
-    sharded state both load at any size, so every size up to ``max_world_size``."""
+    """The world sizes a checkpoint of this process is listed as loading at: in an elastic run
+    (``FLASHML_MAX_WORLD_SIZE`` set) every size up to it, since replicated (DDP) state and DCP's
+    sharded state both load at any size; otherwise its own only."""
+    if os.environ.get("FLASHML_MAX_WORLD_SIZE") is None:
+        return [world_size()]
     return list(range(1, max_world_size() + 1))
 
 
