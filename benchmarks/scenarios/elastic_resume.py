@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -101,9 +102,10 @@ def _records(path: Path) -> list[dict]:
     return records
 
 
-def _ours(work: Path, total: int, lose_at: int) -> tuple[float, int, list[int], str]:
+def _ours(work: Path, total: int, lose_at: int) -> tuple[float, int, list[int], str, tuple[float, float, float]]:
     """(seconds from the loss to the first step at the smaller size, steps recomputed, the world
-    size of each attempt, the final state) of one lost rank under flash.submit."""
+    size of each attempt, the final state, and the seconds split into the 2-rank attempt's end,
+    the relaunch's start and its first step) of one lost rank under flash.submit."""
     from flashruntime.local.chaos import ChaosPlan, Fault
     from flashruntime.sdk import submit
     from flashruntime.workloads.command import CommandWorkload, OutputSpec, Source
@@ -129,7 +131,9 @@ def _ours(work: Path, total: int, lose_at: int) -> tuple[float, int, list[int], 
         raise RuntimeError(f"elastic_resume: an attempt logged no step (before the loss {len(before)}, after "
                            f"{len(after)}); {run.logs(40)}")
     recomputed = max(r["step"] for r in before) - (after[0]["step"] - 1)
-    return after[0]["ts"] - lost[0], recomputed, sizes, str(run.state)
+    ended, relaunched = float(run.attempts[0]["finished_at"]), float(run.attempts[1]["started_at"])
+    phases = (ended - lost[0], relaunched - ended, after[0]["ts"] - relaunched)
+    return after[0]["ts"] - lost[0], recomputed, sizes, str(run.state), phases
 
 
 def _free_port() -> int:
@@ -231,10 +235,11 @@ def run(repeats: int, smoke: bool) -> list[dict]:
     total, lose_at, cap = (SMOKE_TOTAL, SMOKE_LOSE_AT, SMOKE_CAP_S) if smoke else (TOTAL, LOSE_AT, CAP_S)
     base = Path(__file__).resolve().parents[1] / ".work"
     base.mkdir(exist_ok=True)
-    resume, lost, sizes, states = [], [], set(), set()
+    resume, lost, sizes, states, phases = [], [], set(), set(), []
     for _ in range(samples):
         with tempfile.TemporaryDirectory(dir=base) as tmp:
-            seconds, recomputed, world_sizes, state = _ours(Path(tmp), total, lose_at)
+            seconds, recomputed, world_sizes, state, split = _ours(Path(tmp), total, lose_at)
+            phases.append(split)
             resume.append(seconds)
             lost.append(float(recomputed))
             sizes.add(tuple(world_sizes))
@@ -248,10 +253,14 @@ def run(repeats: int, smoke: bool) -> list[dict]:
     setup = (f"2 ranks (gloo), {total} steps of {STEP_S:g} s, checkpoint every {EVERY}, rank 1 lost for good at "
              f"step {lose_at}; ours: flash.submit of torchrun --nproc-per-node=2 with ranks=(1, 2), chaos lose_rank, "
              f"max_restarts=2; world sizes per attempt {sorted(sizes)}; final states {sorted(states)}")
+    ended, relaunched, first = (statistics.median(phase) for phase in zip(*phases))
+    split = (f"of ours, medians: {ended:.2f} s until the 2-rank attempt ended (torchrun noticing the lost rank and "
+             f"stopping the other), {relaunched:.2f} s to the relaunch, {first:.2f} s from the relaunch to its first "
+             f"step (a new torchrun, imports, the restore of the checkpoint, the step)")
     comparator_name = "torchrun --nnodes=2 --max-restarts=3, a node lost for good"
     return [
         measured_row(NAME, SECTION, "resume_s", "s", resume, comparator=(comparator_name, [comparator]),
-                     target=ELASTIC_RESUME_S, notes=[setup, seen]),
+                     target=ELASTIC_RESUME_S, notes=[setup, seen, split]),
         measured_row(NAME, SECTION, "steps_lost", "steps", lost,
                      notes=[RECOMPUTED_NOTE]),
     ]
