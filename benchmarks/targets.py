@@ -14,10 +14,13 @@ __all__ = [
     "CHECKPOINT_COMMIT_OVER_BARE_SAVE",
     "CHECKPOINT_STALL_ASYNC_OVER_SYNC",
     "DEMO_WALL_S",
+    "ELASTIC_RESUME_S",
     "FEDAVG_COMPACT_OVER_BASE64_FLOOR",
-    "FLEET_SWEEP_OVER_LOCAL",
     "FEDAVG_FAST_OVER_NUMPY",
+    "FLEET_SWEEP_OVER_LOCAL",
     "FORBIDDEN_MODULES",
+    "FULL_VERIFY_OVER_HASH_FLOOR",
+    "GOODPUT_OVER_TORCHRUN",
     "HANG_MTTD_S",
     "HEARTBEAT_P99_DURING_ADMISSION_S",
     "HTTP_OVER_IN_PROCESS",
@@ -34,11 +37,9 @@ __all__ = [
     "REFUSAL_S",
     "REPLICAS_OVER_ONE",
     "SWEEP_PARALLEL_OVER_SERIAL",
+    "VERIFY_OVER_FRAMEWORK_SAVE",
     "faults_routed",
     "trials_completed",
-    "VERIFY_OVER_FRAMEWORK_SAVE",
-    "FULL_VERIFY_OVER_HASH_FLOOR",
-    "GOODPUT_OVER_TORCHRUN",
 ]
 
 LEASE_MEMORY_OVER_FLOOR = Target(
@@ -68,6 +69,11 @@ HEARTBEAT_P99_DURING_ADMISSION_S = Target(
 HANG_MTTD_S = Target(
     "<=", 8.0, "s", "a rank hung forever is caught within 3 step times + 5 s (1 s steps, hang_timeout_s = 3 step "
                     "times): a hang costs seconds, not the 30 minutes a collective waits by default")
+ELASTIC_RESUME_S = Target(
+    "<=", 15.0, "s", "a rank lost for good costs a relaunch on the ranks left (detection, teardown, a new torchrun, "
+                     "the restore), not the wait for a replacement: a 2-rank gloo job is stepping on one rank "
+                     "within 15 s of the loss, twice what it takes on the 2-core reference host, which slows "
+                     "1.6-2x for minutes at a time")
 REFUSAL_S = Target(
     "<=", 1.0, "s", "a job over the coordinator's bounds is refused within a second, before anything is built or "
                     "stored")
