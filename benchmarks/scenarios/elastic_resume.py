@@ -26,7 +26,6 @@ import signal
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from benchmarks.registry import Scenario
 from benchmarks.rows import measured_row, skipped_rows
+from benchmarks.scenarios._torchrun import torchrun_argv
 from benchmarks.targets import ELASTIC_RESUME_S
 
 NAME, SECTION = "elastic_resume", "resilience"
@@ -79,11 +79,6 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _torchrun() -> list[str]:
-    beside = Path(sys.executable).with_name("torchrun")
-    return [str(beside)] if beside.exists() else [sys.executable, "-m", "torch.distributed.run"]
-
-
 def _pythonpath() -> str:
     return os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
 
@@ -112,7 +107,7 @@ def _ours(work: Path, total: int, lose_at: int) -> tuple[float, int, list[int], 
 
     (work / "src").mkdir(parents=True)
     (work / "src" / "train.py").write_text(SCRIPT)
-    command = [*_torchrun(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1", "train.py", str(total),
+    command = [*torchrun_argv(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1", "train.py", str(total),
                str(EVERY), str(STEP_S)]
     workload = CommandWorkload(command=command, source=Source(path=str(work / "src")),
                                env={"PYTHONPATH": _pythonpath(), "OMP_NUM_THREADS": "1"},
@@ -182,7 +177,7 @@ def _torchrun_two_nodes(work: Path, total: int, lose_at: int, cap_s: float) -> t
     try:
         for node, out in enumerate(outs):
             out.mkdir()
-            argv = [*_torchrun(), "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+            argv = [*torchrun_argv(), "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
                     f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=elastic-{port}", "--max-restarts=3",
                     "--local-addr=127.0.0.1", str(work / "train.py"), str(total), str(EVERY), str(STEP_S)]
             with open(work / f"node{node}.log", "wb") as log:

@@ -68,6 +68,7 @@ from typing import Any
 
 from benchmarks.registry import Scenario
 from benchmarks.rows import measured_row, skipped_rows
+from benchmarks.scenarios._torchrun import torchrun_argv
 from benchmarks.targets import GOODPUT_OVER_TORCHRUN
 
 NAME, SECTION = "goodput_under_faults", "resilience"
@@ -164,11 +165,6 @@ class Arm:
     step_s: list[float] = field(default_factory=list)
     kills: list[float] = field(default_factory=list)  # seconds after the start
     from_checkpoint: bool = False  # the window ended between a kill and the next step
-
-
-def _torchrun() -> list[str]:
-    beside = Path(sys.executable).with_name("torchrun")
-    return [str(beside)] if beside.exists() else [sys.executable, "-m", "torch.distributed.run"]
 
 
 def _env(marker: str, log_dir: Path, kill_every_s: float) -> dict[str, str]:
@@ -324,7 +320,7 @@ def _ours(work: Path, window_s: float, kill_every_s: float) -> Arm:
 
     log_dir, out, marker = work / "ours-log", work / "ours", uuid.uuid4().hex
     log_dir.mkdir()
-    command = [*_torchrun(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1", "train.py", "ours",
+    command = [*torchrun_argv(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1", "train.py", "ours",
                str(STEP_S), "0"]
     wall0, t0 = time.time(), time.monotonic()
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(command), str(work / "src"), str(out),
@@ -352,7 +348,7 @@ def _torchrun_arm(work: Path, window_s: float, kill_every_s: float, every: int) 
     log_dir.mkdir()
     ckpt = work / "torchrun-ckpt.pt"
     env = {**_env(marker, log_dir, kill_every_s), "GOODPUT_CKPT": str(ckpt)}
-    command = [*_torchrun(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1",
+    command = [*torchrun_argv(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1",
                f"--max-restarts={MAX_RESTARTS}", "train.py", "torchrun", str(STEP_S), str(every)]
     wall0, t0 = time.time(), time.monotonic()
     with open(work / "torchrun.log", "wb") as log:

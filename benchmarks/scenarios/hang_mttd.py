@@ -19,7 +19,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from benchmarks.registry import Scenario
 from benchmarks.rows import measured_row, skipped_rows
+from benchmarks.scenarios._torchrun import torchrun_argv
 from benchmarks.targets import HANG_MTTD_S
 
 NAME, SECTION = "hang_mttd", "resilience"
@@ -67,11 +67,6 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _torchrun() -> list[str]:
-    beside = Path(sys.executable).with_name("torchrun")
-    return [str(beside)] if beside.exists() else [sys.executable, "-m", "torch.distributed.run"]
-
-
 def _args() -> list[str]:
     return [str(STEPS), str(HANG_AT), str(EVERY), str(STEP_S)]
 
@@ -88,7 +83,7 @@ def _ours(work: Path) -> tuple[float, float, str, float | None]:
 
     (work / "src").mkdir(parents=True)
     (work / "src" / "train.py").write_text(SCRIPT)
-    command = [*_torchrun(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1", "train.py", *_args()]
+    command = [*torchrun_argv(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1", "train.py", *_args()]
     workload = CommandWorkload(command=command, source=Source(path=str(work / "src")), env=_env(),
                                outputs=OutputSpec(collect=[]))
     run = submit(workload, output_dir=work / "out", max_restarts=1, watch=False, quiet=True, hang_timeout_s=TIMEOUT_S)
@@ -108,7 +103,7 @@ def _torchrun_alone(work: Path, cap_s: float) -> float | None:
     env = {**os.environ, **_env(), "FLASHML_OUTPUT_DIR": str(out), "FLASHML_CKPT_DIR": str(work / "ckpt")}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "FLASHML_ATTEMPT_ID"):
         env.pop(name, None)
-    command = [*_torchrun(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1", "--max-restarts=1",
+    command = [*torchrun_argv(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1", "--max-restarts=1",
                "train.py", *_args()]
     with open(work / "torchrun.log", "wb") as log:
         process = subprocess.Popen(command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from benchmarks.registry import Scenario
 from benchmarks.rows import measured_row
+from benchmarks.scenarios._torchrun import torchrun_argv
 from benchmarks.targets import PREEMPTION_STEPS_LOST
 
 NAME, SECTION = "preemption_loss", "resilience"
@@ -66,11 +67,6 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _torchrun() -> list[str]:
-    beside = Path(sys.executable).with_name("torchrun")
-    return [str(beside)] if beside.exists() else [sys.executable, "-m", "torch.distributed.run"]
-
-
 def _env(go: Path) -> dict[str, str]:
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "FLASHML_JOB_ID", "FLASHML_ATTEMPT_ID",
             "FLASHML_PREEMPT_SIGNAL")
@@ -113,7 +109,7 @@ def _finish(process: subprocess.Popen[bytes], go: Path) -> int:
 def _ours(work: Path, args: list[str]) -> tuple[int, bool]:
     """(steps lost, whether the attempt ended PREEMPTED within its grace) under flash.submit."""
     source, out, go = work / "src", work / "ours", work / "go-ours"
-    command = [*_torchrun(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1", "train.py", *args]
+    command = [*torchrun_argv(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1", "train.py", *args]
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(command), str(source), str(out)],
                               env=_env(go), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     attempt = out / "local" / "task-000"
@@ -142,7 +138,7 @@ def _bare_torchrun(work: Path, args: list[str]) -> int:
     out, ckpt, go = work / "bare" / "task-000", work / "bare" / "ckpt", work / "go-bare"
     out.mkdir(parents=True)
     env = {**_env(go), "FLASHML_OUTPUT_DIR": str(out), "FLASHML_CKPT_DIR": str(ckpt)}
-    process = subprocess.Popen([*_torchrun(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1",
+    process = subprocess.Popen([*torchrun_argv(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1",
                                 str(work / "src" / "train.py"), *args], env=env, cwd=work / "src",
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

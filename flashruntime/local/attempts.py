@@ -17,7 +17,7 @@ from typing import Any
 from flashruntime.checkpoint.local import latest_valid_manifest
 from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LOG_NAME, LocalLaunchHandle, LocalProcessLauncher, read_log_tail
-from flashruntime.local.elastic import spec_at
+from flashruntime.local.elastic import Capacity, spec_at
 from flashruntime.local.framework_resume import CheckpointWatch, FrameworkCheckpoints
 from flashruntime.local.guard import (
     finish_attempt,
@@ -70,13 +70,14 @@ def run_param_set(
     budget = run.budget
     restart = 0  # relaunches spent
     started = 0  # attempts started: a relaunch after chaos mode's preemption spends no restart
+    capacity = run.capacity
     world: int | None = None  # an elastic run's world size, chosen anew for every attempt
     while restart < budget.attempts:
         if halted():
             break
         attempt_id = base_id if started == 0 else f"{base_id}-r{started}"
-        if run.capacity is not None:
-            chosen = _elastic_world(run, attempt_id, world)
+        if capacity is not None:
+            chosen = _elastic_world(run, capacity, attempt_id, world)
             if chosen is None:
                 state = LaunchState.FAILED
                 break
@@ -93,8 +94,8 @@ def run_param_set(
         with run.recorder.lock, signals_deferred():
             if halted():  # a cancel (or fail-fast) took the lock first: it could not see this attempt
                 break
-            handle = launcher.launch(spec if world is None or run.capacity is None
-                                     else spec_at(spec, run.capacity.ranks, world), job_id, attempt_id)
+            handle = launcher.launch(spec if capacity is None or world is None
+                                     else spec_at(spec, capacity.ranks, world), job_id, attempt_id)
             run.recorder.add_active(attempt_id, handle)
             launched = f"{attempt_id} launched ({getattr(handle, 'launched_as', None) or f'pid {handle.execution_id}'})"
             if handle.previous_dir is not None:
@@ -157,11 +158,9 @@ def run_param_set(
     return state, metrics
 
 
-def _elastic_world(run: Run, attempt_id: str, previous: int | None) -> int | None:
+def _elastic_world(run: Run, capacity: Capacity, attempt_id: str, previous: int | None) -> int | None:
     """The world size of an elastic run's next attempt: every rank available now, up to the
     most it may have; None (with the event saying why) when fewer than its fewest are left."""
-    capacity = run.capacity
-    assert capacity is not None
     available, why = capacity.available()
     ranks = capacity.ranks
     if available < ranks.minimum:
