@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from flashruntime.agent.checkpoint_handoff import hand_over, restore
+from flashruntime.agent.gang_command import gang_of
 from flashruntime.agent.inputs import (
     LeaseDirs,
     TaskInterrupted,
@@ -60,6 +61,7 @@ from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
 from flashruntime.monitor.hang_watch import HangVerdict, HangWatch, task_hang_setting
 from flashruntime.monitor.preemption import Notice
 from flashruntime.monitor.straggler_watch import StragglerWatch
+from flashruntime.protocol.gang import GANG_KEY
 from flashruntime.protocol.task_logs import TASK_LOG_NAME, task_log_key
 from flashruntime.protocol.task_metrics import TASK_METRICS_NAME, task_metrics_key
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Lease, StragglerReport
@@ -204,8 +206,10 @@ class LeaseRunner:
         trusted_submitter_keys: Mapping[str, PublicKey] | None = None,
         hang_timeout_s: float | None = None,
         preempt: PreemptSettings | None = None,
+        node_addr: str | None = None,
     ) -> None:
         self._client = client
+        self._node_addr = node_addr
         # What a stop does to a running task: the notice forwarded to its ranks, their grace to
         # save and leave, the checkpoint handed over. None (or no signal): the task is stopped.
         self._preempt = preempt
@@ -275,7 +279,9 @@ class LeaseRunner:
             argv, payload_env = build_command(payload, self._runner, dirs,
                                               require_code_grant=self._require_code_grant,
                                               confinement=self._confinement,
-                                              trusted_submitter_keys=self._trusted_submitter_keys)
+                                              trusted_submitter_keys=self._trusted_submitter_keys,
+                                              coordinator_url=self._client.base_url, node_addr=self._node_addr)
+            gang = gang_of(payload)
             params = payload.get("params", {})
             if not isinstance(params, dict):
                 raise TaskRefused(f"payload params must be an object, got {params!r}")
@@ -297,7 +303,8 @@ class LeaseRunner:
             except OSError:
                 container.close()
                 raise
-            handle = start_child(argv, child_env(payload_env, dirs, lease), dirs, self._timing.term_grace_s,
+            env = child_env(payload_env, dirs, lease, checkpoint_dir=gang.checkpoint_dir if gang else None)
+            handle = start_child(argv, env, dirs, self._timing.term_grace_s,
                                  container=container, cwd=task_cwd(payload, dirs))
         except TaskRefused as exc:
             return self._fail(lease, str(exc), Outcome.FAILED)
@@ -466,6 +473,13 @@ class LeaseRunner:
                 wall_seconds: float, shipper: TaskLogShipper) -> Outcome:
         metrics = dirs.out / "metrics.json"
         has_metrics = _is_regular(metrics)
+        if exit_code == 0 and not has_metrics and GANG_KEY in lease.payload and not metrics.exists():
+            # Global rank 0 writes a run's metrics, on one node only: the other nodes of a
+            # multi-node job commit that they have none, which is what happened, not a failure.
+            metrics.write_text("{}\n", encoding="utf-8")
+            has_metrics = True
+            self._note(dirs, "this node's ranks wrote no metrics.json (rank 0 writes the run's, on its node); "
+                             "committed an empty one")
         if exit_code != 0 or not has_metrics:
             logger.info("lease %s: child exited %s%s", lease.lease_id, exit_code,
                         "" if has_metrics else " without out/metrics.json")

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from flashruntime.agent.gang_command import gang_argv, gang_env, gang_of, rendezvous_host
 from flashruntime.agent.inputs import LeaseDirs, TaskRefused
 from flashruntime.agent.sandbox import Confinement, confine, prepare_task_dirs, task_home, task_tmp
 from flashruntime.agent.signed_work import signature_problem
@@ -90,17 +91,31 @@ def _payload_tier(payload: Mapping[str, Any]) -> str:
 def build_command(payload: Mapping[str, Any], runner: str, dirs: LeaseDirs, *,
                   require_code_grant: bool = False,
                   confinement: Confinement | None = None,
-                  trusted_submitter_keys: Mapping[str, PublicKey] | None = None) -> tuple[list[str], dict[str, str]]:
+                  trusted_submitter_keys: Mapping[str, PublicKey] | None = None,
+                  coordinator_url: str | None = None,
+                  node_addr: str | None = None) -> tuple[list[str], dict[str, str]]:
     """(argv, payload env) for the lease; ``TaskRefused`` when this agent must not run it.
     ``require_code_grant``: an ``argv`` payload must carry a code-execution grant
     (``code_grant_problem``); a worker that authenticates with a token sets it.
     ``confinement``: the argv returned is the final one, inside the worker's namespaces and
     as its task user (the task's home, temp and checkpoint directories are made ready).
     ``trusted_submitter_keys``: an ``argv`` payload must be signed by one of them, exactly as
-    it is (``signature_problem``)."""
+    it is (``signature_problem``). ``coordinator_url``: where this agent reaches its
+    coordinator, whose rendezvous store a multi-node job's node joins (``gang_command``), and
+    ``node_addr`` the address the other nodes reach this one at."""
+    sandboxed = confinement is not None and confinement.mode == "sandbox"
     argv, env = _task_command(payload, runner, dirs, require_code_grant=require_code_grant,
-                              trusted_submitter_keys=trusted_submitter_keys,
-                              sandboxed=confinement is not None and confinement.mode == "sandbox")
+                              trusted_submitter_keys=trusted_submitter_keys, sandboxed=sandboxed)
+    gang = gang_of(payload)
+    if gang is not None:
+        if "argv" not in payload:
+            raise TaskRefused("payload gang is for a command (argv) task, and this one runs a module")
+        if gang.checkpoint_dir is not None and sandboxed:
+            raise TaskRefused(f"the job's shared checkpoint_dir {gang.checkpoint_dir!r} is outside this agent's "
+                              "sandbox (--runner sandboxed); run multi-node jobs with a shared checkpoint_dir on "
+                              "agents started with --runner trusted, or drop checkpoint_dir")
+        argv = gang_argv(argv, gang, rendezvous_host(coordinator_url or ""), node_addr)
+        env = {**env, **{name: value for name, value in gang_env(gang).items() if name != "FLASHML_CKPT_DIR"}}
     if confinement is None:
         prepare_task_dirs(dirs)
         return argv, env
@@ -161,11 +176,12 @@ def _task_command(payload: Mapping[str, Any], runner: str, dirs: LeaseDirs, *, r
 
 
 def child_env(payload_env: Mapping[str, str], dirs: LeaseDirs, lease: Lease,
-              environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+              environ: Mapping[str, str] = os.environ, *, checkpoint_dir: str | None = None) -> dict[str, str]:
     """A task's whole environment: from the worker's ``environ`` only ``INHERITED_VARIABLES``
     (and ``LC_*``), a ``HOME`` and ``TMPDIR`` inside the lease's directory, then the job's own
     ``payload_env``, then the contract variables, which therefore win. No credential name
-    survives from either side."""
+    survives from either side. ``checkpoint_dir``: the ``FLASHML_CKPT_DIR`` of a multi-node
+    job's node, shared by all of them, instead of this machine's own."""
     inherited = {name: value for name, value in environ.items()
                  if name in INHERITED_VARIABLES or name.startswith(INHERITED_PREFIXES)}
     inherited.setdefault("PATH", os.defpath)
@@ -176,7 +192,7 @@ def child_env(payload_env: Mapping[str, str], dirs: LeaseDirs, lease: Lease,
         "TMPDIR": str(task_tmp(dirs)),
         **own,
         "FLASHML_OUTPUT_DIR": str(dirs.out),
-        "FLASHML_CKPT_DIR": str(dirs.ckpt),
+        "FLASHML_CKPT_DIR": checkpoint_dir or str(dirs.ckpt),
         "FLASHML_JOB_ID": lease.job_id,
         "FLASHML_ATTEMPT_ID": lease.lease_id,
         "FLASHML_TASK_ID": lease.task_id,

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 import flashruntime
+from flashruntime.agent.gang_command import checked_node_addr
 from flashruntime.agent.inputs import TaskRefused, safe_segment
 from flashruntime.agent.lease_run import DRAIN_REASON, SHUTDOWN_REASON, LeaseRunner, WorkerTiming
 from flashruntime.agent.node_token import read_token_file
@@ -132,9 +133,12 @@ class WorkerAgent:
         sandbox_probe: BwrapProbe | None = None,
         trusted_submitter_keys: str | os.PathLike[str] | Mapping[str, PublicKey] | None = None,
         hang_timeout_s: float | None = None,
+        node_addr: str | None = None,
     ) -> None:
         if runner not in RUNNERS:
             raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
+        # Where the other nodes of a multi-node job reach this one (torchrun's --local-addr).
+        self.node_addr = checked_node_addr(node_addr)
         # Seconds without progress before a task counts as hung (else $FLASHML_HANG_TIMEOUT_S,
         # else the default rule of monitor.hangs; 0: no watch).
         try:
@@ -381,7 +385,7 @@ class WorkerAgent:
                              require_code_grant=self.client.authenticates, journal=journal,
                              confinement=confinement,
                              trusted_submitter_keys=self.trusted_submitter_keys,
-                             hang_timeout_s=self.hang_timeout_s, preempt=self.preempt)
+                             hang_timeout_s=self.hang_timeout_s, preempt=self.preempt, node_addr=self.node_addr)
         try:
             self._report_abandoned(journal, leftovers)
             self._claim_loop(runner)

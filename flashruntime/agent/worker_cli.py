@@ -60,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run only commands signed by one of these submitter keys (a .pub file of "
                              "'flashruntime keys generate', or a directory of them; else env "
                              "FLASHML_TRUSTED_SUBMITTER_KEYS), so a coordinator cannot run code of its own here")
+    parser.add_argument("--node-addr", default=None, metavar="ADDR",
+                        help="the address the other nodes of a multi-node job reach this machine at (torchrun's "
+                             "--local-addr); default: torchrun's lookup of this host's name")
     parser.add_argument("--drain", action="store_true",
                         help="start no worker: ask the one running with this --work-dir to finish its current task "
                              "and exit (it is sent SIGUSR1); exit 1 when none runs there")
@@ -262,6 +265,7 @@ def _run_worker(args: argparse.Namespace, early: _EarlySignals) -> int:
             datasets=parse_datasets(args.dataset),
             trusted_submitter_keys=(getattr(args, "trusted_submitter_keys", None)
                                     or os.environ.get("FLASHML_TRUSTED_SUBMITTER_KEYS") or None),
+            node_addr=args.node_addr,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -74,6 +74,10 @@ def register(subparsers: Any) -> None:
                         help="run backend 'ray' jobs (then the default) on this Ray cluster: local (an embedded "
                              "single-node Ray, for development), auto, ray://host:port or host:port; needs "
                              "pip install 'flashruntime[ray]'; overrides FLASHML_RAY_ADDRESS")
+    parser.add_argument("--rendezvous-port", type=_port, default=None, metavar="PORT",
+                        help="host the c10d rendezvous store of multi-node jobs (parameters.nodes) on --host at "
+                             "PORT, so that losing a node never loses the rendezvous; needs PyTorch here; overrides "
+                             "FLASHML_RENDEZVOUS_PORT")
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="uvicorn log level (default info)")
     parser.add_argument("--ssl-certfile", default=None, metavar="PEM",
                         help="serve HTTPS with this certificate (chain) file; needs --ssl-keyfile")
@@ -133,6 +137,8 @@ def worker_environment(settings: Any) -> dict[str, str]:
         env["FLASHML_DATABASE_URL"] = settings.database_url
     if settings.ray_address:
         env["FLASHML_RAY_ADDRESS"] = settings.ray_address
+    if settings.rendezvous_port:
+        env["FLASHML_RENDEZVOUS_PORT"] = str(settings.rendezvous_port)
     return env
 
 
@@ -215,7 +221,7 @@ def handle(args: argparse.Namespace) -> int:
     except CommandError as exc:
         return _fail(str(exc))
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401  (missing: the service extra is, and that is the message)
 
         from flashruntime.coordinator.app import create_app
     except ImportError as exc:
@@ -240,6 +246,12 @@ def handle(args: argparse.Namespace) -> int:
         if settings.ray_address == "local" and args.workers > 1:
             return _fail("--ray-address local starts a Ray inside the coordinator's process, one per worker "
                          "process: with --workers, start Ray once (ray start --head) and give its address")
+
+    if args.rendezvous_port is not None:
+        if args.rendezvous_port in (0, args.port):
+            return _fail(f"--rendezvous-port {args.rendezvous_port} must be a free port of its own (1..65535, not "
+                         "the API's --port)")
+        settings.rendezvous_port = args.rendezvous_port
 
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         return _fail("--ssl-certfile and --ssl-keyfile go together: give both to serve HTTPS, or neither")
@@ -277,12 +289,7 @@ def handle(args: argparse.Namespace) -> int:
         except OSError as exc:
             return _fail(f"cannot create directory {str(directory)!r}: {exc.strerror or exc}")
 
-    from flashruntime.coordinator.listener import (
-        BoundedH11Protocol,
-        connection_bound,
-        listen_backlog,
-        raise_open_file_limit,
-    )
+    from flashruntime.coordinator.listener import BoundedH11Protocol, connection_bound, raise_open_file_limit
 
     _, file_limit = raise_open_file_limit()
     BoundedH11Protocol.bound = connection_bound(settings.max_connections, file_limit)
@@ -301,6 +308,32 @@ def handle(args: argparse.Namespace) -> int:
         except Exception as exc:  # whatever ray.init raises: ConnectionError, RuntimeError, ...
             coordinator.close()
             return _fail(f"cannot connect to the Ray cluster at {settings.ray_address}: {exc}")
+
+    rendezvous = None
+    if settings.rendezvous_port:
+        # Hosted by this process, so one store serves every worker process of --workers.
+        from flashruntime.coordinator.rendezvous import RendezvousStore
+        from flashruntime.errors import ConfigurationError
+
+        rendezvous = RendezvousStore(args.host, settings.rendezvous_port)
+        try:
+            rendezvous.start()
+        except ConfigurationError as exc:
+            if coordinator is not None:
+                coordinator.close()
+            return _fail(str(exc))
+    try:
+        return _serve(args, app, settings, url, database, artifacts, file_limit)
+    finally:
+        if rendezvous is not None:
+            rendezvous.stop()
+
+
+def _serve(args: argparse.Namespace, app: Any, settings: Any, url: str, database: Any, artifacts: Path,
+           file_limit: int) -> int:
+    import uvicorn
+
+    from flashruntime.coordinator.listener import BoundedH11Protocol, listen_backlog
 
     target: Any = app
     if args.workers > 1:
@@ -321,6 +354,9 @@ def handle(args: argparse.Namespace) -> int:
         print(f"  workers    {args.workers} processes sharing the port", flush=True)
     if settings.ray_address:
         print(f"  ray        {settings.ray_address} (the default backend)", flush=True)
+    if settings.rendezvous_port:
+        print(f"  rendezvous {url_for(args.host, settings.rendezvous_port, tls=False)[len('http://'):]} "
+              "(the c10d store of multi-node jobs)", flush=True)
     try:
         with _sigterm_stops_cleanly():
             uvicorn.run(target, host=args.host, port=args.port, log_level=args.log_level,

@@ -38,6 +38,7 @@ from flashruntime.coordinator.artifacts import ArtifactStore, sha256_of
 from flashruntime.coordinator.auth import Identity, authenticator_from_env
 from flashruntime.coordinator.expansion import expand_tasks, require_task_bound
 from flashruntime.coordinator.failures import TASK_MODE, failure_classified, failure_reason
+from flashruntime.coordinator.gangs import close_gang, gang_jobs_held, is_gang, stamp_rendezvous
 from flashruntime.coordinator.lease_jobs import TERMINAL_JOB_STATES, refreshed
 from flashruntime.coordinator.lease_watch import StandingChanges
 from flashruntime.coordinator.metrics import Metrics
@@ -222,6 +223,7 @@ class Coordinator:
         self._require_quota(submitted_by, 0)  # a submitter already at its quota is refused before any expansion
         job_id = secrets.token_hex(6)
         tasks = expand_tasks(job_id, spec, bounds)
+        stamp_rendezvous(tasks, self.settings.rendezvous_port, backend)
         if any("argv" in task.payload for task in tasks):
             require_code_permission(identity)
         require_readable_inputs(identity, tasks, self.job_owned_by(identity))
@@ -540,6 +542,8 @@ class Coordinator:
             # answered as to the winner's retry, so it is counted and recorded once.
             return {"accepted": True}
         self.metrics.count_commit("accepted")
+        if record is not None and "gang" in record.spec.payload:
+            self.close_gang(lease.job_id)
         if self.settings.tensorboard_dir:
             attempt_reports.write_tensorboard(self, lease, record.spec.commit_key if record is not None else "", now)
         if self.mlflow is not None:
@@ -586,8 +590,25 @@ class Coordinator:
         expired = self.manager.sweep(now=self.now())
         for record in self.ledger.list_jobs():
             if record.backend in BACKENDS and record.state not in TERMINAL_JOB_STATES:
+                if is_gang(record.spec):
+                    self.close_gang(record.job_id)  # a node requeued after its group finished
                 self.refresh(record)
         return expired
+
+    def close_gang(self, job_id: str) -> None:
+        """A multi-node job whose group finished: its node tasks still queued are cancelled
+        as not needed and the job settled (``gangs.close_gang``)."""
+        now = self.now()
+
+        def close() -> None:
+            if close_gang(self.manager, job_id, now):
+                self._settle(job_id)
+
+        self.state.run(close)
+
+    def gang_jobs_held(self, node_id: str) -> list[str]:
+        """The multi-node jobs ``node_id`` runs a node of (the claim view's ``gang_jobs``)."""
+        return gang_jobs_held(self.manager, node_id, self.now())
 
 
 def _with_backend(spec: JobSpec, backend: str) -> JobSpec:

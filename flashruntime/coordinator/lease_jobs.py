@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
+from flashruntime.coordinator.gangs import is_gang
 from flashruntime.protocol.v1alpha1 import Event, EventType, JobRecord, JobState
 
 __all__ = ["TERMINAL_JOB_STATES", "derived_state", "refreshed"]
@@ -14,14 +15,18 @@ TERMINAL_JOB_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.C
 LEASES_SOURCE = "flashruntime.leases"
 
 
-def derived_state(counts: Mapping[str, int]) -> JobState:
+def derived_state(counts: Mapping[str, int], *, gang: bool = False) -> JobState:
     """No tasks → PENDING; any PENDING or LEASED → RUNNING; else any FAILED → FAILED;
-    all COMPLETED → SUCCEEDED; otherwise (some cancelled) CANCELLED."""
+    all COMPLETED → SUCCEEDED; otherwise (some cancelled) CANCELLED. A multi-node job
+    (``gang``) is one run: once its nodes have all ended, any node COMPLETED is its success
+    (the group finished; a node it lost on the way, failed or cancelled as not needed, no more)."""
     total = sum(counts.values())
     if total == 0:
         return JobState.PENDING
     if counts.get("PENDING", 0) or counts.get("LEASED", 0):
         return JobState.RUNNING
+    if gang and counts.get("COMPLETED", 0):
+        return JobState.SUCCEEDED
     if counts.get("FAILED", 0):
         return JobState.FAILED
     if counts.get("COMPLETED", 0) == total:
@@ -34,7 +39,7 @@ def refreshed(record: JobRecord, counts: Mapping[str, int], now: datetime) -> tu
     Reaching SUCCEEDED or FAILED stamps ``finished_at`` and yields JOB_SUCCEEDED / JOB_FAILED."""
     if record.state in TERMINAL_JOB_STATES:
         return record, None
-    state = derived_state(counts)
+    state = derived_state(counts, gang=is_gang(record.spec))
     if state == record.state:
         return record, None
     update: dict[str, object] = {"state": state}

@@ -145,6 +145,7 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
         view = coordinator.nodes.claim_view(node_id, coordinator.node_grants.for_node(node_id))
         if view is None:
             raise AuthFailure(403, f"node {node_id!r} is not registered; register before claiming")
+        view["gang_jobs"] = coordinator.gang_jobs_held(node_id)
         lease = coordinator.manager.claim(
             node_id, job_id=body.job_id, now=coordinator.now(), policy=coordinator.placement, node=view
         )

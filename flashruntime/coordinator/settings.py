@@ -66,6 +66,11 @@ class RuntimeSettings(BaseSettings):
         2.0, "FLASHML_SWEEP_INTERVAL_S", "a number of seconds, finite and > 0",
         "how often silent leases are expired: a lost worker's task is requeued within its lease_seconds plus this",
         gt=0, allow_inf_nan=False)
+    rendezvous_port: int | None = _setting(
+        None, "FLASHML_RENDEZVOUS_PORT", "a TCP port 1..65535",
+        "the port of the c10d rendezvous store 'flashruntime serve' hosts on its --host for multi-node jobs "
+        "(parameters.nodes), which every node's torchrun joins, so that losing a node never loses the rendezvous; "
+        "needs PyTorch on the coordinator's machine; unset: multi-node jobs are refused (422)", ge=1, le=65535)
     tensorboard_dir: str | None = _setting(
         None, "FLASHML_TENSORBOARD_DIR", "a directory path",
         "where every committed task's metrics are written as TensorBoard event files, one directory per task under "

@@ -119,8 +119,9 @@ class LeaseManager:
         if on_event is not None:
             on_event(task_created(spec, now))
 
-    def cancel_task(self, job_id: str, task_id: str, now: datetime | None = None) -> None:
-        """PENDING or LEASED -> CANCELLED (the active lease stops being live); terminal: no-op."""
+    def cancel_task(self, job_id: str, task_id: str, now: datetime | None = None, reason: str | None = None) -> None:
+        """PENDING or LEASED -> CANCELLED (the active lease stops being live); terminal: no-op.
+        ``reason`` goes into the TASK_CANCELLED event (default: the job was cancelled)."""
         now = coerce_now(now)
         on_event = self.on_event
         event = None
@@ -139,7 +140,10 @@ class LeaseManager:
                 if lease is not None:
                     data["node_id"] = lease.node_id
                     data["lease_id"] = lease.lease_id
-                event = make_event(EventType.TASK_CANCELLED, job_id, now, f"task {task_id} cancelled", data)
+                if reason is not None:
+                    data["reason"] = reason
+                message = f"task {task_id} cancelled" + ("" if reason is None else f": {reason}")
+                event = make_event(EventType.TASK_CANCELLED, job_id, now, message, data)
         if event is not None:
             on_event(event)  # type: ignore[misc]
 

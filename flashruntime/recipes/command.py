@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from flashruntime.protocol.gang import GANG_KEY, MAX_GANG_NODES, MAX_GANG_RESTARTS, MAX_NPROC_PER_NODE, Gang
 from flashruntime.protocol.lease_rules import (
     DEFAULT_LEASE_SECONDS,
     MAX_LEASE_SECONDS,
@@ -160,6 +161,11 @@ def command_task_id(index: int) -> str:
     return f"task-{index:03d}"
 
 
+def node_task_id(index: int) -> str:
+    """The id of a multi-node job's task for node slot ``index``."""
+    return f"node-{index:03d}"
+
+
 def fill_task(command: list[str], env: Mapping[str, str], values: Mapping[str, Any] | None,
               index: int) -> tuple[list[str], dict[str, str]]:
     """Task ``index``'s argv and env: the templates filled from its parameter set ``values``
@@ -236,16 +242,20 @@ class CommandRecipe(WorkloadRecipe):
             problems.extend(_unpack_problems(params["unpack_inputs"], inputs))
         if params.get("workdir") is not None:
             problems.extend(_workdir_problems(params["workdir"], params.get("unpack_inputs")))
+        problems.extend(_gang_problems(params))
         if params.get("signature") is not None:
-            count = len(task_params) if isinstance(task_params, list) else None if task_params is not None else 1
-            problems.extend(_signature_problems(params["signature"], count))
+            problems.extend(_signature_problems(params["signature"], self.task_count(params)))
         return problems
 
     def task_count(self, params: Mapping[str, Any]) -> int | None:
-        """One task per ``task_params`` entry, or one task without them."""
+        """One task per ``task_params`` entry, one per node of a multi-node job, or one task."""
         task_params = params.get("task_params") if isinstance(params, Mapping) else None
         if task_params is None:
-            return 1
+            nodes = params.get("nodes") if isinstance(params, Mapping) else None
+            if nodes is None:
+                return 1
+            most = nodes.get("max") if isinstance(nodes, Mapping) else None
+            return most if isinstance(most, int) and not isinstance(most, bool) and most >= 1 else None
         return len(task_params) if isinstance(task_params, list) else None
 
     def expand(self, job_id: str, spec: JobSpec) -> list[TaskSpec]:
@@ -286,9 +296,10 @@ class CommandRecipe(WorkloadRecipe):
         common = _common_payload(params, spec)
         job_bytes = 0
         signature = params.get("signature")
-        parameter_sets = params.get("task_params") or [None]
+        gang = _gang_of(job_id, params)
+        parameter_sets = params.get("task_params") or [None] * (1 if gang is None else gang.max_nodes)
         for i, values in enumerate(parameter_sets):
-            task_id = command_task_id(i)
+            task_id = command_task_id(i) if gang is None else node_task_id(i)
             argv, task_env = fill_task(command, env, values, i)
             task_bytes = _argv_env_bytes(argv, task_env)
             if task_bytes > MAX_TASK_ARGV_ENV_BYTES:
@@ -312,6 +323,8 @@ class CommandRecipe(WorkloadRecipe):
                 "task_id": task_id,
                 **copy.deepcopy(common),
             }
+            if gang is not None:
+                payload[GANG_KEY] = gang.model_dump(exclude_none=True)
             if signature is not None:
                 payload["signed_work"] = _signed_task(signature, i, len(parameter_sets), command, env, values)
             yield lease_task(job_id, task_id, spec, payload, lease_seconds)
@@ -324,6 +337,64 @@ class CommandRecipe(WorkloadRecipe):
         bad = [key for key in metrics if not isinstance(key, str)]
         if bad:
             raise ValueError(f"metrics.json keys must be strings, got {bad!r}")
+
+
+_LAUNCHER_TOKENS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate")
+_GANG_ONLY = ("nproc_per_node", "max_restarts", "checkpoint_dir")
+
+
+def _whole(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _gang_problems(params: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a multi-node job's ``nodes`` and the parameters that go with it."""
+    nodes = params.get("nodes")
+    if nodes is None:
+        given = [key for key in _GANG_ONLY if params.get(key) is not None]
+        return [f"parameters.{key} is for a multi-node job; add parameters.nodes = {{'min': 1, 'max': 2}} or "
+                "drop it" for key in given]
+    example = "e.g. {'min': 1, 'max': 2}"
+    if not isinstance(nodes, Mapping) or set(nodes) != {"min", "max"}:
+        return [f"parameters.nodes is {nodes!r}; it must be {{'min': MIN, 'max': MAX}}, {example}"]
+    low, high = nodes["min"], nodes["max"]
+    problems = []
+    if not (_whole(low, 1, MAX_GANG_NODES) and _whole(high, 1, MAX_GANG_NODES) and low <= high):
+        problems.append(f"parameters.nodes is {dict(nodes)!r}; min and max must be whole numbers with "
+                        f"1 <= min <= max <= {MAX_GANG_NODES}, {example}")
+    if params.get("task_params") is not None:
+        problems.append("parameters.nodes and parameters.task_params cannot go together: a multi-node job is one "
+                        "training run over several nodes; submit the parameter sets as separate jobs")
+    command = params.get("command")
+    if isinstance(command, list) and any(
+            isinstance(token, str) and token.rsplit("/", 1)[-1] in _LAUNCHER_TOKENS for token in command[:3]):
+        problems.append(f"parameters.command {command[:3]!r}... starts a launcher; with parameters.nodes give the "
+                        "command of one rank (e.g. ['python', 'train.py']): each node runs it under torchrun "
+                        "--nnodes=MIN:MAX itself")
+    nproc = params.get("nproc_per_node")
+    if nproc is not None and not _whole(nproc, 1, MAX_NPROC_PER_NODE):
+        problems.append(f"parameters.nproc_per_node is {nproc!r}; give the ranks each node runs, a whole number "
+                        f"from 1 to {MAX_NPROC_PER_NODE}")
+    restarts = params.get("max_restarts")
+    if restarts is not None and not _whole(restarts, 0, MAX_GANG_RESTARTS):
+        problems.append(f"parameters.max_restarts is {restarts!r}; give how many failures of the group torchrun "
+                        f"restarts it after, a whole number from 0 to {MAX_GANG_RESTARTS}")
+    directory = params.get("checkpoint_dir")
+    if directory is not None and not (isinstance(directory, str) and directory.startswith("/")
+                                      and "\x00" not in directory and len(directory) <= 4096):
+        problems.append(f"parameters.checkpoint_dir is {directory!r}; give an absolute path every node sees "
+                        "(a shared file system), e.g. '/shared/checkpoints/run-1'")
+    return problems
+
+
+def _gang_of(job_id: str, params: Mapping[str, Any]) -> Gang | None:
+    """The ``gang`` of every node's task of a (validated) multi-node job, or None."""
+    nodes = params.get("nodes")
+    if nodes is None:
+        return None
+    return Gang(run_id=job_id, min_nodes=nodes["min"], max_nodes=nodes["max"],
+                nproc_per_node=_given(params, "nproc_per_node", 1), max_restarts=_given(params, "max_restarts", 3),
+                checkpoint_dir=params.get("checkpoint_dir"))
 
 
 def _unpack_problems(unpack: object, inputs: object) -> list[str]:

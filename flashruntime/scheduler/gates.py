@@ -1,4 +1,4 @@
-"""The seven placement gates and ``IsolationAwarePlacement``.
+"""The eight placement gates and ``IsolationAwarePlacement``.
 
 Each gate is a pure function ``(payload, node) -> bool`` that passes when its
 trigger is absent. Booleans are identity checks (``is True`` / ``is False``);
@@ -21,6 +21,7 @@ __all__ = [
     "IsolationAwarePlacement",
     "gate_argv",
     "gate_exclude_nodes",
+    "gate_gang",
     "gate_gpus",
     "gate_isolation",
     "gate_local_inputs",
@@ -149,6 +150,19 @@ def gate_pool(payload: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
     return pool in pools
 
 
+def gate_gang(payload: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """Gate 8 (fail-closed): a node of a multi-node job goes to a machine that runs no other
+    node of the same job (``gang_jobs`` in the claim view)."""
+    gang = payload.get("gang")
+    if gang is None:
+        return True
+    run_id = gang.get("run_id") if isinstance(gang, dict) else None
+    held = node.get("gang_jobs", [])
+    if not _non_empty_str(run_id) or not isinstance(held, list):
+        return False
+    return run_id not in held
+
+
 GATES: tuple[tuple[str, Callable[[Mapping[str, Any], Mapping[str, Any]], bool]], ...] = (
     ("argv", gate_argv),
     ("module", gate_module),
@@ -156,13 +170,14 @@ GATES: tuple[tuple[str, Callable[[Mapping[str, Any], Mapping[str, Any]], bool]],
     ("gpus", gate_gpus),
     ("exclude_nodes", gate_exclude_nodes),
     ("pool", gate_pool),
+    ("gang", gate_gang),
     ("isolation", gate_isolation),
 )
-"""The gates in evaluation order: 2 -> 3 -> 4 -> 5 -> 6 -> 7 -> 1 (isolation last)."""
+"""The gates in evaluation order: 2 -> 3 -> 4 -> 5 -> 6 -> 7 -> 8 -> 1 (isolation last)."""
 
 
 class IsolationAwarePlacement(PlacementPolicy):
-    """A task is eligible on a node when all seven gates pass."""
+    """A task is eligible on a node when all eight gates pass."""
 
     def eligible(self, task: TaskSpec, node: NodeView) -> bool:
         return self.first_failing_gate(task, node) is None

@@ -28,8 +28,9 @@ FALLBACK = {"tier": "gvisor", "allowFallback": True}
 CONFUSED = [None, 0, 1, 1.5, "", "x", True, False, [], {}, ["x"], {"a": 1}, object()]
 
 
-def test_gate_order_is_2_to_7_then_isolation() -> None:
-    assert [name for name, _ in GATES] == ["argv", "module", "local_inputs", "gpus", "exclude_nodes", "pool", "isolation"]
+def test_gate_order_is_2_to_8_then_isolation() -> None:
+    assert [name for name, _ in GATES] == ["argv", "module", "local_inputs", "gpus", "exclude_nodes", "pool", "gang",
+                                           "isolation"]
 
 
 def test_no_triggers_means_eligible_everywhere() -> None:

@@ -1,0 +1,92 @@
+"""The rendezvous store of multi-node jobs, run by the coordinator as a child process.
+
+The nodes of a multi-node job (``parameters.nodes``) run torchrun with its c10d rendezvous
+pointed at this store, so the rendezvous lives as long as the coordinator, not as long as
+one of the nodes. The child is ``flashruntime.torch.rendezvous_store`` (PyTorch on this
+machine is needed for it, and only then); when it dies it is started again, on the same
+port, for the rendezvous rounds that follow.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import time
+
+from flashruntime.errors import ConfigurationError
+
+__all__ = ["RendezvousStore"]
+
+log = logging.getLogger("flashruntime.service")
+
+READY_PREFIX = "ready "  # what flashruntime.torch.rendezvous_store prints once it serves
+START_TIMEOUT_S = 60.0  # importing torch on a cold, loaded machine
+RESTART_BACKOFF_S = 1.0
+
+
+class RendezvousStore:
+    """``start()`` serves the store on ``host:port`` (``ConfigurationError`` when it cannot);
+    a watcher restarts it when it dies; ``stop()`` ends it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self._process: subprocess.Popen[str] | None = None
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._process = self._spawn()
+        self._watcher = threading.Thread(target=self._watch, name="flashruntime-rendezvous-store", daemon=True)
+        self._watcher.start()
+        log.info("serving the rendezvous store of multi-node jobs on %s:%d", self.host, self.port)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._watcher is not None:
+            self._watcher.join(timeout=10)
+
+    def _spawn(self) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "flashruntime.torch.rendezvous_store", "--host", self.host, "--port", str(self.port)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert process.stdout is not None and process.stderr is not None
+        # The child prints one line once it serves, or exits with its reason on stderr.
+        ready: list[str] = []
+        reader = threading.Thread(target=lambda: ready.append(process.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(START_TIMEOUT_S)
+        line = ready[0] if ready else ""
+        if not line.startswith(READY_PREFIX):
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+            why = process.stderr.read().strip() or f"no answer within {START_TIMEOUT_S:g} s"
+            raise ConfigurationError(f"the rendezvous store on {self.host}:{self.port} did not start: {why}")
+        return process
+
+    def _watch(self) -> None:
+        while not self._stopping.is_set():
+            process = self._process
+            if process is None or process.poll() is None:
+                self._stopping.wait(RESTART_BACKOFF_S)
+                continue
+            if self._stopping.is_set():
+                return
+            log.error("the rendezvous store on %s:%d exited with %s; starting it again", self.host, self.port,
+                      process.returncode)
+            try:
+                self._process = self._spawn()
+            except ConfigurationError as exc:
+                log.error("%s", exc)
+                time.sleep(RESTART_BACKOFF_S)

@@ -1,0 +1,50 @@
+"""A c10d store for torchrun's rendezvous, hosted apart from every training node.
+
+``python -m flashruntime.torch.rendezvous_store --host H --port P`` serves one
+``torch.distributed.TCPStore`` (multi-tenant: every job's rendezvous keeps its keys under
+its own ``--rdzv-id``) until it is stopped. The coordinator runs it beside itself so that
+the nodes of a multi-node job join a rendezvous that outlives any one of them: with the
+store inside one node's torchrun, as torchrun does by default, losing that node ends the
+rendezvous for the nodes left. Prints ``ready <port>`` once it accepts connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+__all__ = ["READY_PREFIX", "main"]
+
+READY_PREFIX = "ready "
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashruntime.torch.rendezvous_store",
+                                     description="serve a c10d TCPStore for torchrun rendezvous")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    parser.add_argument("--port", type=int, required=True, help="TCP port to listen on")
+    args = parser.parse_args(argv)
+    try:
+        from torch.distributed import TCPStore
+    except ImportError as exc:
+        print(f"the rendezvous store needs PyTorch on the coordinator's machine ({exc}); "
+              "install it (pip install torch) or run serve without --rendezvous-port", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        # wait_for_workers=False: the store has no fixed set of clients, nodes come and go.
+        store = TCPStore(args.host, args.port, is_master=True, multi_tenant=True, wait_for_workers=False)
+    except (RuntimeError, ValueError) as exc:
+        print(f"cannot serve the rendezvous store on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{READY_PREFIX}{store.port}", flush=True)
+    stop.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
