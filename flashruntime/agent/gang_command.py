@@ -76,7 +76,7 @@ def gang_argv(argv: list[str], gang: Gang, host: str, node_addr: str | None = No
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={host}:{gang.port}",
         f"--rdzv-id={gang.run_id}",
-        "--rdzv-conf=is_host=0",
+        f"--rdzv-conf=is_host=0,last_call_timeout={gang.last_call_s}",
         f"--max-restarts={gang.max_restarts}",
         *local,
         "--no-python",  # each rank runs argv exactly as given, whatever it starts with

@@ -13,12 +13,15 @@ from pydantic import ConfigDict, Field
 
 from flashruntime.protocol.base import WireModel
 
-__all__ = ["GANG_KEY", "MAX_GANG_NODES", "MAX_GANG_RESTARTS", "MAX_NPROC_PER_NODE", "Gang"]
+__all__ = ["DEFAULT_LAST_CALL_S", "GANG_KEY", "MAX_GANG_NODES", "MAX_GANG_RESTARTS", "MAX_LAST_CALL_S",
+           "MAX_NPROC_PER_NODE", "Gang"]
 
 GANG_KEY = "gang"
 MAX_GANG_NODES = 64
 MAX_NPROC_PER_NODE = 64
 MAX_GANG_RESTARTS = 100
+DEFAULT_LAST_CALL_S = 30  # torchrun's own default
+MAX_LAST_CALL_S = 600
 
 
 class Gang(WireModel):
@@ -36,6 +39,9 @@ class Gang(WireModel):
     # A directory every node sees (a shared file system): FLASHML_CKPT_DIR of each node, so the
     # nodes left resume from what rank 0 wrote, wherever rank 0 ran.
     checkpoint_dir: str | None = Field(None, min_length=1, max_length=4096)
+    # torchrun's last call: once MIN nodes are in, how long a rendezvous waits for more. Longer
+    # starts the group whole more often; shorter continues sooner after a node is lost.
+    last_call_s: int = Field(DEFAULT_LAST_CALL_S, ge=1, le=MAX_LAST_CALL_S)
     port: int | None = Field(None, ge=1, le=65535)  # the coordinator's rendezvous store, stamped at submission
 
     @property

@@ -16,7 +16,15 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from flashruntime.protocol.gang import GANG_KEY, MAX_GANG_NODES, MAX_GANG_RESTARTS, MAX_NPROC_PER_NODE, Gang
+from flashruntime.protocol.gang import (
+    DEFAULT_LAST_CALL_S,
+    GANG_KEY,
+    MAX_GANG_NODES,
+    MAX_GANG_RESTARTS,
+    MAX_LAST_CALL_S,
+    MAX_NPROC_PER_NODE,
+    Gang,
+)
 from flashruntime.protocol.lease_rules import (
     DEFAULT_LEASE_SECONDS,
     MAX_LEASE_SECONDS,
@@ -340,7 +348,7 @@ class CommandRecipe(WorkloadRecipe):
 
 
 _LAUNCHER_TOKENS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate")
-_GANG_ONLY = ("nproc_per_node", "max_restarts", "checkpoint_dir")
+_GANG_ONLY = ("nproc_per_node", "max_restarts", "checkpoint_dir", "last_call_s")
 
 
 def _whole(value: object, low: int, high: int) -> bool:
@@ -379,6 +387,10 @@ def _gang_problems(params: Mapping[str, Any]) -> list[str]:
     if restarts is not None and not _whole(restarts, 0, MAX_GANG_RESTARTS):
         problems.append(f"parameters.max_restarts is {restarts!r}; give how many failures of the group torchrun "
                         f"restarts it after, a whole number from 0 to {MAX_GANG_RESTARTS}")
+    last_call = params.get("last_call_s")
+    if last_call is not None and not _whole(last_call, 1, MAX_LAST_CALL_S):
+        problems.append(f"parameters.last_call_s is {last_call!r}; give the seconds a rendezvous waits for more "
+                        f"nodes once min are in, a whole number from 1 to {MAX_LAST_CALL_S}")
     directory = params.get("checkpoint_dir")
     if directory is not None and not (isinstance(directory, str) and directory.startswith("/")
                                       and "\x00" not in directory and len(directory) <= 4096):
@@ -394,7 +406,8 @@ def _gang_of(job_id: str, params: Mapping[str, Any]) -> Gang | None:
         return None
     return Gang(run_id=job_id, min_nodes=nodes["min"], max_nodes=nodes["max"],
                 nproc_per_node=_given(params, "nproc_per_node", 1), max_restarts=_given(params, "max_restarts", 3),
-                checkpoint_dir=params.get("checkpoint_dir"))
+                checkpoint_dir=params.get("checkpoint_dir"),
+                last_call_s=_given(params, "last_call_s", DEFAULT_LAST_CALL_S))
 
 
 def _unpack_problems(unpack: object, inputs: object) -> list[str]:

@@ -174,7 +174,7 @@ def test_a_two_node_job_loses_the_rank0_machine_and_finishes_on_the_node_left(tm
         assert {t["state"] for t in tasks.values()} == {"LEASED"}, tasks
         lost = tasks[rank0_task]["node_id"]
         assert {t["node_id"] for t in tasks.values()} == {"box-a", "box-b"}  # one node per machine
-        killed_at = time.monotonic()
+        killed_at, killed_wall = time.monotonic(), time.time()
         steps_before = max(row["step"] for row in _steps(progress))
         _lose_machine(workers.pop(lost))
 
@@ -205,6 +205,9 @@ def test_a_two_node_job_loses_the_rank0_machine_and_finishes_on_the_node_left(tm
     assert steps_before - CHECKPOINT_EVERY <= resumed_from <= steps_before and resumed_from > 0, (resumed_from,
                                                                                                  steps_before)
     assert max(row["step"] for row in after) == TOTAL
+    first_alone = min(row["t"] for row in after)
+    print(f"lost at step {steps_before}; resumed alone from step {resumed_from}; first step alone "
+          f"{first_alone - killed_wall:.1f} s after the loss; job ended {recovered_s:.1f} s after it")
     # The steps that count are each step's last run: a run of the group is its ranks of one
     # world size started from one step; the steps redone after the loss replace the lost run's.
     # Every epoch then holds each sample exactly once.

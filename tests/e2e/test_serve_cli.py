@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -116,3 +118,42 @@ def test_an_open_coordinator_on_every_interface_refuses_to_start_without_insecur
     assert refused.returncode == 2
     assert "refusing to serve an open coordinator on 0.0.0.0" in refused.stderr and "--insecure" in refused.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_serve_hosts_the_rendezvous_store_and_stops_it_with_itself(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from torch.distributed import TCPStore
+
+    port, store_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "flashruntime.cli", "serve", "--port", str(port), "--data-dir",
+                               str(tmp_path / "data"), "--rendezvous-port", str(store_port)], env=process_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_healthy(url, timeout_s=120, process=server)
+        # A client of the store, as torchrun's rendezvous is (is_host=0): keys set are read back.
+        client = TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=30))
+        client.set("flashruntime-probe", "1")
+        assert client.get("flashruntime-probe") == b"1"
+        del client
+    finally:
+        out = stop_process(server)
+    assert server.returncode == 0, out
+    assert f"rendezvous 127.0.0.1:{store_port}" in out
+    with socket.socket() as probe:  # the store went with serve
+        assert probe.connect_ex(("127.0.0.1", store_port)) != 0
+
+
+def test_serve_refuses_a_rendezvous_port_it_cannot_use(tmp_path: Path) -> None:
+    port = free_port()
+    same = _cli("serve", "--port", str(port), "--data-dir", str(tmp_path / "data"), "--rendezvous-port", str(port),
+                env=process_env())
+    assert same.returncode == 2 and "must be a free port of its own" in same.stderr
+    pytest.importorskip("torch")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = _cli("serve", "--port", str(port), "--data-dir", str(tmp_path / "data"), "--rendezvous-port",
+                    str(taken.getsockname()[1]), env=process_env())
+    assert busy.returncode == 2, busy.stdout + busy.stderr
+    assert "the rendezvous store on 127.0.0.1:" in busy.stderr and "did not start" in busy.stderr
