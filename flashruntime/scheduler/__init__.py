@@ -1,7 +1,7 @@
 """Placement: which pending task a node may take.
 
 ``PlacementPolicy`` decides eligibility and rank; ``FifoPlacement`` takes the
-queue as it is; ``IsolationAwarePlacement`` applies the seven gates. Policies
+queue as it is; ``IsolationAwarePlacement`` applies the eight gates. Policies
 are pure and know nothing of leases: ``LeaseManager.claim`` uses any object with
 ``choose(pending, node)``.
 """
