@@ -59,6 +59,7 @@ from flashruntime.launchers.local import (
 )
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
 from flashruntime.monitor.hang_watch import HangVerdict, HangWatch, task_hang_setting
+from flashruntime.monitor.hangs import FLOOR_S
 from flashruntime.monitor.preemption import Notice
 from flashruntime.monitor.straggler_watch import StragglerWatch
 from flashruntime.protocol.gang import GANG_KEY
@@ -331,7 +332,9 @@ class LeaseRunner:
             handle.extra_pids = sampler.last_seen_pids
         sampler.start()
         hangs = HangWatch(handle, lease.lease_id, hang_timeout_s,
-                          lambda _type, message: logger.warning("lease %s: %s", lease.lease_id, message))
+                          lambda _type, message: logger.warning("lease %s: %s", lease.lease_id, message),
+                          # A multi-node group meeting again after a loss is silent, and not hung.
+                          floor_s=FLOOR_S + (gang.regroup_s if gang is not None else 0.0))
         stragglers = StragglerWatch(dirs.out, lease.lease_id,
                                     lambda _type, message: logger.warning("lease %s: %s", lease.lease_id, message),
                                     _StragglersToCoordinator(heartbeat))

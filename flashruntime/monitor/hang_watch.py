@@ -18,7 +18,7 @@ from typing import Any
 from flashruntime.errors import InvalidSubmission
 from flashruntime.launchers.local import LOG_NAME
 from flashruntime.monitor.exits import rank_of
-from flashruntime.monitor.hangs import Hang, Progress, judge, observe, read_progress
+from flashruntime.monitor.hangs import FLOOR_S, Hang, Progress, judge, observe, read_progress
 from flashruntime.monitor.stacks import STACKS_NAME, dump_stacks, render_stacks
 from flashruntime.periodic import Periodic
 
@@ -124,11 +124,14 @@ def stop_processes(find: Callable[[], set[int]], grace_s: float, *, clock: Calla
 
 class HangWatch:
     """Watch ``handle`` (a local attempt) until ``stop()``; ``setting``: the run's hang timeout
-    (see ``hang_setting``). ``record_event(type, message)`` records the detection."""
+    (see ``hang_setting``); ``floor_s``: the least timeout of the default rule (``hangs.hang_timeout``).
+    ``record_event(type, message)`` records the detection."""
 
     def __init__(self, handle: Any, attempt_id: str, setting: float | None,
                  record_event: Callable[[str, str], None], *, period_s: float = PERIOD_S,
-                 clock: Callable[[], float] = time.monotonic, use_py_spy: bool = True) -> None:
+                 clock: Callable[[], float] = time.monotonic, use_py_spy: bool = True,
+                 floor_s: float = FLOOR_S) -> None:
+        self._floor_s = floor_s
         self._handle = handle
         self._dir = Path(handle.output_dir)
         self._attempt_id = attempt_id
@@ -154,7 +157,7 @@ class HangWatch:
         try:
             now = self._clock()
             self._progress = observe(self._progress, read_progress(self._dir, LOG_NAME), now)
-            hang = judge(self._progress, now, self._setting)
+            hang = judge(self._progress, now, self._setting, self._floor_s)
             if hang is None:
                 return None
             self._act(hang)

@@ -149,15 +149,17 @@ def observe(progress: Progress, reading: ProgressReading, now: float) -> Progres
     return replace(progress, **changes) if changes else progress
 
 
-def hang_timeout(setting: float | None, median_step_s: float | None, source: str | None) -> float | None:
+def hang_timeout(setting: float | None, median_step_s: float | None, source: str | None,
+                 floor_s: float = FLOOR_S) -> float | None:
     """Seconds without progress that make a hang, None when nothing can be judged. ``setting``
     (``hang_timeout_s``) wins when given; without it, once step times are known (heartbeats or
-    ``metrics.jsonl``), ``max(10 x median step time, 60 s)``; a log without steps says nothing
+    ``metrics.jsonl``), ``max(10 x median step time, floor_s)`` (60 s; more where the run may
+    be silent longer, as a multi-node group meeting again); a log without steps says nothing
     of how long a step may take, so it is judged only against a setting."""
     if setting is not None:
         return float(setting) if setting > 0 else None
     if source in (HEARTBEATS, METRICS) and median_step_s is not None:
-        return max(STEP_TIMES * median_step_s, FLOOR_S)
+        return max(STEP_TIMES * median_step_s, floor_s)
     return None
 
 
@@ -219,7 +221,7 @@ def _stalled(ranks: tuple[RankBeat, ...], changed_at: dict[int, float]) -> tuple
     return tuple(behind)
 
 
-def judge(progress: Progress, now: float, setting: float | None) -> Hang | None:
+def judge(progress: Progress, now: float, setting: float | None, floor_s: float = FLOOR_S) -> Hang | None:
     """The hang ``progress`` shows at ``now``, or None. Nothing is judged before the source in use
     has advanced once, or shown a step done (imports, data loading and rendezvous take what
     they take), nor without a timeout (see ``hang_timeout``), nor once every rank has said it is
@@ -229,7 +231,7 @@ def judge(progress: Progress, now: float, setting: float | None) -> Hang | None:
     if progress.ranks and all(b.exiting for b in progress.ranks):
         return None
     median = progress.median_step_s
-    timeout = hang_timeout(setting, median, progress.source)
+    timeout = hang_timeout(setting, median, progress.source, floor_s)
     idle = now - progress.last_progress_at
     if timeout is None or idle < timeout:
         return None

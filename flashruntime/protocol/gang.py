@@ -21,6 +21,7 @@ MAX_GANG_NODES = 64
 MAX_NPROC_PER_NODE = 64
 MAX_GANG_RESTARTS = 100
 DEFAULT_LAST_CALL_S = 30  # torchrun's own default
+KEEP_ALIVE_LAPSE_S = 15.0  # torchrun's rendezvous keep-alive: every 5 s, a node gone after 3 missed
 MAX_LAST_CALL_S = 600
 
 
@@ -43,6 +44,12 @@ class Gang(WireModel):
     # starts the group whole more often; shorter continues sooner after a node is lost.
     last_call_s: int = Field(DEFAULT_LAST_CALL_S, ge=1, le=MAX_LAST_CALL_S)
     port: int | None = Field(None, ge=1, le=65535)  # the coordinator's rendezvous store, stamped at submission
+
+    @property
+    def regroup_s(self) -> float:
+        """How long the nodes left may be silent while they meet again after a loss: torchrun
+        lets a lost node's keep-alives lapse (3 beats of 5 s), then waits its last call."""
+        return KEEP_ALIVE_LAPSE_S + self.last_call_s
 
     @property
     def world_sizes(self) -> tuple[int, int]:

@@ -151,3 +151,13 @@ def test_a_node_of_a_job_with_a_shared_checkpoint_dir_writes_its_checkpoints_the
     full = child_env(env, dirs, lease, {}, checkpoint_dir=shared.checkpoint_dir)
     assert full["FLASHML_CKPT_DIR"] == str(tmp_path / "shared")  # the job's own env never sets it
     assert child_env(env, dirs, lease, {})["FLASHML_CKPT_DIR"] == str(dirs.ckpt)
+
+
+def test_a_group_meeting_again_is_not_judged_hung_before_its_rendezvous_can_end() -> None:
+    from flashruntime.monitor.hangs import FLOOR_S, METRICS, hang_timeout
+
+    assert GANG.regroup_s == 45.0  # 3 lapsed keep-alives of 5 s, then the 30 s last call
+    assert hang_timeout(None, 0.3, METRICS) == FLOOR_S
+    assert hang_timeout(None, 0.3, METRICS, FLOOR_S + GANG.regroup_s) == 105.0
+    assert hang_timeout(None, 30.0, METRICS, FLOOR_S + GANG.regroup_s) == 300.0  # long steps: the step rule
+    assert hang_timeout(20.0, 0.3, METRICS, FLOOR_S + GANG.regroup_s) == 20.0  # a setting wins
