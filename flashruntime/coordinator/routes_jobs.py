@@ -22,6 +22,7 @@ from flashruntime.coordinator.auth import Identity, task_write_allowed
 from flashruntime.coordinator.checkpoint_paths import checkpoint_path_problem
 from flashruntime.coordinator.core import Coordinator
 from flashruntime.coordinator.guard import Guard, StrictJSONRoute
+from flashruntime.coordinator.job_views import task_logs, task_metrics, task_rows
 from flashruntime.coordinator.openapi import BYTES_RESPONSE, ERRORS
 from flashruntime.coordinator.task_logs import job_logs_text
 from flashruntime.errors import ArtifactTooLarge, AuthFailure, InvalidRequest, NotFound
@@ -127,7 +128,7 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
              tail: int | None = Query(None, ge=0, le=MAX_TAIL_LINES,
                                       description="only the last lines of each log")) -> dict[str, Any]:
         job_or_404(job_id, identity)
-        entries = coordinator.task_logs(job_id, task=task, tail=tail)
+        entries = task_logs(coordinator, job_id, task=task, tail=tail)
         if task is not None and not entries:
             raise NotFound(f"job {job_id!r} has no task {task!r}; GET /v1alpha1/jobs/{job_id}/tasks lists its tasks")
         return {"logs": job_logs_text(entries), "tasks": [entry.as_json() for entry in entries]}
@@ -143,7 +144,7 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
                                     description="at most this many points per task, evenly spaced, the last kept")
                 ) -> dict[str, Any]:
         job_or_404(job_id, identity)
-        entries = coordinator.task_metrics(job_id, task=task, points=points)
+        entries = task_metrics(coordinator, job_id, task=task, points=points)
         if task is not None and not entries:
             raise NotFound(f"job {job_id!r} has no task {task!r}; GET /v1alpha1/jobs/{job_id}/tasks lists its tasks")
         return {"tasks": entries}
@@ -159,7 +160,7 @@ def jobs_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
     @router.get("/v1alpha1/jobs/{job_id}/tasks", response_model=list[TaskRow])
     def tasks(job_id: str, identity: Identity = caller) -> JSONResponse:
         job_or_404(job_id, identity)
-        return JSONResponse(coordinator.tasks(job_id))
+        return JSONResponse(task_rows(coordinator, job_id))
 
     @router.get("/v1alpha1/jobs/{job_id}/artifacts", response_model=list[ArtifactListing])
     def job_artifacts(job_id: str, identity: Identity = caller) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from flashruntime.coordinator.core import Coordinator
+from flashruntime.coordinator.job_views import task_rows
 from flashruntime.coordinator.state import CoordinatorState, open_state
 from flashruntime.protocol.v1alpha1 import JobSpec, NodeRegistration
 from tests.postgres_server import PostgresCluster
@@ -78,7 +79,7 @@ def test_only_the_replica_whose_turn_it_is_expires_leases(tmp_path: Path, postgr
 
 
 def _state(coordinator: Coordinator, job_id: str) -> Any:
-    [row] = coordinator.tasks(job_id)
+    [row] = task_rows(coordinator, job_id)
     return row["state"]
 
 

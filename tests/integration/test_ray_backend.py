@@ -310,6 +310,7 @@ def test_a_coordinator_that_stops_gives_its_running_leases_back_and_stops_their_
     """No budget spent: the task is PENDING again for the next coordinator, its process gone.
     (``api`` is here for what it sets up: command jobs admitted, the test's Ray connected.)"""
     from flashruntime.coordinator.core import Coordinator
+    from flashruntime.coordinator.job_views import task_rows
     from flashruntime.protocol.v1alpha1 import JobSpec
 
     pid_file = tmp_path / "pid"
@@ -329,7 +330,7 @@ def test_a_coordinator_that_stops_gives_its_running_leases_back_and_stops_their_
         coordinator.close()
     reopened = Coordinator(settings_for(tmp_path / "data"))  # no Ray address: nothing runs it again
     try:
-        [task] = reopened.tasks(record.job_id)
+        [task] = task_rows(reopened, record.job_id)
         kinds = [event.type.value for event in reopened.ledger.events_for(record.job_id)]
     finally:
         reopened.close()
