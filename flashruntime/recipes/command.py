@@ -364,7 +364,7 @@ def _gang_problems(params: Mapping[str, Any]) -> list[str]:
                 "drop it" for key in given]
     example = "e.g. {'min': 1, 'max': 2}"
     if not isinstance(nodes, Mapping) or set(nodes) != {"min", "max"}:
-        return [f"parameters.nodes is {nodes!r}; it must be {{'min': MIN, 'max': MAX}}, {example}"]
+        return [f"parameters.nodes is {nodes!r:.120}; it must be {{'min': MIN, 'max': MAX}}, {example}"]
     low, high = nodes["min"], nodes["max"]
     problems = []
     if not (_whole(low, 1, MAX_GANG_NODES) and _whole(high, 1, MAX_GANG_NODES) and low <= high):
@@ -394,7 +394,7 @@ def _gang_problems(params: Mapping[str, Any]) -> list[str]:
     directory = params.get("checkpoint_dir")
     if directory is not None and not (isinstance(directory, str) and directory.startswith("/")
                                       and "\x00" not in directory and len(directory) <= 4096):
-        problems.append(f"parameters.checkpoint_dir is {directory!r}; give an absolute path every node sees "
+        problems.append(f"parameters.checkpoint_dir is {directory!r:.120}; give an absolute path every node sees "
                         "(a shared file system), e.g. '/shared/checkpoints/run-1'")
     return problems
 
