@@ -18,7 +18,7 @@ from typing import Any
 from flashruntime.checkpoint.local import latest_valid_manifest
 from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LOG_NAME, LocalLaunchHandle, LocalProcessLauncher, read_log_tail
-from flashruntime.local.elastic import Capacity, spec_at
+from flashruntime.local.elastic import Capacity, ranks_words, size_change, spec_at
 from flashruntime.local.framework_resume import CheckpointWatch, FrameworkCheckpoints
 from flashruntime.local.guard import (
     finish_attempt,
@@ -163,10 +163,6 @@ _RETURN_GRACE_S = 5.0  # after a lost slot's known return: for the machine to sh
 _WAIT_POLL_S = 0.2
 
 
-def _ranks_words(count: int) -> str:
-    return f"{count} rank{'s' if count != 1 else ''}"
-
-
 def _elastic_world(run: Run, capacity: Capacity, attempt_id: str, previous: int | None, *,
                    halted: Callable[[], bool] = lambda: False,
                    sleep: Callable[[float], None] = time.sleep) -> int | None:
@@ -180,7 +176,7 @@ def _elastic_world(run: Run, capacity: Capacity, attempt_id: str, previous: int 
     if found.count < ranks.minimum and found.back_in is not None:
         limit = found.back_in + _RETURN_GRACE_S
         run.record_event("WORLD_SIZE_WAITING", (
-            f"{attempt_id} waits up to {limit:.0f} s for {_ranks_words(ranks.minimum)}: {found.count} available "
+            f"{attempt_id} waits up to {limit:.0f} s for {ranks_words(ranks.minimum)}: {found.count} available "
             f"({found.why}), and a lost slot returns in {found.back_in:.0f} s"))
         began = capacity.clock()
         while found.count < ranks.minimum and found.back_in is not None and capacity.clock() - began < limit:
@@ -192,7 +188,7 @@ def _elastic_world(run: Run, capacity: Capacity, attempt_id: str, previous: int 
     if found.count < ranks.minimum:
         after = "" if waited is None else f" after waiting {waited:.0f} s for the lost slot's return"
         run.record_event("WORLD_SIZE_UNAVAILABLE", (
-            f"{attempt_id} not launched: {_ranks_words(found.count)} available ({found.why or 'no slot free'}){after}, "
+            f"{attempt_id} not launched: {ranks_words(found.count)} available ({found.why or 'no slot free'}){after}, "
             f"fewer than the {ranks.minimum} the run needs at least ({ranks.words()})"))
         return None
     world = min(found.count, ranks.maximum)
@@ -200,26 +196,6 @@ def _elastic_world(run: Run, capacity: Capacity, attempt_id: str, previous: int 
     if change is not None:
         run.record_event("WORLD_SIZE_CHANGED", change)
     return world
-
-
-def size_change(attempt_id: str, previous: int | None, world: int, maximum: int, why: str) -> str | None:
-    """What the ``WORLD_SIZE_CHANGED`` event of an attempt at ``world`` ranks says, after one at
-    ``previous`` (None: the first attempt, which may have ``maximum``); None when it is no change.
-    ``why``: why fewer than ``maximum`` are available."""
-    if previous is None:
-        if world == maximum:
-            return None
-        return f"{attempt_id} starts with {_ranks_words(world)} instead of {maximum} (the run's max): {why}"
-    if world == previous:
-        return None
-    head = f"{attempt_id} runs {_ranks_words(world)} instead of {previous}"
-    if world < previous:
-        return f"{head}: {why}"
-    if world == maximum:
-        return f"{head}: {maximum} of {maximum} ranks available again"
-    missing = maximum - world
-    return (f"{head}: grew to {world} of max {maximum}, {missing} slot{'s' if missing != 1 else ''} still "
-            f"missing ({why})")
 
 
 def _earlier_run_resume(run: Run, checkpoint_root: Path, attempt_id: str) -> None:

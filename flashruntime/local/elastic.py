@@ -25,7 +25,8 @@ from flashruntime.errors import InvalidSubmission
 from flashruntime.local.visible_gpus import VisibleGpus
 from flashruntime.strategies import LaunchSpec
 
-__all__ = ["MAX_WORLD_SIZE_ENV", "Availability", "Capacity", "ElasticRanks", "argv_at", "parse_ranks", "spec_at"]
+__all__ = ["MAX_WORLD_SIZE_ENV", "Availability", "Capacity", "ElasticRanks", "argv_at", "parse_ranks", "ranks_words",
+           "size_change", "spec_at"]
 
 MAX_WORLD_SIZE_ENV = "FLASHML_MAX_WORLD_SIZE"
 # The torchrun options the rewrite reads, each with the shortest prefix argparse takes for it
@@ -218,6 +219,31 @@ class Capacity:
             if 0 < short <= len(returns):
                 back_in = max(0.0, returns[short - 1] - now)
         return Availability(count, "; ".join(reasons), back_in)
+
+
+def ranks_words(count: int) -> str:
+    """``count`` ranks in words: "1 rank", "2 ranks"."""
+    return f"{count} rank{'s' if count != 1 else ''}"
+
+
+def size_change(attempt_id: str, previous: int | None, world: int, maximum: int, why: str) -> str | None:
+    """What the ``WORLD_SIZE_CHANGED`` event of an attempt at ``world`` ranks says, after one at
+    ``previous`` (None: the first attempt, which may have ``maximum``); None when it is no change.
+    ``why``: why fewer than ``maximum`` are available."""
+    if previous is None:
+        if world == maximum:
+            return None
+        return f"{attempt_id} starts with {ranks_words(world)} instead of {maximum} (the run's max): {why}"
+    if world == previous:
+        return None
+    head = f"{attempt_id} runs {ranks_words(world)} instead of {previous}"
+    if world < previous:
+        return f"{head}: {why}"
+    if world == maximum:
+        return f"{head}: {maximum} of {maximum} ranks available again"
+    missing = maximum - world
+    return (f"{head}: grew to {world} of max {maximum}, {missing} slot{'s' if missing != 1 else ''} still "
+            f"missing ({why})")
 
 
 def spec_at(spec: LaunchSpec, ranks: ElasticRanks, world_size: int) -> LaunchSpec:

@@ -13,8 +13,8 @@ import pytest
 import flashruntime as flash
 from flashruntime.cli.dispatch import main
 from flashruntime.errors import InvalidSubmission
-from flashruntime.local.attempts import _elastic_world, size_change
-from flashruntime.local.elastic import Capacity, ElasticRanks, argv_at
+from flashruntime.local.attempts import _elastic_world
+from flashruntime.local.elastic import Capacity, ElasticRanks, argv_at, size_change
 from flashruntime.local.visible_gpus import VisibleGpus, usable_gpus, visible_entries
 from flashruntime.workloads.command import CommandWorkload, Source
 
