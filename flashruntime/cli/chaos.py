@@ -93,7 +93,8 @@ def register(subparsers: Any) -> None:
                         help="SIGKILL that rank when the run reaches STEP")
     parser.add_argument("--lose-rank", type=_rank_at_for, action="append", default=[],
                         metavar="RANK@STEP[:SECONDS]",
-                        help="SIGKILL a rank and take its slot away (for SECONDS, else for good); needs --ranks")
+                        help="SIGKILL a rank and take its slot away (for SECONDS, else for good); needs --ranks; "
+                             "below MIN the relaunch waits for a slot that returns")
     parser.add_argument("--ranks", default=None, metavar="MIN:MAX",
                         help="run elastic: each relaunch has the ranks available, from MIN to MAX")
     parser.add_argument("--kill-attempt", type=_step, action="append", default=[], metavar="STEP",

@@ -11,13 +11,14 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from flashruntime.checkpoint.local import latest_valid_manifest
 from flashruntime.launchers import LaunchState
 from flashruntime.launchers.local import LOG_NAME, LocalLaunchHandle, LocalProcessLauncher, read_log_tail
-from flashruntime.local.elastic import Capacity, spec_at
+from flashruntime.local.elastic import Capacity, ranks_words, size_change, spec_at
 from flashruntime.local.framework_resume import CheckpointWatch, FrameworkCheckpoints
 from flashruntime.local.guard import (
     finish_attempt,
@@ -77,7 +78,7 @@ def run_param_set(
             break
         attempt_id = base_id if started == 0 else f"{base_id}-r{started}"
         if capacity is not None:
-            chosen = _elastic_world(run, capacity, attempt_id, world)
+            chosen = _elastic_world(run, capacity, attempt_id, world, halted=halted)
             if chosen is None:
                 state = LaunchState.FAILED
                 break
@@ -158,21 +159,42 @@ def run_param_set(
     return state, metrics
 
 
-def _elastic_world(run: Run, capacity: Capacity, attempt_id: str, previous: int | None) -> int | None:
+_RETURN_GRACE_S = 5.0  # after a lost slot's known return: for the machine to show it again
+_WAIT_POLL_S = 0.2
+
+
+def _elastic_world(run: Run, capacity: Capacity, attempt_id: str, previous: int | None, *,
+                   halted: Callable[[], bool] = lambda: False,
+                   sleep: Callable[[float], None] = time.sleep) -> int | None:
     """The world size of an elastic run's next attempt: every rank available now, up to the
-    most it may have; None (with the event saying why) when fewer than its fewest are left."""
-    available, why = capacity.available()
+    most it may have. With fewer than its fewest it waits for lost slots whose return is known
+    (up to that return and a little more), else None at once, with the event saying why; None
+    too when the run is stopped while it waits. ``sleep``: how it waits (on ``capacity``'s clock)."""
     ranks = capacity.ranks
-    if available < ranks.minimum:
-        run.record_event("WORLD_SIZE_UNAVAILABLE", f"{attempt_id} not launched: {available} rank"
-                         f"{'s' if available != 1 else ''} available ({why or 'no slot free'}), fewer than the "
-                         f"{ranks.minimum} the run needs at least ({ranks.words()})")
+    found = capacity.now(ranks.minimum)
+    waited: float | None = None
+    if found.count < ranks.minimum and found.back_in is not None:
+        limit = found.back_in + _RETURN_GRACE_S
+        run.record_event("WORLD_SIZE_WAITING", (
+            f"{attempt_id} waits up to {limit:.0f} s for {ranks_words(ranks.minimum)}: {found.count} available "
+            f"({found.why}), and a lost slot returns in {found.back_in:.0f} s"))
+        began = capacity.clock()
+        while found.count < ranks.minimum and found.back_in is not None and capacity.clock() - began < limit:
+            if halted():
+                return None
+            sleep(min(_WAIT_POLL_S, max(0.0, limit - (capacity.clock() - began))))
+            found = capacity.now(ranks.minimum)
+        waited = capacity.clock() - began
+    if found.count < ranks.minimum:
+        after = "" if waited is None else f" after waiting {waited:.0f} s for the lost slot's return"
+        run.record_event("WORLD_SIZE_UNAVAILABLE", (
+            f"{attempt_id} not launched: {ranks_words(found.count)} available ({found.why or 'no slot free'}){after}, "
+            f"fewer than the {ranks.minimum} the run needs at least ({ranks.words()})"))
         return None
-    world = min(available, ranks.maximum)
-    if previous is not None and world != previous:
-        because = f": {why}" if world < ranks.maximum else f": {ranks.maximum} of {ranks.maximum} ranks available again"
-        run.record_event("WORLD_SIZE_CHANGED", f"{attempt_id} runs {world} rank{'s' if world != 1 else ''} instead of "
-                         f"{previous}{because}")
+    world = min(found.count, ranks.maximum)
+    change = size_change(attempt_id, previous, world, ranks.maximum, found.why or "no slot free")
+    if change is not None:
+        run.record_event("WORLD_SIZE_CHANGED", change)
     return world
 
 

@@ -8,7 +8,8 @@ A ``ChaosPlan`` lists faults, each fired once, in the first attempt that reaches
   writes, else by the ``RANK`` it was started with), as a crashed GPU or an OOM kill would;
 - ``lose_rank``: SIGKILL one rank and take its slot away, for ``seconds`` when given, else for
   the rest of the run, as a GPU that fell off the bus would: an elastic run (``ranks=(min,
-  max)``) continues on the ranks left and grows back once the slot returns;
+  max)``) continues on the ranks left and grows back once the slot returns (below ``min``, its
+  relaunch waits for a slot whose return is known);
 - ``kill_attempt``: SIGKILL the attempt's leader (torchrun, or the plain command), as a
   lost machine would; the launcher's sweep then reaps the ranks;
 - ``hang_rank``: stop one rank (SIGSTOP) for ``seconds``, then let it go on (SIGCONT);

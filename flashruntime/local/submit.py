@@ -35,6 +35,7 @@ from flashruntime.local.guard import (
 from flashruntime.local.live_output import LiveOutput
 from flashruntime.local.run import Run
 from flashruntime.local.sweep import Sweep, run_sweep
+from flashruntime.local.visible_gpus import VisibleGpus
 from flashruntime.monitor.hang_watch import hang_setting
 from flashruntime.recovery.policy import COORDINATED
 from flashruntime.recovery.preemption import preempt_settings
@@ -122,7 +123,8 @@ def submit(
     the ranks left, down to ``min``, not the run, and the ranks come back at the next relaunch
     once they are available again; every change is a ``WORLD_SIZE_CHANGED`` event. Checkpoints
     of ``flashruntime.torch`` load at the new size and its loader continues with the samples
-    not seen yet (see ``flashruntime.local.elastic``).
+    not seen yet (see ``flashruntime.local.elastic``). An elastic sweep runs its trials one at a
+    time: ``max_concurrent_trials`` above 1 is refused with ``ranks``.
     Raises ``InvalidSubmission`` for arguments that cannot describe a run, before anything starts
     (and, with ``executor="ray"``, ``LaunchError`` for a cluster that cannot be reached).
     """
@@ -174,6 +176,16 @@ def submit(
     if plan_key is not None and (not isinstance(plan_key, str) or not plan_key.strip()):
         raise InvalidSubmission(f"plan_key must be a non-empty string such as 'pl_.../ddp/x2', got {plan_key!r}")
     fan_out = workload.resolved_mode() == "independent_tasks" and bool(workload.task_params)
+    # An elastic attempt starts with every slot the machine has free, up to max, and a lost slot is
+    # the machine's, not one trial's: trials running at once would each take the same slots (the
+    # same GPUs), and splitting the slots between them would make each trial's size hang on when its
+    # neighbours happen to relaunch. So an elastic sweep runs its trials one after another.
+    if elastic is not None and fan_out and len(workload.task_params or []) > 1 and (max_concurrent_trials or 1) > 1:
+        raise InvalidSubmission(
+            f"ranks=(min, max) gives each attempt every rank slot of this machine, so the "
+            f"{len(workload.task_params or [])} trials of a sweep cannot run {max_concurrent_trials} at once "
+            f"(max_concurrent_trials={max_concurrent_trials}, --parallel {max_concurrent_trials}) without sharing "
+            "them: run the trials one at a time (max_concurrent_trials=1, or no --parallel), or drop ranks")
     if ledger is not None and fan_out:
         raise InvalidSubmission(
             "a sweep over task_params cannot be recorded into a calibration ledger: its trials run different "
@@ -206,7 +218,7 @@ def submit(
     run.checkpoint_patterns = checkpoint_patterns
     run.hang_timeout_s = hang_timeout
     if elastic is not None:
-        run.capacity = Capacity(elastic, gpus=(workload.resources.gpus or 0) > 0)
+        run.capacity = Capacity(elastic, gpus=VisibleGpus.of(workload.resources.gpus, workload.env))
     if metric is not None or mode is not None:
         chosen = metric or run.metric
         run.recorder.set_metric(chosen, resolve_mode(chosen, mode, workload.outputs.maximize_if_set()))

@@ -5,7 +5,12 @@ epoch's global order every rank together has consumed), not a per-rank offset, s
 checkpoint says where the data stood whatever the world size, and a relaunch continues with
 the next sample, on as many ranks as it has: after a resume at another world size the ranks
 share exactly the samples of the epoch not seen yet, none skipped and none repeated, and the
-per-rank batch changes so the global batch stays what it was when it divides evenly.
+per-rank batch changes so the global batch stays what it was when it divides evenly. A
+``drop_last`` loader also records where its epoch ends (the samples its last full batches
+reach), so a resumed epoch never yields the samples the epoch dropped.
+
+``len(loader)`` is always the batches of a whole epoch at the loader's world size and batch,
+wherever the epoch stands: what a scheduler or Trainer computing steps per epoch needs.
 
 Its order never draws on the global random generator: an epoch's global order is a
 permutation of the dataset seeded by the seed and the epoch (``DistributedSampler``'s), rank
@@ -60,6 +65,10 @@ class ElasticSampler:
     takes every ``num_replicas``-th sample of it. With ``offset=0`` it yields exactly what
     ``DistributedSampler`` yields. ``skip`` drops this rank's first samples once (the batches
     handed out before a resume at the same world size).
+
+    ``end`` (with an offset): where the epoch's samples stop, for a ``drop_last`` loader whose
+    epoch dropped its tail; the rest from ``offset`` is then cut to a multiple of
+    ``num_replicas`` instead of padded, so no sample is repeated either.
     """
 
     def __init__(self, dataset: Any, num_replicas: int, rank: int, shuffle: bool, seed: int) -> None:
@@ -70,6 +79,7 @@ class ElasticSampler:
         self.seed = seed
         self.epoch = 0
         self.offset = 0
+        self.end: int | None = None  # None: the dataset's end, the rest padded
         self.skip = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -86,13 +96,12 @@ class ElasticSampler:
         else:
             order = list(range(size))
         if self.offset == 0:  # the whole epoch, padded as DistributedSampler pads it
-            total = math.ceil(size / self.num_replicas) * self.num_replicas
-        else:
-            order = order[self.offset:]
-            total = math.ceil(len(order) / self.num_replicas) * self.num_replicas
-        if order and len(order) < total:
-            order += (order * math.ceil((total - len(order)) / len(order)))[:total - len(order)]
-        return order
+            return _padded(order, math.ceil(size / self.num_replicas) * self.num_replicas)
+        if self.end is not None:  # a drop_last epoch's rest, to its end (which may lie in its padding): cut
+            rest = _padded(order, self.end)[self.offset:self.end]
+            return rest[:len(rest) - len(rest) % self.num_replicas]
+        rest = order[self.offset:]
+        return _padded(rest, math.ceil(len(rest) / self.num_replicas) * self.num_replicas)
 
     def __iter__(self) -> Iterator[int]:
         skip, self.skip = self.skip, 0
@@ -100,8 +109,19 @@ class ElasticSampler:
         return iter(share[skip:])
 
     def __len__(self) -> int:
-        remaining = max(0, len(self.dataset) - self.offset)
-        return math.ceil(remaining / self.num_replicas)
+        size = len(self.dataset)
+        if self.offset == 0:
+            return math.ceil(size / self.num_replicas)
+        if self.end is not None:
+            return max(0, self.end - self.offset) // self.num_replicas if size else 0
+        return math.ceil(max(0, size - self.offset) / self.num_replicas)
+
+
+def _padded(order: list[int], total: int) -> list[int]:
+    """``order`` repeated from its start up to ``total`` samples, as ``DistributedSampler`` pads."""
+    if not order or len(order) >= total:
+        return order
+    return order + (order * math.ceil((total - len(order)) / len(order)))[:total - len(order)]
 
 
 class ResumableLoader:
@@ -151,7 +171,12 @@ class ResumableLoader:
         return int(self._loader.batch_size)
 
     def __len__(self) -> int:
-        return len(self._loader)
+        """The batches of a whole epoch at this world size and batch, as the script's own loader
+        would count them, whether or not this epoch was resumed part way: schedulers and Trainers
+        that compute steps per epoch from ``len(loader)`` get the same figure before and after a
+        resume (a resumed epoch yields only its remaining batches)."""
+        per_rank = math.ceil(len(self.sampler.dataset) / self.sampler.num_replicas)
+        return per_rank // self.batch_size if self._original.drop_last else math.ceil(per_rank / self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
         self.sampler.set_epoch(self.epoch)
@@ -163,17 +188,26 @@ class ResumableLoader:
             yield batch
         self.epoch += 1
         self.position = 0
-        self.sampler.offset = 0  # a resumed epoch's offset ends with it
+        self.sampler.offset, self.sampler.end = 0, None  # a resumed epoch's bounds end with it
+
+    def _epoch_end(self) -> int:
+        """Where this epoch's samples stop in its (padded) global order: the dataset's end, or for
+        a ``drop_last`` loader where its full batches reach (the rest is dropped)."""
+        if not self._original.drop_last:
+            return len(self.sampler.dataset)
+        batches = len(self.sampler) // self.batch_size  # this epoch's, from its offset
+        return self.sampler.offset + batches * self.batch_size * self.sampler.num_replicas
 
     def state_dict(self) -> dict[str, int]:
         """Where the data stands, at any world size: the epoch, the samples of its global order
-        consumed by all ranks together (``samples``), and how this run reads it (world size,
-        per-rank and global batch, and the offset and batches handed out since)."""
+        consumed by all ranks together (``samples``), where its samples stop (``end``: the
+        dataset's end, or a ``drop_last`` epoch's last full batch), and how this run reads it
+        (world size, per-rank and global batch, and the offset and batches handed out since)."""
         world = self.sampler.num_replicas  # global_batch: what the run asks for, kept where it divides
         consumed = self.sampler.offset + self.position * self.batch_size * world
         return {"epoch": self.epoch, "samples": min(consumed, self.sampler.offset + len(self.sampler) * world),
-                "offset": self.sampler.offset, "position": self.position, "world_size": world,
-                "batch_size": self.batch_size, "global_batch": self.global_batch}
+                "end": self._epoch_end(), "offset": self.sampler.offset, "position": self.position,
+                "world_size": world, "batch_size": self.batch_size, "global_batch": self.global_batch}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration starts at its epoch, after the samples it
@@ -189,6 +223,9 @@ class ResumableLoader:
         batch = resharded_batch(target, self.script_batch_size, world)
         if batch != self.batch_size:
             self._loader = self._build(batch)
+        end = state.get("end")
+        # Only a drop_last epoch stops short of the dataset's end; the others pad their rest.
+        self.sampler.end = int(end) if end is not None and self._original.drop_last else None
         if saved_world == world and saved_batch == batch:  # the same layout: the same batches follow
             self.sampler.offset = int(state.get("offset", 0))
             self._resume_at = self.position = position

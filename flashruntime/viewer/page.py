@@ -45,8 +45,9 @@ SERIES_COLOURS: tuple[str, ...] = (TOKENS["accent"], TOKENS["warn"], TOKENS["ok"
                                    "#39c5cf", "#db6d28", "#db61a2")
 
 # Log-event types the feed highlights: a recovery decision, a rank that holds the others back, a run
-# that continues on another number of ranks.
-_HIGHLIGHT_EVENTS = ("FAILURE_CLASSIFIED", "RECOVERY_ACTION_SELECTED", "STRAGGLER_DETECTED", "WORLD_SIZE_CHANGED")
+# that continues on another number of ranks or waits for the ranks it needs.
+_HIGHLIGHT_EVENTS = ("FAILURE_CLASSIFIED", "RECOVERY_ACTION_SELECTED", "STRAGGLER_DETECTED", "WORLD_SIZE_CHANGED",
+                     "WORLD_SIZE_WAITING")
 
 
 def _tint(hex_colour: str, alpha: float) -> str:

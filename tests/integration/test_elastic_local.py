@@ -23,6 +23,7 @@ import flashruntime as flash
 from flashruntime.errors import InvalidSubmission
 from flashruntime.launchers import LaunchState
 from flashruntime.local.chaos import ChaosPlan, Fault
+from flashruntime.providers import Requirements
 from flashruntime.workloads.command import CommandWorkload, OutputSpec, Source
 from tests._support import REPO_ROOT
 from tests.integration._torchrun import torchrun_argv
@@ -175,6 +176,51 @@ def test_a_run_below_its_fewest_ranks_fails_saying_so(tmp_path: Path) -> None:
                             "fewer than the 2 the run needs at least (2..2 ranks)")]
 
 
+def test_a_timed_loss_below_the_fewest_ranks_waits_for_the_slot_and_relaunches_at_full_size(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "train.py").write_text(SCRIPT)
+    command = [*torchrun_argv(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1", "train.py", "16",
+               "16", "0.25"]
+    workload = CommandWorkload(command=command, source=Source(path=str(source)), env=_env(),
+                               outputs=OutputSpec(collect=[]))
+    chaos = ChaosPlan(faults=[Fault(kind="lose_rank", rank=1, at_step=6, seconds=10)])
+    run = flash.submit(workload, output_dir=tmp_path / "waits", watch=False, quiet=True, max_restarts=1,
+                       chaos=chaos, ranks=(2, 2))
+    assert run.state is LaunchState.SUCCEEDED, (run.events, run.logs(100))
+    assert [attempt["world_size"] for attempt in run.attempts] == [2, 2]
+    kinds = [event["type"] for event in run.events]
+    assert "WORLD_SIZE_UNAVAILABLE" not in kinds and "WORLD_SIZE_CHANGED" not in kinds, run.events
+    waiting = [event["message"] for event in run.events if event["type"] == "WORLD_SIZE_WAITING"]
+    assert len(waiting) == 1 and waiting[0].startswith("task-000-r1 waits up to "), run.events
+    assert "for 2 ranks: 1 available (rank 1's slot lost (chaos lose_rank)), and a lost slot returns in" in waiting[0]
+    [resumed] = _resumed_steps(run)  # from its newest checkpoint, once the slot was back
+    assert 4 <= resumed <= 8 and resumed % 4 == 0, run.events
+
+
+def test_a_gpu_run_starts_with_the_gpus_cuda_visible_devices_leaves_it(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    tools = tmp_path / "bin"  # an nvidia-smi that lists two GPUs, on a machine with none
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text("#!/bin/sh\nprintf '0, GPU-0a1b2c3d\\n1, GPU-4e5f6a7b\\n'\n")
+    (tools / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "train.py").write_text(SCRIPT)
+    command = [*torchrun_argv(), "--nproc-per-node=2", "--standalone", "--local-addr=127.0.0.1", "train.py", "4", "4",
+               "0"]
+    workload = CommandWorkload(command=command, source=Source(path=str(source)),
+                               env={**_env(), "CUDA_VISIBLE_DEVICES": "GPU-4e5f"}, outputs=OutputSpec(collect=[]),
+                               resources=Requirements(gpus=1))
+    run = flash.submit(workload, output_dir=tmp_path / "one-gpu", watch=False, quiet=True, ranks=(1, 2))
+    assert run.state is LaunchState.SUCCEEDED, (run.events, run.logs(100))
+    assert [attempt["world_size"] for attempt in run.attempts] == [1]
+    changes = [event["message"] for event in run.events if event["type"] == "WORLD_SIZE_CHANGED"]
+    assert changes == [("task-000 starts with 1 rank instead of 2 (the run's max): CUDA_VISIBLE_DEVICES='GPU-4e5f' "
+                       "makes 1 of the 2 GPUs nvidia-smi lists visible")]
+
+
 @pytest.mark.parametrize(("ranks", "words"), [
     ("1:2:3", "ranks '1:2:3' is not MIN:MAX"), ("a:b", "is not MIN:MAX"), ((2, 1), "1 <= min <= max"),
     ((0, 2), "1 <= min <= max"), ([1, 2, 3], "must be (min, max)"),
@@ -195,3 +241,15 @@ def test_a_command_that_cannot_be_resized_and_lose_rank_without_ranks_are_refuse
         flash.submit(CommandWorkload(command="python train.py", source=Source(path=str(tmp_path))),
                      output_dir=tmp_path / "b", watch=False, quiet=True, chaos=chaos)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_torchrun_options_an_elastic_local_run_cannot_keep_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    for name, option, words in [("nodes", "--nnodes=2", "torchrun's --nnodes 2 spreads the job over several"),
+                                ("restarts", "--max-restarts=3", "torchrun's --max-restarts 3 would restart them")]:
+        workload = CommandWorkload(command=f"torchrun {option} --nproc-per-node 2 train.py",
+                                   source=Source(path=str(tmp_path)))
+        with pytest.raises(InvalidSubmission, match=re.escape(words)):
+            run = flash.submit(workload, output_dir=tmp_path / name, watch=False, quiet=True, ranks=(1, 2),
+                               wait=False)
+            run.cancel()  # reached only when it was not refused: a second node would be waited for forever
+        assert not (tmp_path / name).exists()

@@ -107,8 +107,8 @@ def test_the_loader_continues_after_the_batches_it_had_handed_out(tmp_path: Path
     it = iter(again)
     head = [next(it)[0].tolist() for _ in range(2)]
     state = again.state_dict()
-    assert state == {"epoch": 0, "samples": 6, "offset": 0, "position": 2, "world_size": 1, "batch_size": 3,
-                     "global_batch": 3}
+    assert state == {"epoch": 0, "samples": 6, "end": 20, "offset": 0, "position": 2, "world_size": 1,
+                     "batch_size": 3, "global_batch": 3}
     resumed = ResumableLoader(torch.utils.data.DataLoader(data, batch_size=3, shuffle=True), 1, 0)
     resumed.load_state_dict(state)
     tail = [batch[0].tolist() for batch in resumed]
