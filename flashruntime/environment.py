@@ -153,8 +153,8 @@ VARIABLES: tuple[Variable, ...] = (
              "a Ray cluster: local, auto, ray://host:port or host:port; the coordinator then runs backend 'ray' "
              "jobs there, and makes 'ray' the default backend (--ray-address / ray_address= win)"),
     Variable("FLASHML_RENDEZVOUS_PORT", "flashruntime serve", "unset: multi-node jobs refused",
-             "the port of the c10d rendezvous store serve hosts on its --host for multi-node jobs (parameters.nodes); "
-             "needs PyTorch on the coordinator's machine (--rendezvous-port wins)"),
+             "the port of the c10d rendezvous store serve hosts for multi-node jobs (parameters.nodes), on every "
+             "interface without authentication; needs PyTorch on the coordinator's machine (--rendezvous-port wins)"),
     Variable("FLASHML_RAY_WORK_DIR", "a Ray node running coordinator tasks", "<tmp>/flashruntime-ray",
              "where the node keeps the work directories of the attempts it runs"),
     Variable("FLASHML_RAY_DATASETS", "a Ray node running coordinator tasks", "",

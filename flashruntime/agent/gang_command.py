@@ -75,7 +75,7 @@ def gang_argv(argv: list[str], gang: Gang, host: str, node_addr: str | None = No
         f"--nproc-per-node={gang.nproc_per_node}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={host}:{gang.port}",
-        f"--rdzv-id={gang.run_id}",
+        f"--rdzv-id={gang.rdzv_id or gang.run_id}",
         f"--rdzv-conf=is_host=0,last_call_timeout={gang.last_call_s}",
         f"--max-restarts={gang.max_restarts}",
         *local,

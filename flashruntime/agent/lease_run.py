@@ -62,7 +62,6 @@ from flashruntime.monitor.hang_watch import HangVerdict, HangWatch, task_hang_se
 from flashruntime.monitor.hangs import FLOOR_S
 from flashruntime.monitor.preemption import Notice
 from flashruntime.monitor.straggler_watch import StragglerWatch
-from flashruntime.protocol.gang import GANG_KEY
 from flashruntime.protocol.task_logs import TASK_LOG_NAME, task_log_key
 from flashruntime.protocol.task_metrics import TASK_METRICS_NAME, task_metrics_key
 from flashruntime.protocol.v1alpha1 import CompleteRequest, Lease, StragglerReport
@@ -293,7 +292,8 @@ class LeaseRunner:
             inputs = prepare_inputs(self._client, payload, dirs, self._datasets,
                                     should_stop=lambda: self._interrupted(heartbeat))
             write_spec(dirs, lease.task_id, params, inputs)
-            self._restore(lease, dirs)
+            if gang is None:  # a multi-node run's checkpoints are the group's, in its shared directory
+                self._restore(lease, dirs)
             if self._interrupted(heartbeat):
                 raise TaskInterrupted("stopped before the child started")
             # Journaled before the child exists: a kill -9 from here on leaves a record of
@@ -419,7 +419,8 @@ class LeaseRunner:
                                    resume_newest=requeued + ", to resume from the newest checkpoint handed over")
         if heartbeat.lost.is_set():
             raise _LeaseLost()
-        handed = self._hand_over(lease, dirs, row["saved_step"])
+        handed = (self._hand_over(lease, dirs, row["saved_step"]) if gang_of(lease.payload) is None
+                  else "a multi-node run's checkpoints are not handed over: they stay in its checkpoint_dir")
         message = f"{message}; {handed}"
         self._note(dirs, message)
         shipper.ship(final=True)
@@ -476,13 +477,16 @@ class LeaseRunner:
                 wall_seconds: float, shipper: TaskLogShipper) -> Outcome:
         metrics = dirs.out / "metrics.json"
         has_metrics = _is_regular(metrics)
-        if exit_code == 0 and not has_metrics and GANG_KEY in lease.payload and not metrics.exists():
-            # Global rank 0 writes a run's metrics, on one node only: the other nodes of a
-            # multi-node job commit that they have none, which is what happened, not a failure.
-            metrics.write_text("{}\n", encoding="utf-8")
-            has_metrics = True
-            self._note(dirs, "this node's ranks wrote no metrics.json (rank 0 writes the run's, on its node); "
-                             "committed an empty one")
+        gang = gang_of(lease.payload)
+        if gang is not None and exit_code == 0 and preempted_paths(dirs.out / RANKS_DIR):
+            # Another node's preemption: every rank of the group saved and left, this node's
+            # too. The run is not over: give the lease back, and the group meets again.
+            self._note(dirs, "the group's ranks saved and left after a preemption notice on another node; "
+                             "the lease is given back so the run continues")
+            shipper.ship(final=True)
+            return self._release(lease, f"{SHUTDOWN_REASON}: the group was preempted")
+        if gang is not None and gang.max_nodes > 1 and exit_code == 0 and not has_metrics:
+            has_metrics = self._no_metrics_of_this_node(dirs, metrics)
         if exit_code != 0 or not has_metrics:
             logger.info("lease %s: child exited %s%s", lease.lease_id, exit_code,
                         "" if has_metrics else " without out/metrics.json")
@@ -532,6 +536,21 @@ class LeaseRunner:
         logger.info("lease %s completed: accepted=%s %s", lease.lease_id, answer.get("accepted"),
                     answer.get("detail") or "")
         return Outcome.COMPLETED
+
+    def _no_metrics_of_this_node(self, dirs: LeaseDirs, metrics: Path) -> bool:
+        """A node of a multi-node run whose ranks wrote no ``metrics.json``: global rank 0 writes
+        the run's, on one node. This node commits an empty object, which says so (the
+        coordinator counts the run done only on a commit with metrics); whether it could."""
+        try:
+            # O_EXCL | O_NOFOLLOW: never through a name the task left there, a link included.
+            fd = os.open(metrics, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except OSError:
+            return False
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write("{}\n")
+        self._note(dirs, "this node's ranks wrote no metrics.json (global rank 0 writes the run's, on its node); "
+                         "committed an empty one")
+        return True
 
     def _fail(self, lease: Lease, reason: str, outcome: Outcome, *, exit_code: int | None = None,
               hung: bool = False) -> Outcome:

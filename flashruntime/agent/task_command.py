@@ -82,6 +82,11 @@ def is_loader_name(name: str) -> bool:
     return name in LOADER_VARIABLES or name.startswith(_LOADER_PREFIXES)
 
 
+def _payload_network(payload: Mapping[str, Any]) -> bool:
+    isolation = payload.get("isolation")
+    return isinstance(isolation, Mapping) and isolation.get("network") is True
+
+
 def _payload_tier(payload: Mapping[str, Any]) -> str:
     isolation = payload.get("isolation")
     tier = isolation.get("tier") if isinstance(isolation, Mapping) else None
@@ -110,6 +115,13 @@ def build_command(payload: Mapping[str, Any], runner: str, dirs: LeaseDirs, *,
     if gang is not None:
         if "argv" not in payload:
             raise TaskRefused("payload gang is for a command (argv) task, and this one runs a module")
+        if trusted_submitter_keys is not None:
+            raise TaskRefused("this worker runs only signed work, and how a multi-node job's nodes meet (its "
+                              "payload gang) is not covered by a signature; run multi-node jobs on workers "
+                              "without --trusted-submitter-keys")
+        if sandboxed and not _payload_network(payload):
+            raise TaskRefused("a multi-node job's nodes reach each other and the coordinator's rendezvous store, "
+                              "and this sandbox has no network; set isolation.network to true")
         if gang.checkpoint_dir is not None and sandboxed:
             raise TaskRefused(f"the job's shared checkpoint_dir {gang.checkpoint_dir!r} is outside this agent's "
                               "sandbox (--runner sandboxed); run multi-node jobs with a shared checkpoint_dir on "

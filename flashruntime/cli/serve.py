@@ -75,9 +75,9 @@ def register(subparsers: Any) -> None:
                              "single-node Ray, for development), auto, ray://host:port or host:port; needs "
                              "pip install 'flashruntime[ray]'; overrides FLASHML_RAY_ADDRESS")
     parser.add_argument("--rendezvous-port", type=_port, default=None, metavar="PORT",
-                        help="host the c10d rendezvous store of multi-node jobs (parameters.nodes) on --host at "
-                             "PORT, so that losing a node never loses the rendezvous; needs PyTorch here; overrides "
-                             "FLASHML_RENDEZVOUS_PORT")
+                        help="host the c10d rendezvous store of multi-node jobs (parameters.nodes) at PORT (on every "
+                             "interface, without authentication: PyTorch's TCPStore), so that losing a node never "
+                             "loses the rendezvous; needs PyTorch here; overrides FLASHML_RENDEZVOUS_PORT")
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="uvicorn log level (default info)")
     parser.add_argument("--ssl-certfile", default=None, metavar="PEM",
                         help="serve HTTPS with this certificate (chain) file; needs --ssl-keyfile")
@@ -248,10 +248,12 @@ def handle(args: argparse.Namespace) -> int:
                          "process: with --workers, start Ray once (ray start --head) and give its address")
 
     if args.rendezvous_port is not None:
-        if args.rendezvous_port in (0, args.port):
-            return _fail(f"--rendezvous-port {args.rendezvous_port} must be a free port of its own (1..65535, not "
-                         "the API's --port)")
+        if args.rendezvous_port == 0:
+            return _fail("--rendezvous-port 0 must be a port of its own, 1..65535")
         settings.rendezvous_port = args.rendezvous_port
+    if settings.rendezvous_port == args.port:
+        return _fail(f"the rendezvous port {args.port} is the API's --port; give the store a port of its own "
+                     "(--rendezvous-port / FLASHML_RENDEZVOUS_PORT)")
 
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         return _fail("--ssl-certfile and --ssl-keyfile go together: give both to serve HTTPS, or neither")
@@ -315,7 +317,7 @@ def handle(args: argparse.Namespace) -> int:
         from flashruntime.coordinator.rendezvous import RendezvousStore
         from flashruntime.errors import ConfigurationError
 
-        rendezvous = RendezvousStore(args.host, settings.rendezvous_port)
+        rendezvous = RendezvousStore(settings.rendezvous_port)
         try:
             rendezvous.start()
         except ConfigurationError as exc:
@@ -355,8 +357,11 @@ def _serve(args: argparse.Namespace, app: Any, settings: Any, url: str, database
     if settings.ray_address:
         print(f"  ray        {settings.ray_address} (the default backend)", flush=True)
     if settings.rendezvous_port:
-        print(f"  rendezvous {url_for(args.host, settings.rendezvous_port, tls=False)[len('http://'):]} "
-              "(the c10d store of multi-node jobs)", flush=True)
+        print(f"  rendezvous port {settings.rendezvous_port} on every interface (the c10d store of multi-node "
+              "jobs)", flush=True)
+        print(f"WARNING: the rendezvous store (PyTorch's TCPStore) listens on port {settings.rendezvous_port} of "
+              "every interface of this machine, whatever --host says, and asks no one for a token: let only the "
+              "fleet's machines reach it", file=sys.stderr, flush=True)
     try:
         with _sigterm_stops_cleanly():
             uvicorn.run(target, host=args.host, port=args.port, log_level=args.log_level,

@@ -38,7 +38,16 @@ from flashruntime.coordinator.artifacts import ArtifactStore, sha256_of
 from flashruntime.coordinator.auth import Identity, authenticator_from_env
 from flashruntime.coordinator.expansion import expand_tasks, require_task_bound
 from flashruntime.coordinator.failures import TASK_MODE, failure_classified, failure_reason
-from flashruntime.coordinator.gangs import close_gang, gang_jobs_held, is_gang, stamp_rendezvous
+from flashruntime.coordinator.gangs import (
+    NO_RESULT_REASON,
+    close_gang,
+    gang_jobs_held,
+    group_of,
+    has_result,
+    is_gang,
+    live_peers,
+    stamp_rendezvous,
+)
 from flashruntime.coordinator.lease_jobs import TERMINAL_JOB_STATES, refreshed
 from flashruntime.coordinator.lease_watch import StandingChanges
 from flashruntime.coordinator.metrics import Metrics
@@ -281,7 +290,7 @@ class Coordinator:
         this catches up the rest."""
         if record.backend not in BACKENDS or record.state in TERMINAL_JOB_STATES:
             return record
-        if refreshed(record, self.manager.job_state(record.job_id), self.now())[0] is record:
+        if refreshed(record, self.manager.job_state(record.job_id), self.now(), self._gang_result(record))[0] is record:
             return record  # the common case: unchanged, so nothing to re-read or write
 
         def store() -> JobRecord:
@@ -307,14 +316,20 @@ class Coordinator:
         """``current`` with its derived state, stored with its JOB_SUCCEEDED / JOB_FAILED in one
         write when it changed, so a terminal (frozen) record never lacks its event. Call inside
         a transaction."""
-        updated, event = refreshed(current, self.manager.job_state(current.job_id), self.now())
+        result = self._gang_result(current)
+        updated, event = refreshed(current, self.manager.job_state(current.job_id), self.now(), result)
         if updated is not current and updated.state is JobState.FAILED and updated.error is None:
-            updated = updated.model_copy(update={"error": failure_reason(self.ledger.events_for(current.job_id))})
+            error = NO_RESULT_REASON if result is False else failure_reason(self.ledger.events_for(current.job_id))
+            updated = updated.model_copy(update={"error": error})
         if updated is not current:
             self.ledger.upsert_job(updated, events=() if event is None else (event,))
             if event is not None:
                 self.state.after_commit(functools.partial(self._observe, event))
         return updated
+
+    def _gang_result(self, record: JobRecord) -> bool | None:
+        """For a multi-node job, whether a node committed the run's metrics; None for any other."""
+        return has_result(self.manager, self.artifacts, record.job_id) if is_gang(record.spec) else None
 
     def job(self, job_id: str) -> JobRecord | None:
         record = self.ledger.get_job(job_id)
@@ -472,7 +487,7 @@ class Coordinator:
             return {"accepted": True}
         self.metrics.count_commit("accepted")
         if record is not None and "gang" in record.spec.payload:
-            self.close_gang(lease.job_id)
+            self.close_gang(lease.job_id)  # the run is over when this commit holds its metrics
         if self.settings.tensorboard_dir:
             attempt_reports.write_tensorboard(self, lease, record.spec.commit_key if record is not None else "", now)
         if self.mlflow is not None:
@@ -525,8 +540,10 @@ class Coordinator:
         return expired
 
     def close_gang(self, job_id: str) -> None:
-        """A multi-node job whose group finished: its node tasks still queued are cancelled
-        as not needed and the job settled (``gangs.close_gang``)."""
+        """A multi-node job whose run is over (a node committed its metrics): its node tasks
+        still queued are cancelled as not needed and the job settled (``gangs.close_gang``)."""
+        if not has_result(self.manager, self.artifacts, job_id):
+            return
         now = self.now()
 
         def close() -> None:
@@ -534,6 +551,32 @@ class Coordinator:
                 self._settle(job_id)
 
         self.state.run(close)
+
+    def join_gang(self, lease: Lease) -> Lease:
+        """``lease`` as its node is given it: for a multi-node job's node, with the rendezvous id
+        of its group (``gang.rdzv_id``), the group its live peers joined, else a new one (the
+        job's previous group, if any, has ended and closed its rendezvous). Recorded as
+        GANG_JOINED, under the job's lock, so nodes claiming at once join one group."""
+        gang = lease.payload.get("gang")
+        if not isinstance(gang, dict):
+            return lease
+        now = self.now()
+
+        def assign() -> str:
+            self.ledger.get_job(lease.job_id, lock=True)
+            joined = {str(e.data.get("lease_id")): str(e.data.get("rdzv_id"))
+                      for e in self.ledger.events_for(lease.job_id) if e.type is EventType.GANG_JOINED}
+            peers = live_peers(self.manager, lease, now)
+            rdzv_id = group_of(joined, peers, lease.job_id, secrets.token_hex(8))
+            message = (f"node {lease.node_id} joined the group of {len(peers)} other node(s) running"
+                       if peers else f"node {lease.node_id} starts a group")
+            self.record_event(self._service_event(lease.job_id, EventType.GANG_JOINED, message, {
+                "task_id": lease.task_id, "lease_id": lease.lease_id, "node_id": lease.node_id,
+                "rdzv_id": rdzv_id, "peers": len(peers)}))
+            return rdzv_id
+
+        rdzv_id = self.state.run(assign)
+        return lease.model_copy(update={"payload": {**lease.payload, "gang": {**gang, "rdzv_id": rdzv_id}}})
 
     def gang_jobs_held(self, node_id: str) -> list[str]:
         """The multi-node jobs ``node_id`` runs a node of (the claim view's ``gang_jobs``)."""

@@ -4,23 +4,31 @@ stamped into every node's task, one node per machine, and the job's end.
 A multi-node job is one training run. Its node tasks are placed on distinct machines; a
 node lost for good leaves its task queued (no machine that already runs a node of the job
 may take it, so it waits for a new one) while torchrun continues on the nodes left. The
-job ends with its group: once one node's task commits, the group's run is over, the node
-tasks still queued are cancelled as not needed, and the job SUCCEEDS on the nodes that ran.
+job ends with its group: once a node commits the run's metrics (global rank 0 writes them;
+the other nodes commit an empty object), the run is over, the node tasks still queued are
+cancelled as not needed, and the job SUCCEEDS on the nodes that ran. Nodes that all end
+without that commit FAIL the job: an empty commit is no result.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from flashruntime.errors import ExpansionError
 from flashruntime.protocol.gang import GANG_KEY
 from flashruntime.protocol.v1alpha1 import JobSpec, TaskSpec, TaskState
 
-__all__ = ["NOT_NEEDED_REASON", "close_gang", "gang_jobs_held", "is_gang", "stamp_rendezvous"]
+__all__ = ["NOT_NEEDED_REASON", "NO_RESULT_REASON", "close_gang", "gang_jobs_held", "group_of", "has_result",
+           "is_gang", "live_peers", "stamp_rendezvous"]
 
 NOT_NEEDED_REASON = "not needed: the job's group finished its run on the nodes it had"
+NO_RESULT_REASON = ("no node committed the run's metrics: global rank 0 writes metrics.json into "
+                    "$FLASHML_OUTPUT_DIR on its node, and every node ended without it (see the tasks' logs)")
+MAX_METRICS_BYTES = 1024 * 1024
 
 
 def is_gang(spec: JobSpec) -> bool:
@@ -47,6 +55,25 @@ def stamp_rendezvous(tasks: Iterable[TaskSpec], port: int | None, backend: str) 
         gang["port"] = port
 
 
+def live_peers(manager: Any, lease: Any, now: datetime) -> list[str]:
+    """The lease ids of the other nodes of ``lease``'s job whose leases are live."""
+    peers = []
+    for record in manager.records(lease.job_id):
+        active = record.active_lease
+        if (record.state is TaskState.LEASED and active is not None and active.lease_id != lease.lease_id
+                and active.deadline > now and isinstance(record.spec.payload.get(GANG_KEY), dict)):
+            peers.append(active.lease_id)
+    return peers
+
+
+def group_of(joined: Mapping[str, str], peers: Iterable[str], job_id: str, new_token: str) -> str:
+    """The rendezvous id a node joins: the group its live peers joined, else a new one."""
+    for peer in peers:
+        if peer in joined:
+            return joined[peer]
+    return f"{job_id}-{new_token}"
+
+
 def gang_jobs_held(manager: Any, node_id: str, now: datetime) -> list[str]:
     """The multi-node jobs of which ``node_id`` holds a live node task: it takes no second one."""
     held = set()
@@ -57,14 +84,31 @@ def gang_jobs_held(manager: Any, node_id: str, now: datetime) -> list[str]:
     return sorted(held)
 
 
+def has_result(manager: Any, artifacts: Any, job_id: str) -> bool:
+    """Whether a node of ``job_id`` committed the run's metrics: a JSON object with a key."""
+    for record in manager.records(job_id):
+        if record.state is not TaskState.COMPLETED or not isinstance(record.spec.payload.get(GANG_KEY), dict):
+            continue
+        path = artifacts.read_path(record.spec.commit_key)
+        if path is not None and _holds_metrics(path):
+            return True
+    return False
+
+
+def _holds_metrics(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            metrics = json.loads(handle.read(MAX_METRICS_BYTES + 1)[:MAX_METRICS_BYTES])
+    except (OSError, ValueError):
+        return False
+    return isinstance(metrics, dict) and bool(metrics)
+
+
 def close_gang(manager: Any, job_id: str, now: datetime) -> list[str]:
-    """Once a node task of ``job_id`` has COMPLETED, cancel its node tasks still PENDING (call
-    inside a transaction); → the tasks cancelled."""
-    records = list(manager.records(job_id))
-    if not any(record.state is TaskState.COMPLETED for record in records):
-        return []
+    """Cancel the node tasks of ``job_id`` still PENDING, its run being over (call inside a
+    transaction, once ``has_result``); → the tasks cancelled."""
     cancelled = []
-    for record in records:
+    for record in manager.records(job_id):
         if record.state is TaskState.PENDING and isinstance(record.spec.payload.get(GANG_KEY), dict):
             manager.cancel_task(job_id, record.spec.task_id, now=now, reason=NOT_NEEDED_REASON)
             cancelled.append(record.spec.task_id)

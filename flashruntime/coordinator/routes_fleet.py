@@ -153,7 +153,7 @@ def fleet_router(coordinator: Coordinator, guard: Guard) -> APIRouter:
             coordinator.metrics.count_claim("empty")
             return Response(status_code=204)
         coordinator.metrics.count_claim("leased")
-        return _lease_json(lease)
+        return _lease_json(coordinator.join_gang(lease))
 
     @router.post("/v1alpha1/attempts/{lease_id}/heartbeat", response_model=Lease)
     def lease_heartbeat(lease_id: str, body: AttemptHeartbeat | None = None, identity: Identity = caller) -> Response:

@@ -68,9 +68,10 @@ class RuntimeSettings(BaseSettings):
         gt=0, allow_inf_nan=False)
     rendezvous_port: int | None = _setting(
         None, "FLASHML_RENDEZVOUS_PORT", "a TCP port 1..65535",
-        "the port of the c10d rendezvous store 'flashruntime serve' hosts on its --host for multi-node jobs "
-        "(parameters.nodes), which every node's torchrun joins, so that losing a node never loses the rendezvous; "
-        "needs PyTorch on the coordinator's machine; unset: multi-node jobs are refused (422)", ge=1, le=65535)
+        "the port of the c10d rendezvous store 'flashruntime serve' hosts for multi-node jobs (parameters.nodes), "
+        "which every node's torchrun joins, so that losing a node never loses the rendezvous; PyTorch's TCPStore "
+        "listens on every interface without authentication; needs PyTorch on the coordinator's machine; unset: "
+        "multi-node jobs are refused (422)", ge=1, le=65535)
     tensorboard_dir: str | None = _setting(
         None, "FLASHML_TENSORBOARD_DIR", "a directory path",
         "where every committed task's metrics are written as TensorBoard event files, one directory per task under "

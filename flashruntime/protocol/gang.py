@@ -28,9 +28,10 @@ MAX_LAST_CALL_S = 600
 class Gang(WireModel):
     """``payload.gang`` of one node's task."""
 
-    model_config = ConfigDict(defer_build=True, extra="forbid")
+    # Fields a newer coordinator adds are ignored here: the wire grows additively.
+    model_config = ConfigDict(defer_build=True, extra="ignore")
 
-    run_id: str = Field(min_length=1, max_length=64)  # torchrun's --rdzv-id: the job's id
+    run_id: str = Field(min_length=1, max_length=64)  # the job's id
     min_nodes: int = Field(ge=1, le=MAX_GANG_NODES)
     max_nodes: int = Field(ge=1, le=MAX_GANG_NODES)
     nproc_per_node: int = Field(1, ge=1, le=MAX_NPROC_PER_NODE)
@@ -44,6 +45,9 @@ class Gang(WireModel):
     # starts the group whole more often; shorter continues sooner after a node is lost.
     last_call_s: int = Field(DEFAULT_LAST_CALL_S, ge=1, le=MAX_LAST_CALL_S)
     port: int | None = Field(None, ge=1, le=65535)  # the coordinator's rendezvous store, stamped at submission
+    # torchrun's --rdzv-id, given with each claim: the group's the node joins. A group that ends
+    # closes its rendezvous for good, so the next group of the job meets under a new id.
+    rdzv_id: str | None = Field(None, min_length=1, max_length=128)
 
     @property
     def regroup_s(self) -> float:

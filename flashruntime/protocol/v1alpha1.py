@@ -255,6 +255,8 @@ class EventType(StrEnum):
     # training health
     STRAGGLER_DETECTED = "STRAGGLER_DETECTED"
     HANG_DETECTED = "HANG_DETECTED"
+    # multi-node jobs
+    GANG_JOINED = "GANG_JOINED"
 
 
 class Event(WireModel):

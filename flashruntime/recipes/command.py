@@ -298,6 +298,17 @@ class CommandRecipe(WorkloadRecipe):
             raise ValueError(
                 f"parameters.{exc}; give a number of seconds >= {MIN_LEASE_SECONDS:g} (values above {MAX_LEASE_SECONDS} are capped)"
             ) from None
+        # A multi-node job's nodes must be able to run on some worker: a sandboxed one needs the
+        # network, and sees no shared checkpoint directory, which only trusted workers (the waiver) do.
+        if params.get("nodes") is not None and not isolation.allowFallback:
+            if isolation.tier == "sandboxed" and not isolation.network:
+                raise ValueError("a multi-node job's nodes reach each other and the coordinator's rendezvous store, "
+                                 "which a sandboxed worker allows only with isolation.network: true; set it, or set "
+                                 "isolation.allowFallback with a team pool for trusted workers")
+            if params.get("checkpoint_dir") is not None and isolation.tier == "sandboxed":
+                raise ValueError("parameters.checkpoint_dir is a path outside every sandbox: only trusted workers "
+                                 "run a multi-node job with it; set isolation.allowFallback with a team pool, or drop "
+                                 "checkpoint_dir")
         # 4. One task per parameter set.
         command: list[str] = params["command"]
         env: dict[str, str] = _given(params, "env", {})
@@ -351,6 +362,12 @@ _LAUNCHER_TOKENS = ("torchrun", "torch.distributed.run", "torch.distributed.laun
 _GANG_ONLY = ("nproc_per_node", "max_restarts", "checkpoint_dir", "last_call_s")
 
 
+def _names_a_launcher(token: str) -> bool:
+    """Whether an argv token starts a launcher: its name, or a shell line that runs one."""
+    words = token.replace(";", " ").replace("&", " ").split()
+    return any(word.rsplit("/", 1)[-1] in _LAUNCHER_TOKENS for word in words)
+
+
 def _whole(value: object, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
@@ -374,11 +391,13 @@ def _gang_problems(params: Mapping[str, Any]) -> list[str]:
         problems.append("parameters.nodes and parameters.task_params cannot go together: a multi-node job is one "
                         "training run over several nodes; submit the parameter sets as separate jobs")
     command = params.get("command")
-    if isinstance(command, list) and any(
-            isinstance(token, str) and token.rsplit("/", 1)[-1] in _LAUNCHER_TOKENS for token in command[:3]):
-        problems.append(f"parameters.command {command[:3]!r}... starts a launcher; with parameters.nodes give the "
-                        "command of one rank (e.g. ['python', 'train.py']): each node runs it under torchrun "
-                        "--nnodes=MIN:MAX itself")
+    if isinstance(command, list) and any(isinstance(token, str) and _names_a_launcher(token) for token in command):
+        problems.append("parameters.command starts a launcher (torchrun, torch.distributed.run or accelerate); with "
+                        "parameters.nodes give the command of one rank (e.g. ['python', 'train.py']): each node "
+                        "runs it under torchrun --nnodes=MIN:MAX itself")
+    if params.get("signature") is not None:
+        problems.append("a multi-node job cannot be signed: how its nodes meet is the coordinator's to say, which "
+                        "a submitter's signature cannot cover; submit it unsigned to workers that run unsigned work")
     nproc = params.get("nproc_per_node")
     if nproc is not None and not _whole(nproc, 1, MAX_NPROC_PER_NODE):
         problems.append(f"parameters.nproc_per_node is {nproc!r}; give the ranks each node runs, a whole number "

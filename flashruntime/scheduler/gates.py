@@ -157,7 +157,7 @@ def gate_gang(payload: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
     if gang is None:
         return True
     run_id = gang.get("run_id") if isinstance(gang, dict) else None
-    held = node.get("gang_jobs", [])
+    held = node.get("gang_jobs")
     if not _non_empty_str(run_id) or not isinstance(held, list):
         return False
     return run_id not in held

@@ -139,7 +139,7 @@ def test_serve_hosts_the_rendezvous_store_and_stops_it_with_itself(tmp_path: Pat
     finally:
         out = stop_process(server)
     assert server.returncode == 0, out
-    assert f"rendezvous 127.0.0.1:{store_port}" in out
+    assert f"rendezvous port {store_port} on every interface" in out and "listens on port" in out
     with socket.socket() as probe:  # the store went with serve
         assert probe.connect_ex(("127.0.0.1", store_port)) != 0
 
@@ -148,7 +148,11 @@ def test_serve_refuses_a_rendezvous_port_it_cannot_use(tmp_path: Path) -> None:
     port = free_port()
     same = _cli("serve", "--port", str(port), "--data-dir", str(tmp_path / "data"), "--rendezvous-port", str(port),
                 env=process_env())
-    assert same.returncode == 2 and "must be a free port of its own" in same.stderr
+    assert same.returncode == 2 and "is the API's --port" in same.stderr
+    from_env = subprocess.run([sys.executable, "-m", "flashruntime.cli", "serve", "--port", str(port), "--data-dir",
+                               str(tmp_path / "data")], env=process_env(FLASHML_RENDEZVOUS_PORT=str(port)),
+                              capture_output=True, text=True, timeout=120, check=False)
+    assert from_env.returncode == 2 and "is the API's --port" in from_env.stderr
     pytest.importorskip("torch")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -156,4 +160,29 @@ def test_serve_refuses_a_rendezvous_port_it_cannot_use(tmp_path: Path) -> None:
         busy = _cli("serve", "--port", str(port), "--data-dir", str(tmp_path / "data"), "--rendezvous-port",
                     str(taken.getsockname()[1]), env=process_env())
     assert busy.returncode == 2, busy.stdout + busy.stderr
-    assert "the rendezvous store on 127.0.0.1:" in busy.stderr and "did not start" in busy.stderr
+    assert "the rendezvous store on port" in busy.stderr and "did not start" in busy.stderr
+
+
+def test_a_killed_serve_leaves_no_rendezvous_store_holding_its_port(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    port, store_port = free_port(), free_port()
+    server = subprocess.Popen([sys.executable, "-m", "flashruntime.cli", "serve", "--port", str(port), "--data-dir",
+                               str(tmp_path / "data"), "--rendezvous-port", str(store_port)], env=process_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", timeout_s=120, process=server)
+        server.kill()  # no chance to stop its child: the store sees its standard input end
+        server.communicate(timeout=30)
+
+        def port_free() -> bool:
+            with socket.socket() as probe:
+                return probe.connect_ex(("127.0.0.1", store_port)) != 0
+
+        deadline = time.monotonic() + 60
+        while not port_free() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert port_free(), "the store outlived the serve that started it"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()

@@ -220,7 +220,7 @@ def test_event_type_members_in_order() -> None:
         "CHECKPOINT_REJECTED",
         "FAILURE_CLASSIFIED", "RECOVERY_ACTION_SELECTED", "RECOVERY_FROZEN",
         "TASK_CANCELLED", "LEASE_RENEWAL_REFUSED", "NODE_CORDONED", "LEASE_RELEASED",
-        "STRAGGLER_DETECTED", "HANG_DETECTED",
+        "STRAGGLER_DETECTED", "HANG_DETECTED", "GANG_JOINED",
     ]
     assert all(e.value == e.name for e in p.EventType)
 

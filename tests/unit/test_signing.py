@@ -215,3 +215,18 @@ def test_a_payload_no_signer_could_have_signed_is_refused_not_raised(alice) -> N
     payload = copy.deepcopy(payloads(sign_job_spec(command_spec(), key))[0])
     payload["inputs"] = {"x": float("nan")}
     assert "does not verify" in signature_problem(payload, trusted)
+
+
+def test_a_gang_added_to_a_signed_task_is_refused_by_a_signing_worker(alice, tmp_path: Path) -> None:
+    from flashruntime.agent.inputs import TaskRefused, lease_dirs
+    from flashruntime.agent.task_command import build_command
+
+    key, trusted = alice
+    payload = copy.deepcopy(payloads(sign_job_spec(command_spec(), key))[0])
+    assert signature_problem(payload, trusted) is None
+    # A coordinator adds how the task would meet other nodes, and a checkpoint directory of its choosing.
+    payload["gang"] = {"run_id": "j", "min_nodes": 1, "max_nodes": 2, "port": 29400,
+                       "checkpoint_dir": "/tmp/coordinator-chosen"}
+    with pytest.raises(TaskRefused, match="not covered by a signature"):
+        build_command(payload, "trusted", lease_dirs(tmp_path, "j", "task-000", "ls-1"),
+                      trusted_submitter_keys=trusted, coordinator_url="http://h:8100")
