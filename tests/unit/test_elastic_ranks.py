@@ -17,6 +17,7 @@ from flashruntime.local.attempts import _elastic_world
 from flashruntime.local.elastic import Capacity, ElasticRanks, argv_at, size_change
 from flashruntime.local.visible_gpus import VisibleGpus, usable_gpus, visible_entries
 from flashruntime.workloads.command import CommandWorkload, Source
+from tests._support import FakeClock
 
 UUIDS = ["GPU-0a1b2c3d-0000", "GPU-4e5f6a7b-1111", "GPU-8c9d0e1f-2222", "GPU-23456789-3333"]
 FOUR = [(index, uuid) for index, uuid in enumerate(UUIDS)]
@@ -122,19 +123,6 @@ def test_capacity_is_the_smaller_of_the_slots_left_and_the_gpus_visible() -> Non
 
 # --- choosing the size, waiting for a known return ------------------------------------------------
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-
-
 class _Events:
     """What ``_elastic_world`` needs of a run: somewhere to record its events."""
 
@@ -146,69 +134,69 @@ class _Events:
 
 
 def test_below_min_with_a_timed_loss_waits_for_the_slots_return_and_relaunches() -> None:
-    clock = _Clock()
+    clock = FakeClock()
     capacity = Capacity(ElasticRanks(2, 2), clock=clock)
     capacity.withdraw("rank 1's slot lost (chaos lose_rank)", seconds=3)
     run = _Events()
     world = _elastic_world(run, capacity, "task-000-r1", 2, sleep=clock.sleep)  # type: ignore[arg-type]
     assert world == 2
-    assert 2.99 < sum(clock.slept) < 3.5  # until the return, not the whole bound
+    assert 2.99 < sum(clock.sleeps) < 3.5  # until the return, not the whole bound
     assert run.events == [("WORLD_SIZE_WAITING", ("task-000-r1 waits up to 8 s for 2 ranks: 1 available (rank 1's "
                                                  "slot lost (chaos lose_rank)), and a lost slot returns in 3 s"))]
 
 
 def test_below_min_without_a_known_return_fails_at_once() -> None:
-    clock = _Clock()
+    clock = FakeClock()
     capacity = Capacity(ElasticRanks(3, 3), clock=clock)
     capacity.withdraw("rank 2's slot lost (chaos lose_rank)", seconds=30)
     capacity.withdraw("rank 1's slot lost (chaos lose_rank)")  # for good: the 30 s return alone is not enough
     run = _Events()
     assert _elastic_world(run, capacity, "task-000-r1", 3, sleep=clock.sleep) is None  # type: ignore[arg-type]
-    assert clock.slept == []
+    assert clock.sleeps == []
     assert run.events == [("WORLD_SIZE_UNAVAILABLE", (
         "task-000-r1 not launched: 1 rank available (rank 2's slot lost (chaos lose_rank); rank 1's slot lost "
         "(chaos lose_rank)), fewer than the 3 the run needs at least (3..3 ranks)"))]
 
 
 def test_the_wait_ends_with_the_first_return_that_brings_min() -> None:
-    clock = _Clock()
+    clock = FakeClock()
     capacity = Capacity(ElasticRanks(1, 2), clock=clock)
     capacity.withdraw("rank 0's slot lost (chaos lose_rank)", seconds=2)
     capacity.withdraw("rank 1's slot lost (chaos lose_rank)", seconds=4)
     run = _Events()
     assert _elastic_world(run, capacity, "task-000-r1", 2, sleep=clock.sleep) == 1  # type: ignore[arg-type]
-    assert 1.99 < sum(clock.slept) < 2.5  # one slot back is enough for min 1
+    assert 1.99 < sum(clock.sleeps) < 2.5  # one slot back is enough for min 1
     assert run.events[-1] == ("WORLD_SIZE_CHANGED", ("task-000-r1 runs 1 rank instead of 2: rank 1's slot lost "
                                                     "(chaos lose_rank)"))
 
 
 def test_a_stop_ends_the_wait() -> None:
-    clock = _Clock()
+    clock = FakeClock()
     capacity = Capacity(ElasticRanks(2, 2), clock=clock)
     capacity.withdraw("rank 1's slot lost (chaos lose_rank)", seconds=60)
     halts = iter([False, False, True])
     run = _Events()
     assert _elastic_world(run, capacity, "task-000-r1", 2, sleep=clock.sleep,  # type: ignore[arg-type]
                           halted=lambda: next(halts)) is None
-    assert len(clock.slept) == 2
+    assert len(clock.sleeps) == 2
     assert [kind for kind, _ in run.events] == ["WORLD_SIZE_WAITING"]  # stopped: not a failure of capacity
 
 
 def test_no_wait_when_the_gpus_are_what_is_missing() -> None:
-    clock = _Clock()
+    clock = FakeClock()
     capacity = Capacity(ElasticRanks(1, 2), gpus=VisibleGpus(None, listing=list), clock=clock)
     capacity.withdraw("rank 1's slot lost (chaos lose_rank)", seconds=3)
     assert capacity.now(1).back_in is None  # the slot returns, but no GPU is listed to run it on
     run = _Events()
     assert _elastic_world(run, capacity, "task-000-r1", 2, sleep=clock.sleep) is None  # type: ignore[arg-type]
-    assert clock.slept == []
+    assert clock.sleeps == []
     assert run.events == [("WORLD_SIZE_UNAVAILABLE", (
         "task-000-r1 not launched: 0 ranks available (rank 1's slot lost (chaos lose_rank); nvidia-smi lists 0 GPUs), "
         "fewer than the 1 the run needs at least (1..2 ranks)"))]
 
 
 def test_a_wait_that_outlasts_its_bound_fails_saying_it_waited() -> None:
-    clock = _Clock()
+    clock = FakeClock()
     capacity = Capacity(ElasticRanks(1, 1), clock=clock)
     capacity.withdraw("rank 0's slot lost (chaos lose_rank)", seconds=1)
     run = _Events()
@@ -218,7 +206,7 @@ def test_a_wait_that_outlasts_its_bound_fails_saying_it_waited() -> None:
         capacity.withdraw("rank 0's slot lost (chaos lose_rank)", seconds=0.5)
 
     assert _elastic_world(run, capacity, "task-000-r1", 1, sleep=lost_again) is None  # type: ignore[arg-type]
-    assert 5.99 < sum(clock.slept) < 6.5  # the first known return (1 s) and the grace, no more
+    assert 5.99 < sum(clock.sleeps) < 6.5  # the first known return (1 s) and the grace, no more
     assert run.events[-1] == ("WORLD_SIZE_UNAVAILABLE", (
         "task-000-r1 not launched: 0 ranks available (rank 0's slot lost (chaos lose_rank)) after waiting 6 s for "
         "the lost slot's return, fewer than the 1 the run needs at least (1..1 ranks)"))
@@ -239,7 +227,7 @@ def test_world_size_changed_says_what_happened(previous: int | None, world: int,
 
 
 def test_a_partial_grow_names_the_slot_still_missing() -> None:
-    clock = _Clock()
+    clock = FakeClock()
     capacity = Capacity(ElasticRanks(1, 3), clock=clock)
     capacity.withdraw("rank 2's slot lost (chaos lose_rank)", seconds=5)
     capacity.withdraw("rank 1's slot lost (chaos lose_rank)")
