@@ -16,12 +16,12 @@ import threading
 import time
 
 from flashruntime.errors import ConfigurationError
+from flashruntime.protocol.gang import STORE_READY_PREFIX
 
 __all__ = ["RendezvousStore"]
 
 log = logging.getLogger("flashruntime.service")
 
-READY_PREFIX = "ready "  # what flashruntime.torch.rendezvous_store prints once it serves
 START_TIMEOUT_S = 60.0  # importing torch on a cold, loaded machine
 RESTART_BACKOFF_S = 1.0
 
@@ -73,7 +73,7 @@ class RendezvousStore:
         reader.start()
         reader.join(START_TIMEOUT_S)
         line = first[0] if first else ""
-        if not line.startswith(READY_PREFIX):
+        if not line.startswith(STORE_READY_PREFIX):
             if process.poll() is None:
                 process.kill()
             rest = process.communicate()[0] if not reader.is_alive() else ""

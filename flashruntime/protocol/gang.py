@@ -14,9 +14,10 @@ from pydantic import ConfigDict, Field
 from flashruntime.protocol.base import WireModel
 
 __all__ = ["DEFAULT_LAST_CALL_S", "GANG_KEY", "MAX_GANG_NODES", "MAX_GANG_RESTARTS", "MAX_LAST_CALL_S",
-           "MAX_NPROC_PER_NODE", "Gang"]
+           "MAX_NPROC_PER_NODE", "STORE_READY_PREFIX", "Gang"]
 
 GANG_KEY = "gang"
+STORE_READY_PREFIX = "ready "  # what flashruntime.torch.rendezvous_store prints once it serves
 MAX_GANG_NODES = 64
 MAX_NPROC_PER_NODE = 64
 MAX_GANG_RESTARTS = 100

@@ -16,9 +16,9 @@ import signal
 import sys
 import threading
 
-__all__ = ["READY_PREFIX", "main"]
+from flashruntime.protocol.gang import STORE_READY_PREFIX
 
-READY_PREFIX = "ready "
+__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, ValueError) as exc:
         print(f"cannot serve the rendezvous store on port {args.port}: {exc}", file=sys.stderr)
         return 1
-    print(f"{READY_PREFIX}{store.port}", flush=True)
+    print(f"{STORE_READY_PREFIX}{store.port}", flush=True)
     stop.wait()
     return 0
 
