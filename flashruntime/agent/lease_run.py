@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import hashlib
 import logging
 import os
 import random
-import stat
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -30,6 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flashruntime.agent.attempt_files import (
+    REASON_LIMIT,
+    is_regular_file,
+    last_log_line,
+    output_files,
+    payload_prefix,
+    sha256_file,
+    start_child,
+)
 from flashruntime.agent.checkpoint_handoff import hand_over, restore
 from flashruntime.agent.gang_command import gang_of
 from flashruntime.agent.inputs import (
@@ -54,8 +60,6 @@ from flashruntime.launchers.local import (
     LocalLaunchHandle,
     open_container,
     proc_available,
-    read_log_tail,
-    spawn_contained,
 )
 from flashruntime.monitor import ResourceSampler, evidence_from_telemetry
 from flashruntime.monitor.hang_watch import HangVerdict, HangWatch, task_hang_setting
@@ -75,7 +79,6 @@ SHUTDOWN_REASON = "agent shutdown"
 DRAIN_REASON = "agent draining: the lease arrived after the drain began"
 # A coordinator older than the release route answers it so; the lease is then failed, as before.
 _NO_RELEASE_ROUTE = (404, 405)
-_REASON_LIMIT = 500
 STRAGGLER_REPORT_FIELDS = tuple(StragglerReport.model_fields)
 
 
@@ -108,65 +111,6 @@ class Outcome(enum.Enum):
     def counts(self) -> bool:
         """Whether the task counts toward ``max_tasks`` (it completed or failed)."""
         return self in (Outcome.COMPLETED, Outcome.FAILED)
-
-
-def start_child(argv: list[str], env: dict[str, str], dirs: LeaseDirs, term_grace_s: float, *,
-                container: AttemptContainer | None = None, cwd: Path | None = None) -> LocalLaunchHandle:
-    """Spawn as the local launcher does: no shell, own process group, stdout+stderr to ``launcher.log``,
-    in ``cwd`` (default: the lease directory),
-    inside ``container`` (a new one when None; see ``launchers.containment``), which the handle
-    empties and releases when the attempt settles. Whatever ``argv`` starts with (a sandbox's
-    own launcher included) is the process placed in the container, so all it starts is in it too."""
-    if container is None:
-        container = open_container(dirs.out, dirs.out.parent.name)
-    with open(dirs.log, "ab") as log:
-        try:
-            process = spawn_contained(argv, container, cwd=cwd or dirs.root, env=env, stdout=log)
-        except OSError as exc:
-            raise TaskRefused(f"could not start {argv[0]!r}: {exc}") from None
-        except subprocess.SubprocessError as exc:
-            raise TaskRefused(f"could not start {argv[0]!r} inside its process container "
-                              f"({container.describe()}): {exc}") from None
-    # The handle's environment marker is FLASHML_OUTPUT_DIR=<out dir>, exactly as set above.
-    return LocalLaunchHandle(process, dirs.out, term_grace_s, container=container)
-
-
-def last_log_line(log: Path) -> str:
-    return last_line(read_log_tail(log, 64 * 1024))
-
-
-def last_line(text: str) -> str:
-    """The last non-blank line of a log's text, cut to a failure reason's length."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1][:_REASON_LIMIT] if lines else "(no output)"
-
-
-def _is_regular(path: Path) -> bool:
-    """A regular file itself, not a symlink to one (a link could point anywhere on the host)."""
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
-def output_files(out: Path) -> list[tuple[str, Path]]:
-    """Every regular file under ``out`` (symlinks skipped) as (relative posix path, path), sorted."""
-    found: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(out):
-        dirnames.sort()
-        for name in sorted(filenames):
-            path = Path(dirpath) / name
-            if _is_regular(path):
-                found.append((path.relative_to(out).as_posix(), path))
-    return found
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1024 * 1024), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class _LeaseLost(Exception):
@@ -424,7 +368,7 @@ class LeaseRunner:
         message = f"{message}; {handed}"
         self._note(dirs, message)
         shipper.ship(final=True)
-        return self._release(lease, f"{SHUTDOWN_REASON}: {message}"[:_REASON_LIMIT * 4])
+        return self._release(lease, f"{SHUTDOWN_REASON}: {message}"[:REASON_LIMIT * 4])
 
     def _hand_over(self, lease: Lease, dirs: LeaseDirs, step: int | None) -> str:
         """Hand the attempt's checkpoint (``step``, else its newest) to the coordinator; what became of it, in words."""
@@ -476,7 +420,7 @@ class LeaseRunner:
     def _finish(self, lease: Lease, heartbeat: LeaseHeartbeat, dirs: LeaseDirs, exit_code: int | None,
                 wall_seconds: float, shipper: TaskLogShipper) -> Outcome:
         metrics = dirs.out / "metrics.json"
-        has_metrics = _is_regular(metrics)
+        has_metrics = is_regular_file(metrics)
         gang = gang_of(lease.payload)
         if gang is not None and exit_code == 0 and preempted_paths(dirs.out / RANKS_DIR):
             # Another node's preemption: every rank of the group saved and left, this node's
@@ -501,7 +445,7 @@ class LeaseRunner:
             judged = exit_code if exit_code is not None and -255 <= exit_code <= 255 else None
             return self._fail(lease, reason, Outcome.FAILED, exit_code=judged)
         prefix = payload_prefix(lease)
-        if _is_regular(dirs.out / TASK_LOG_NAME):
+        if is_regular_file(dirs.out / TASK_LOG_NAME):
             logger.warning("lease %s: the task wrote out/%s, which the task's own log replaces on the coordinator",
                            lease.lease_id, TASK_LOG_NAME)
         files = output_files(dirs.out)
@@ -554,7 +498,7 @@ class LeaseRunner:
 
     def _fail(self, lease: Lease, reason: str, outcome: Outcome, *, exit_code: int | None = None,
               hung: bool = False) -> Outcome:
-        reason = reason[:_REASON_LIMIT * 4]
+        reason = reason[:REASON_LIMIT * 4]
         logger.info("lease %s failed: %s", lease.lease_id, reason)
         try:
             # Repeated like the idempotent calls: a repeat of a fail that was applied gets 410
@@ -604,9 +548,3 @@ class LeaseRunner:
             problem = exc
         logger.warning("coordinator call failed after %d tries: %s", self._client.retry.attempts, problem)
         return None
-
-
-def payload_prefix(lease: Lease) -> str:
-    """The artifact key prefix of the lease's outputs (``jobs/<job>/<task>/`` when the payload omits it)."""
-    prefix = lease.payload.get("output_prefix")
-    return prefix if isinstance(prefix, str) and prefix else f"jobs/{lease.job_id}/{lease.task_id}/"

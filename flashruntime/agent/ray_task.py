@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from flashruntime.agent.inputs import lease_dirs, prepare_inputs, write_spec
-from flashruntime.agent.lease_run import output_files, start_child
+from flashruntime.agent.attempt_files import output_files, start_child
 from flashruntime.agent.log_shipper import read_task_log
 from flashruntime.agent.task_command import build_command, child_env
 from flashruntime.errors import InvalidSubmission, TaskRefused

@@ -36,7 +36,7 @@ from typing import Any
 
 from flashruntime.agent import ray_task
 from flashruntime.agent.lease_heartbeat import heartbeat_interval
-from flashruntime.agent.lease_run import last_line, payload_prefix
+from flashruntime.agent.attempt_files import last_line, payload_prefix
 from flashruntime.coordinator.failures import TASK_MODE, failure_classified
 from flashruntime.errors import ArtifactNotFound, FlashRuntimeError, LeaseError
 from flashruntime.protocol.task_logs import task_log_key
